@@ -1,0 +1,238 @@
+"""Detector configuration: one dataclass, named presets, overrides and YAML files.
+
+Field names follow detectron2's config where one exists (lower-cased, without the MODEL. prefix),
+so a preset can be checked against the detectron2 YAML it reproduces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A detector config, preset name or override that cannot be used."""
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    name: str = "butd-vg"
+
+    # ResNet trunk (res2-res4) and the res5 RoI head built from the same bottleneck blocks.
+    res_blocks: tuple[int, int, int, int] = (3, 4, 23, 3)  # ResNet-101
+    stem_out_channels: int = 64
+    res2_out_channels: int = 256
+    bottleneck_channels: int = 64
+    stride_in_1x1: bool = True  # MSRA/caffe weights put the stride in the first 1x1 conv
+    stem_pool: str = "caffe"  # "caffe": max-pool k3 s2 pad 0 ceil mode; "standard": pad 1
+    res5_stride: int = 1
+    res5_dilation: int = 2
+
+    # Region proposal network on res4 (stride 16).
+    rpn_hidden_channels: int = 512
+    anchor_sizes: tuple[float, ...] = (64.0, 128.0, 256.0, 512.0)
+    anchor_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
+    rpn_pre_nms_topk: int = 6000
+    rpn_post_nms_topk: int = 300
+    rpn_nms_thresh: float = 0.7
+
+    # RoI head: pooling on res4, res5, mean over the pooled grid, box predictor, attribute head.
+    pooler: str = "roipool"  # "roipool" or "roialign" (ROIAlignV2: aligned=True)
+    pooler_resolution: int = 14
+    pooler_sampling_ratio: int = 0
+    num_classes: int = 1600  # foreground classes; the predictor adds background as the last output
+    bbox_reg_weights: tuple[float, float, float, float] = (10.0, 10.0, 5.0, 5.0)
+    num_attributes: int = 400  # 0: no attribute head; otherwise "no attribute" is an extra last output
+    attr_embed_dim: int = 256
+    attr_hidden_dim: int = 512
+
+    # Input: channel order, normalisation (in that channel order) and test-time resizing.
+    input_format: str = "BGR"
+    pixel_mean: tuple[float, float, float] = (102.9801, 115.9465, 122.7717)
+    pixel_std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    min_size: int = 600
+    max_size: int = 1000
+
+    # Box selection in detection mode (bottom-up-attention).
+    score_thresh: float = 0.2
+    nms_thresh: float = 0.3
+    min_boxes: int = 10
+    max_boxes: int = 100
+    box_source: str = "proposals"  # "proposals": the pooled boxes; "regressed": class-specific deltas applied
+
+    # Vocabularies, when known (index i names class/attribute i).
+    class_names: tuple[str, ...] = ()
+    attribute_names: tuple[str, ...] = ()
+
+    # Seed of the random initialisation used when no checkpoint is given.
+    init_seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+    @property
+    def feature_dim(self) -> int:
+        return self.res2_out_channels * 8
+
+    @property
+    def res4_channels(self) -> int:
+        return self.res2_out_channels * 4
+
+    @property
+    def num_anchors(self) -> int:
+        return len(self.anchor_sizes) * len(self.anchor_ratios)
+
+    def replace(self, **overrides: Any) -> "DetectorConfig":
+        return apply_overrides(self, overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+SELECTION_FIELDS = ("score_thresh", "nms_thresh", "min_boxes", "max_boxes", "box_source")
+
+_CHOICES = {
+    "stem_pool": ("caffe", "standard"),
+    "pooler": ("roipool", "roialign"),
+    "input_format": ("BGR", "RGB"),
+    "box_source": ("proposals", "regressed"),
+}
+
+
+def _check(cfg: DetectorConfig) -> None:
+    for name, allowed in _CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise ConfigError(f"{name}={getattr(cfg, name)!r}: expected one of {', '.join(allowed)}")
+    if len(cfg.res_blocks) != 4 or min(cfg.res_blocks) < 1:
+        raise ConfigError(f"res_blocks={cfg.res_blocks!r}: expected four positive block counts (res2-res5)")
+    if not 0 < cfg.min_boxes <= cfg.max_boxes:
+        raise ConfigError(f"min_boxes={cfg.min_boxes}, max_boxes={cfg.max_boxes}: expected 0 < min_boxes <= max_boxes")
+    if cfg.min_size < 1 or cfg.max_size < cfg.min_size:
+        raise ConfigError(f"min_size={cfg.min_size}, max_size={cfg.max_size}: expected 1 <= min_size <= max_size")
+    for name in ("class_names", "attribute_names"):
+        names, expected = getattr(cfg, name), cfg.num_classes if name == "class_names" else cfg.num_attributes
+        if names and len(names) != expected:
+            raise ConfigError(f"{name} has {len(names)} entries, the config has {expected}")
+
+
+PRESETS: dict[str, DetectorConfig] = {
+    # Bottom-up-attention Faster R-CNN on Visual Genome: 1600 classes, 400 attributes.
+    "butd-vg": DetectorConfig(),
+    # detectron2 COCO-Detection/faster_rcnn_R_101_C4_3x.
+    "d2-r101-c4": DetectorConfig(
+        name="d2-r101-c4",
+        stem_pool="standard",
+        res5_stride=2,
+        res5_dilation=1,
+        rpn_hidden_channels=1024,
+        anchor_sizes=(32.0, 64.0, 128.0, 256.0, 512.0),
+        rpn_post_nms_topk=1000,
+        pooler="roialign",
+        num_classes=80,
+        num_attributes=0,
+        pixel_mean=(103.53, 116.28, 123.675),
+        min_size=800,
+        max_size=1333,
+    ),
+    # The butd-vg architecture scaled down for tests and the demo.
+    "tiny": DetectorConfig(
+        name="tiny",
+        res_blocks=(1, 1, 1, 1),
+        stem_out_channels=8,
+        res2_out_channels=32,
+        bottleneck_channels=8,
+        rpn_hidden_channels=32,
+        anchor_sizes=(16.0, 32.0, 64.0, 128.0),
+        rpn_pre_nms_topk=600,
+        rpn_post_nms_topk=100,
+        num_classes=6,
+        num_attributes=8,
+        attr_embed_dim=16,
+        attr_hidden_dim=32,
+        min_size=128,
+        max_size=192,
+        min_boxes=4,
+        max_boxes=20,
+    ),
+}
+
+
+def _coerce(name: str, value: Any, current: Any) -> Any:
+    """Turns override values (from YAML or `key=value` strings) into the field's type."""
+    if isinstance(value, str) and not isinstance(current, str):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{name}={value!r}: not a valid value ({exc})") from None
+    if isinstance(current, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}={value!r}: expected a list")
+        kind = type(current[0]) if current else None
+        return tuple(kind(v) if kind is float else v for v in value)
+    if isinstance(current, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}={value!r}: expected true or false")
+        return value
+    if isinstance(current, float) and isinstance(value, int):
+        return float(value)
+    if type(value) is not type(current):
+        raise ConfigError(f"{name}={value!r}: expected a {type(current).__name__}")
+    return value
+
+
+def apply_overrides(cfg: DetectorConfig, overrides: Mapping[str, Any]) -> DetectorConfig:
+    fields = {f.name: f for f in dataclasses.fields(DetectorConfig)}
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown detector config field(s): {', '.join(unknown)}")
+    values = {k: _coerce(k, v, getattr(cfg, k)) for k, v in overrides.items()}
+    return dataclasses.replace(cfg, **values)
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {text!r}: expected FIELD=VALUE")
+    return key.strip(), value.strip()
+
+
+def load_config(preset_or_file: str, overrides: Mapping[str, Any] | None = None) -> DetectorConfig:
+    """A preset name, or a YAML file with an optional `base: PRESET` and field values."""
+    if preset_or_file in PRESETS:
+        cfg = PRESETS[preset_or_file]
+    elif preset_or_file.endswith((".yaml", ".yml")):
+        cfg = _load_yaml(Path(preset_or_file))
+    else:
+        raise ConfigError(
+            f"detector {preset_or_file!r}: not a preset ({', '.join(PRESETS)}) nor a .yaml file"
+        )
+    return apply_overrides(cfg, overrides or {})
+
+
+def _load_yaml(path: Path) -> DetectorConfig:
+    if not path.is_file():
+        raise ConfigError(f"detector config {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"detector config {path}: invalid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"detector config {path}: expected a mapping of field: value")
+    base = data.pop("base", "butd-vg")
+    if base not in PRESETS:
+        raise ConfigError(f"detector config {path}: base {base!r} is not a preset ({', '.join(PRESETS)})")
+    data.setdefault("name", path.stem)
+    try:
+        return apply_overrides(PRESETS[base], data)
+    except ConfigError as exc:
+        raise ConfigError(f"detector config {path}: {exc}") from None
+
+
+def config_from_dict(data: Mapping[str, Any]) -> DetectorConfig:
+    """Inverse of `DetectorConfig.to_dict` (used to reopen what a FeatureStore recorded)."""
+    return apply_overrides(DetectorConfig(), dict(data))

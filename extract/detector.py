@@ -1,0 +1,213 @@
+"""The extraction detector: a Faster R-CNN C4 whose module names are detectron2's checkpoint keys.
+
+Two ways to describe an image's regions, both also returning the whole-image RoI feature:
+`detect` (proposals → box head → bottom-up-attention selection) and `describe` (the caller's
+boxes, order kept). The trunk runs per image, so batching never changes an image's numbers;
+res5 runs once over the RoIs of the whole batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from extract.checkpoint import load_weights, read_state_dict
+from extract.config import DetectorConfig, load_config
+from extract.modeling.boxes import apply_deltas, clip_boxes
+from extract.modeling.resnet import ResNetC4
+from extract.modeling.roi_heads import BoxPredictions, Res5ROIHeads
+from extract.modeling.rpn import RPN
+from extract.preprocess import PreparedImage, mask_pixels, prepare_image
+from extract.selection import select_boxes
+
+
+class BoxError(ValueError):
+    """Boxes given for an image that cannot be pooled; the message names the box."""
+
+
+@dataclass
+class RegionFeatures:
+    """One image's regions. Boxes are xyxy in original-image pixels; background is the last class."""
+
+    boxes: torch.Tensor  # (N, 4) float32
+    features: torch.Tensor  # (N, D) float32
+    class_probs: torch.Tensor  # (N, C + 1)
+    objects_id: torch.Tensor  # (N,) int64: argmax over the foreground classes
+    objects_conf: torch.Tensor  # (N,) its probability
+    attrs_id: torch.Tensor | None  # (N,) int64: argmax over the attributes, "no attribute" excluded
+    attrs_conf: torch.Tensor | None
+    image_feature: torch.Tensor  # (D,) the whole-image box's feature
+    image_height: int
+    image_width: int
+    box_source: str  # "proposals", "regressed" or "given"
+
+    def numpy(self) -> dict[str, np.ndarray | int | str | None]:
+        return {
+            f.name: value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+            for f in fields(self)
+            for value in [getattr(self, f.name)]
+        }
+
+
+class Detector(nn.Module):
+    def __init__(self, cfg: DetectorConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.backbone = ResNetC4(cfg)
+        self.proposal_generator = RPN(cfg)
+        self.roi_heads = Res5ROIHeads(cfg)
+        self.init_weights(cfg.init_seed)
+        self.eval()
+
+    @classmethod
+    def build(cls, detector: str | DetectorConfig = "butd-vg", weights: str | Path | None = None,
+              device: str | torch.device = "cpu", **overrides) -> "Detector":
+        """A preset name, YAML file or config; detectron2-named weights if given, else seeded random ones."""
+        cfg = detector.replace(**overrides) if isinstance(detector, DetectorConfig) else load_config(detector, overrides)
+        model = cls(cfg)
+        if weights is not None:
+            load_weights(model, read_state_dict(weights), source=str(weights))
+        return model.to(device)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """detectron2's initialisation, drawn from a private generator so the global RNG is untouched."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Conv2d):
+                if name.startswith("proposal_generator"):
+                    module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * 0.01)
+                else:
+                    fan_out = module.out_channels * module.kernel_size[0] * module.kernel_size[1]
+                    module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * (2.0 / fan_out) ** 0.5)
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.Linear):
+                std = 0.001 if name.endswith("bbox_pred") else 0.01
+                module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * std)
+                module.bias.zero_()
+            elif isinstance(module, nn.Embedding):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * 0.01)
+
+    @property
+    def device(self) -> torch.device:
+        return self.roi_heads.box_predictor.cls_score.weight.device
+
+    def prepare(self, image: np.ndarray) -> PreparedImage:
+        """(H, W, 3) uint8 RGB array → the network input on the detector's device."""
+        return prepare_image(image, self.cfg, self.device)
+
+    def box_features(self, images: Sequence[PreparedImage], boxes: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Per image (N_i, D) features of boxes given in input pixels; differentiable (end-to-end tuning)."""
+        pooled = [
+            self.roi_heads.pool(self.backbone(image.tensor[None]), _rois(b))
+            for image, b in zip(images, boxes)
+        ]
+        features = self.roi_heads.res5(torch.cat(pooled)).mean(dim=(2, 3))
+        return list(features.split([len(b) for b in boxes]))
+
+    @torch.no_grad()
+    def detect(self, images: Sequence[PreparedImage]) -> list[RegionFeatures]:
+        """Regions chosen by the detector: proposals, box head, bottom-up-attention selection."""
+        res4 = [self.backbone(image.tensor[None]) for image in images]
+        proposals = [
+            self.proposal_generator(f, (image.input_height, image.input_width))[0]
+            for f, image in zip(res4, images)
+        ]
+        rois = [torch.cat((image.to_input(image.whole_image_box()), p)) for image, p in zip(images, proposals)]
+        predictions = self._predict(res4, rois)
+        results = []
+        for image, p, pred in zip(images, proposals, predictions):
+            whole, pred = _split_first(pred)
+            probs = pred.class_logits.softmax(dim=1)
+            keep, _ = select_boxes(p, probs, self.cfg.score_thresh, self.cfg.nms_thresh,
+                                   self.cfg.min_boxes, self.cfg.max_boxes)
+            boxes = p[keep]
+            if self.cfg.box_source == "regressed":
+                boxes = self._regress(boxes, pred, keep, probs, image)
+            results.append(self._regions(image, boxes, pred.take(keep), whole, self.cfg.box_source))
+        return results
+
+    @torch.no_grad()
+    def describe(self, images: Sequence[PreparedImage], boxes: Sequence[torch.Tensor | np.ndarray],
+                 pixel_masks: Sequence[torch.Tensor | np.ndarray | None] | None = None) -> list[RegionFeatures]:
+        """Regions for the caller's boxes (original pixels, xyxy, order kept).
+
+        Boxes are clamped to the image (the clamped boxes are returned); a box that is not finite,
+        inverted, or empty after clamping is a BoxError. `pixel_masks[i]` (N_i,) bool selects boxes
+        whose pixels are zeroed in the input before the CNN runs (masked-RoI variants).
+        """
+        boxes = [_checked_boxes(b, image) for b, image in zip(boxes, images)]
+        if pixel_masks is not None:
+            images = [
+                image if m is None else image.with_tensor(
+                    mask_pixels(image.tensor, image.to_input(b[torch.as_tensor(m, dtype=torch.bool).cpu()])))
+                for image, b, m in zip(images, boxes, pixel_masks)
+            ]
+        res4 = [self.backbone(image.tensor[None]) for image in images]
+        rois = [image.to_input(torch.cat((image.whole_image_box().cpu(), b))) for image, b in zip(images, boxes)]
+        return [
+            self._regions(image, b.to(self.device), pred, whole, "given")
+            for image, b, (whole, pred) in zip(images, boxes, map(_split_first, self._predict(res4, rois)))
+        ]
+
+    def _predict(self, res4: list[torch.Tensor], rois: list[torch.Tensor]) -> list[BoxPredictions]:
+        pooled = torch.cat([self.roi_heads.pool(f, _rois(r)) for f, r in zip(res4, rois)])
+        predictions = self.roi_heads.box_predictor(self.roi_heads.res5(pooled).mean(dim=(2, 3)))
+        return predictions.split([len(r) for r in rois])
+
+    def _regress(self, boxes: torch.Tensor, pred: BoxPredictions, keep: torch.Tensor, probs: torch.Tensor,
+                 image: PreparedImage) -> torch.Tensor:
+        classes = probs[keep, :-1].argmax(dim=1)
+        deltas = pred.box_deltas[keep].view(len(keep), -1, 4)[torch.arange(len(keep)), classes]
+        regressed = apply_deltas(deltas, boxes, self.cfg.bbox_reg_weights)
+        return clip_boxes(regressed, image.input_height, image.input_width)
+
+    def _regions(self, image: PreparedImage, boxes: torch.Tensor, pred: BoxPredictions, whole: BoxPredictions,
+                 box_source: str) -> RegionFeatures:
+        """`boxes` are in input pixels for detected regions and original pixels for given ones."""
+        if box_source != "given":
+            boxes = image.to_original(boxes)
+        probs = pred.class_logits.softmax(dim=1)
+        objects_conf, objects_id = probs[:, :-1].max(dim=1)
+        attrs_id = attrs_conf = None
+        if pred.attr_logits is not None:
+            attrs_conf, attrs_id = pred.attr_logits.softmax(dim=1)[:, :-1].max(dim=1)
+        return RegionFeatures(
+            boxes=boxes.float(), features=pred.features.float(), class_probs=probs.float(),
+            objects_id=objects_id, objects_conf=objects_conf.float(), attrs_id=attrs_id,
+            attrs_conf=None if attrs_conf is None else attrs_conf.float(),
+            image_feature=whole.features[0].float(), image_height=image.height, image_width=image.width,
+            box_source=box_source,
+        )
+
+
+def _rois(boxes: torch.Tensor) -> torch.Tensor:
+    """(N, 4) boxes of one image → (N, 5) rows for torchvision's RoI ops (batch index 0)."""
+    return torch.cat((boxes.new_zeros(len(boxes), 1), boxes), dim=1)
+
+
+def _split_first(pred: BoxPredictions) -> tuple[BoxPredictions, BoxPredictions]:
+    """(the whole-image box's predictions, the other boxes')."""
+    return pred.take(slice(0, 1)), pred.take(slice(1, None))
+
+
+def _checked_boxes(boxes: torch.Tensor | np.ndarray, image: PreparedImage) -> torch.Tensor:
+    boxes = torch.as_tensor(boxes, dtype=torch.float32).detach().cpu().reshape(-1, 4)
+    size = f"{image.width}x{image.height}"
+    for i, (x1, y1, x2, y2) in enumerate(boxes.tolist()):
+        if not all(np.isfinite((x1, y1, x2, y2))):
+            raise BoxError(f"box {i} {[x1, y1, x2, y2]}: not finite")
+        if x2 < x1 or y2 < y1:
+            raise BoxError(f"box {i} {[x1, y1, x2, y2]}: inverted (expected x1 <= x2 and y1 <= y2)")
+    clamped = clip_boxes(boxes, image.height, image.width)
+    empty = (clamped[:, 2] <= clamped[:, 0]) | (clamped[:, 3] <= clamped[:, 1])
+    if empty.any():
+        i = int(empty.nonzero()[0])
+        raise BoxError(f"box {i} {boxes[i].tolist()}: empty inside the {size} image")
+    return clamped

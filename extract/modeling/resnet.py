@@ -1,0 +1,90 @@
+"""ResNet bottleneck stages with frozen batch norm, named as detectron2 names them.
+
+Module names mirror detectron2's checkpoint keys (`stem.conv1.norm.running_var`,
+`res4.22.conv2.weight`, ...) so its checkpoints load by name without a key map.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.ops import FrozenBatchNorm2d
+
+
+class ConvNorm(nn.Conv2d):
+    """A bias-free conv followed by its frozen batch norm, held as the child `norm`."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 padding: int = 0, dilation: int = 1) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias=False)
+        self.norm = FrozenBatchNorm2d(out_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(super().forward(x))
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, bottleneck_channels: int, stride: int,
+                 dilation: int, stride_in_1x1: bool) -> None:
+        super().__init__()
+        self.shortcut = ConvNorm(in_channels, out_channels, 1, stride) if in_channels != out_channels else None
+        stride_1x1, stride_3x3 = (stride, 1) if stride_in_1x1 else (1, stride)
+        self.conv1 = ConvNorm(in_channels, bottleneck_channels, 1, stride_1x1)
+        self.conv2 = ConvNorm(bottleneck_channels, bottleneck_channels, 3, stride_3x3, dilation, dilation)
+        self.conv3 = ConvNorm(bottleneck_channels, out_channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu_(self.conv1(x))
+        out = F.relu_(self.conv2(out))
+        out = self.conv3(out)
+        out += x if self.shortcut is None else self.shortcut(x)
+        return F.relu_(out)
+
+
+def make_stage(num_blocks: int, in_channels: int, out_channels: int, bottleneck_channels: int,
+               first_stride: int, dilation: int, stride_in_1x1: bool) -> nn.Sequential:
+    blocks = []
+    for i in range(num_blocks):
+        blocks.append(Bottleneck(in_channels, out_channels, bottleneck_channels,
+                                 first_stride if i == 0 else 1, dilation, stride_in_1x1))
+        in_channels = out_channels
+    return nn.Sequential(*blocks)
+
+
+class Stem(nn.Module):
+    """7x7/2 conv, ReLU, 3x3/2 max-pool. Caffe's pool (pad 0, ceil mode) is what the BUTD weights saw."""
+
+    def __init__(self, out_channels: int, caffe_pool: bool) -> None:
+        super().__init__()
+        self.conv1 = ConvNorm(3, out_channels, 7, stride=2, padding=3)
+        self.caffe_pool = caffe_pool
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu_(self.conv1(x))
+        if self.caffe_pool:
+            return F.max_pool2d(x, kernel_size=3, stride=2, padding=0, ceil_mode=True)
+        return F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
+
+
+class ResNetC4(nn.Module):
+    """Stem and res2-res4: the shared trunk of a C4 detector (output stride 16)."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.stem = Stem(cfg.stem_out_channels, cfg.stem_pool == "caffe")
+        in_ch, out_ch, mid_ch = cfg.stem_out_channels, cfg.res2_out_channels, cfg.bottleneck_channels
+        for index, name in enumerate(("res2", "res3", "res4")):
+            stage = make_stage(cfg.res_blocks[index], in_ch, out_ch, mid_ch, 1 if index == 0 else 2, 1,
+                               cfg.stride_in_1x1)
+            self.add_module(name, stage)
+            in_ch, out_ch, mid_ch = out_ch, out_ch * 2, mid_ch * 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.res4(self.res3(self.res2(self.stem(x))))
+
+
+def make_res5(cfg) -> nn.Sequential:
+    """res5 as the RoI head of a C4 detector: stride 2 (detectron2) or stride 1, dilation 2 (BUTD)."""
+    return make_stage(cfg.res_blocks[3], cfg.res4_channels, cfg.feature_dim, cfg.bottleneck_channels * 8,
+                      cfg.res5_stride, cfg.res5_dilation, cfg.stride_in_1x1)

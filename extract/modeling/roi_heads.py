@@ -1,0 +1,83 @@
+"""RoI head of a C4 detector: pool on res4, run res5, average to one feature per box, predict.
+
+Children are named as in detectron2 (`res5`, `box_predictor.cls_score`, ...); the attribute
+head follows the bottom-up-attention port (`cls_embedding`, `fc_attr`, `attr_score`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.ops import roi_align, roi_pool
+
+from extract.modeling.resnet import make_res5
+from extract.modeling.rpn import FEATURE_STRIDE
+
+
+@dataclass
+class BoxPredictions:
+    """Raw head outputs for N boxes; background is the last class, "no attribute" the last attribute."""
+
+    features: torch.Tensor  # (N, D) mean of res5 over the pooled grid
+    class_logits: torch.Tensor  # (N, C + 1)
+    box_deltas: torch.Tensor  # (N, 4C) class-specific
+    attr_logits: torch.Tensor | None  # (N, A + 1)
+
+    def _map(self, fn) -> "BoxPredictions":
+        return BoxPredictions(*(None if t is None else fn(t)
+                                for t in (self.features, self.class_logits, self.box_deltas, self.attr_logits)))
+
+    def take(self, index) -> "BoxPredictions":
+        return self._map(lambda t: t[index])
+
+    def split(self, sizes: list[int]) -> list["BoxPredictions"]:
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return [self.take(slice(start, start + size)) for start, size in zip(starts, sizes)]
+
+
+class BoxPredictor(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.cls_score = nn.Linear(cfg.feature_dim, cfg.num_classes + 1)
+        self.bbox_pred = nn.Linear(cfg.feature_dim, cfg.num_classes * 4)
+        self.has_attributes = cfg.num_attributes > 0
+        if self.has_attributes:
+            self.cls_embedding = nn.Embedding(cfg.num_classes + 1, cfg.attr_embed_dim)
+            self.fc_attr = nn.Linear(cfg.feature_dim + cfg.attr_embed_dim, cfg.attr_hidden_dim)
+            self.attr_score = nn.Linear(cfg.attr_hidden_dim, cfg.num_attributes + 1)
+
+    def forward(self, features: torch.Tensor) -> BoxPredictions:
+        class_logits = self.cls_score(features)
+        attr_logits = None
+        if self.has_attributes:
+            # The attribute head is conditioned on the predicted class (argmax over all outputs).
+            embedded = self.cls_embedding(class_logits.argmax(dim=1))
+            attr_logits = self.attr_score(F.relu(self.fc_attr(torch.cat((features, embedded), dim=1))))
+        return BoxPredictions(features, class_logits, self.bbox_pred(features), attr_logits)
+
+
+class Res5ROIHeads(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.pooler = cfg.pooler
+        self.resolution = cfg.pooler_resolution
+        self.sampling_ratio = cfg.pooler_sampling_ratio
+        self.res5 = make_res5(cfg)
+        self.box_predictor = BoxPredictor(cfg)
+
+    def pool(self, res4: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
+        """rois: (N, 5) rows of (index into res4's batch, x1, y1, x2, y2) in input pixels."""
+        rois = rois.to(res4.dtype)
+        if self.pooler == "roipool":
+            return roi_pool(res4, rois, self.resolution, 1.0 / FEATURE_STRIDE)
+        return roi_align(res4, rois, self.resolution, 1.0 / FEATURE_STRIDE, self.sampling_ratio, aligned=True)
+
+    def box_features(self, res4: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
+        """(N, D) features: res5 on the pooled boxes, then the mean over its output grid."""
+        return self.res5(self.pool(res4, rois)).mean(dim=(2, 3))
+
+    def forward(self, res4: torch.Tensor, rois: torch.Tensor) -> BoxPredictions:
+        return self.box_predictor(self.box_features(res4, rois))

@@ -1,0 +1,84 @@
+"""Region proposal network of a C4 detector, in detectron2's layout and anchor order.
+
+Anchors within a cell are ordered size-major (for each size, each ratio) as detectron2's
+DefaultAnchorGenerator orders them, so detectron2 RPN weights need no reordering.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.ops import nms
+
+from extract.modeling.boxes import apply_deltas, clip_boxes
+
+FEATURE_STRIDE = 16
+
+
+def cell_anchors(sizes: tuple[float, ...], ratios: tuple[float, ...]) -> torch.Tensor:
+    """(A, 4) anchors centred on 0; ratio is height / width, area is size squared, no rounding."""
+    anchors = []
+    for size in sizes:
+        for ratio in ratios:
+            w = math.sqrt(size * size / ratio)
+            h = ratio * w
+            anchors.append([-w / 2, -h / 2, w / 2, h / 2])
+    return torch.tensor(anchors, dtype=torch.float32)
+
+
+class RPNHead(nn.Module):
+    def __init__(self, in_channels: int, hidden_channels: int, num_anchors: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, hidden_channels, 3, padding=1)
+        self.objectness_logits = nn.Conv2d(hidden_channels, num_anchors, 1)
+        self.anchor_deltas = nn.Conv2d(hidden_channels, num_anchors * 4, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = F.relu(self.conv(x))
+        return self.objectness_logits(x), self.anchor_deltas(x)
+
+
+class RPN(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.rpn_head = RPNHead(cfg.res4_channels, cfg.rpn_hidden_channels, cfg.num_anchors)
+        self.register_buffer("cell_anchors", cell_anchors(cfg.anchor_sizes, cfg.anchor_ratios), persistent=False)
+        self.pre_nms_topk = cfg.rpn_pre_nms_topk
+        self.post_nms_topk = cfg.rpn_post_nms_topk
+        self.nms_thresh = cfg.rpn_nms_thresh
+
+    def anchors(self, height: int, width: int) -> torch.Tensor:
+        """(H*W*A, 4) anchors for a feature map, location-major as the head's outputs are flattened."""
+        device = self.cell_anchors.device
+        xs = torch.arange(width, device=device, dtype=torch.float32) * FEATURE_STRIDE
+        ys = torch.arange(height, device=device, dtype=torch.float32) * FEATURE_STRIDE
+        grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+        shifts = torch.stack((grid_x, grid_y, grid_x, grid_y), dim=-1).reshape(-1, 1, 4)
+        return (shifts + self.cell_anchors.reshape(1, -1, 4)).reshape(-1, 4)
+
+    @torch.no_grad()
+    def forward(self, features: torch.Tensor, image_size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Proposals (K, 4) in input pixels, sorted by objectness, and their objectness logits.
+
+        `features` is one image's res4 map (1, C, H, W); `image_size` is the (height, width)
+        of the resized image before any padding, which proposals are clipped to.
+        """
+        logits, deltas = self.rpn_head(features)
+        _, _, h, w = logits.shape
+        logits = logits.permute(0, 2, 3, 1).reshape(-1)
+        deltas = deltas.reshape(-1, 4, h, w).permute(2, 3, 0, 1).reshape(-1, 4)
+        anchors = self.anchors(h, w)
+
+        k = min(self.pre_nms_topk, logits.numel())
+        logits, order = logits.topk(k)
+        boxes = apply_deltas(deltas[order], anchors[order], (1.0, 1.0, 1.0, 1.0))
+
+        valid = torch.isfinite(boxes).all(dim=1) & torch.isfinite(logits)
+        boxes, logits = clip_boxes(boxes[valid], *image_size), logits[valid]
+        nonempty = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        boxes, logits = boxes[nonempty], logits[nonempty]
+        keep = nms(boxes, logits, self.nms_thresh)[: self.post_nms_topk]
+        return boxes[keep], logits[keep]
