@@ -53,6 +53,39 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def fill_folded_norms(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Caffe-converted checkpoints may fold batch-norm statistics into the affine weight and bias and
+    store no running statistics at all; those are then the identity (mean 0, variance 1), as
+    detectron2 assumes. Only a checkpoint missing every one of them is treated so: a partial set
+    stays an error."""
+    stats = [k for k in expected if k.endswith(("norm.running_mean", "norm.running_var"))]
+    if not stats or any(k in state for k in stats):
+        return state
+    filled = dict(state)
+    for key in stats:
+        filled[key] = torch.zeros_like(expected[key]) if key.endswith("mean") else torch.ones_like(expected[key])
+    return filled
+
+
+def check_recorded_buffers(state: dict[str, torch.Tensor], recorded: dict[str, torch.Tensor],
+                           source: str) -> dict[str, torch.Tensor]:
+    """Drops the non-learned buffers some detectron2 versions save (cell anchors, pixel mean/std)
+    after checking that they agree with the detector's config: a disagreement means the checkpoint
+    was trained with other anchors or normalisation, which would silently corrupt every feature."""
+    kept = {}
+    for key, value in state.items():
+        name = "cell_anchors" if key.startswith("proposal_generator.anchor_generator.cell_anchors.") else key
+        if name not in recorded:
+            kept[key] = value
+            continue
+        ours = recorded[name]
+        if value.numel() != ours.numel() or not torch.allclose(value.float().reshape(-1), ours.reshape(-1), atol=1e-3):
+            raise CheckpointError(
+                f"{source}: {key} in the checkpoint is {value.reshape(-1).tolist()[:12]}, but the detector config "
+                f"gives {ours.reshape(-1).tolist()[:12]}; set the config to match the checkpoint")
+    return kept
+
+
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint",
                  optional_prefixes: Iterable[str] = ()) -> None:
     """Copies `state` into `model`, refusing any missing, unexpected or mis-shaped key.

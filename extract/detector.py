@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from extract.checkpoint import load_weights, read_state_dict
+from extract.checkpoint import check_recorded_buffers, fill_folded_norms, load_weights, read_state_dict
 from extract.config import DetectorConfig, load_config
 from extract.modeling.boxes import apply_deltas, clip_boxes
 from extract.modeling.resnet import ResNetC4
@@ -71,8 +71,17 @@ class Detector(nn.Module):
         cfg = detector.replace(**overrides) if isinstance(detector, DetectorConfig) else load_config(detector, overrides)
         model = cls(cfg)
         if weights is not None:
-            load_weights(model, read_state_dict(weights), source=str(weights))
+            model.load_checkpoint(weights)
         return model.to(device)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """detectron2-named weights from .pkl, .pth or .safetensors; refuses anything that does not fit."""
+        state = check_recorded_buffers(read_state_dict(path), {
+            "cell_anchors": self.proposal_generator.cell_anchors.cpu(),
+            "pixel_mean": torch.tensor(self.cfg.pixel_mean),
+            "pixel_std": torch.tensor(self.cfg.pixel_std),
+        }, str(path))
+        load_weights(self, fill_folded_norms(state, self.state_dict()), source=str(path))
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:

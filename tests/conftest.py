@@ -15,6 +15,25 @@ def synthetic_image(height: int, width: int, seed: int = 0) -> np.ndarray:
     return image
 
 
+def randomized_state(model: torch.nn.Module, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random weights with non-trivial batch-norm statistics, as NumPy arrays (like a .pkl holds)."""
+    rng = np.random.default_rng(seed)
+    state = {}
+    for key, value in model.state_dict().items():
+        shape = tuple(value.shape)
+        if key.endswith("norm.running_var"):
+            array = rng.uniform(0.5, 2.0, shape)
+        elif key.endswith(("norm.running_mean", "norm.bias", ".bias")):
+            array = rng.normal(0, 0.1, shape)
+        elif key.endswith("norm.weight"):
+            array = rng.uniform(0.2 if ".conv3." in key else 0.6, 1.2, shape)
+        else:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            array = rng.normal(0, (1.0 / fan_in) ** 0.5, shape)
+        state[key] = array.astype(np.float32)
+    return state
+
+
 @pytest.fixture(scope="session")
 def tiny_detector():
     from extract import Detector

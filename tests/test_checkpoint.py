@@ -8,28 +8,9 @@ import torch
 import torchvision
 from torchvision.ops import roi_align
 
-from conftest import synthetic_image
+from conftest import randomized_state, synthetic_image
 from extract import CheckpointError, Detector, load_weights, read_state_dict
 from extract.config import PRESETS
-
-
-def randomized_state(detector: Detector, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random weights with non-trivial batch-norm statistics, as NumPy arrays (like a .pkl holds)."""
-    rng = np.random.default_rng(seed)
-    state = {}
-    for key, value in detector.state_dict().items():
-        shape = tuple(value.shape)
-        if key.endswith("norm.running_var"):
-            array = rng.uniform(0.5, 2.0, shape)
-        elif key.endswith(("norm.running_mean", "norm.bias", ".bias")):
-            array = rng.normal(0, 0.1, shape)
-        elif key.endswith("norm.weight"):
-            array = rng.uniform(0.2 if ".conv3." in key else 0.6, 1.2, shape)
-        else:
-            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            array = rng.normal(0, (1.0 / fan_in) ** 0.5, shape)
-        state[key] = array.astype(np.float32)
-    return state
 
 
 def test_butd_keys_are_detectron2_names():
@@ -143,3 +124,35 @@ def test_trunk_and_res5_match_torchvision_resnet():
     assert torch.allclose(detector.backbone(x), ref_res4, atol=1e-4, rtol=1e-4)
     region = detector.describe([image], [boxes])[0]
     assert torch.allclose(region.features, ref_features, atol=1e-4, rtol=1e-4)
+
+
+def test_recorded_anchors_and_pixel_means_are_checked_then_dropped(tmp_path):
+    detector = Detector.build("tiny")
+    state = randomized_state(detector)
+    state["proposal_generator.anchor_generator.cell_anchors.0"] = detector.proposal_generator.cell_anchors.numpy()
+    state["pixel_mean"] = np.array(detector.cfg.pixel_mean, np.float32).reshape(3, 1, 1)
+    loaded = Detector.build("tiny", weights=write_pkl(tmp_path / "ok.pkl", state))
+    assert np.array_equal(loaded.state_dict()["backbone.stem.conv1.weight"].numpy(), state["backbone.stem.conv1.weight"])
+
+    # anchors in torchvision's ratio-major order are a different model: refused, not silently used
+    ratio_major = detector.proposal_generator.cell_anchors.view(4, 3, 4).transpose(0, 1).reshape(12, 4)
+    state["proposal_generator.anchor_generator.cell_anchors.0"] = ratio_major.numpy()
+    with pytest.raises(CheckpointError, match="cell_anchors.0 in the checkpoint"):
+        Detector.build("tiny", weights=write_pkl(tmp_path / "anchors.pkl", state))
+    del state["proposal_generator.anchor_generator.cell_anchors.0"]
+    state["pixel_mean"] = np.array([103.53, 116.28, 123.675], np.float32)
+    with pytest.raises(CheckpointError, match="pixel_mean in the checkpoint"):
+        Detector.build("tiny", weights=write_pkl(tmp_path / "means.pkl", state))
+
+
+def test_folded_batch_norms_load_as_identity_statistics(tmp_path):
+    detector = Detector.build("tiny")
+    state = randomized_state(detector)
+    folded = {k: v for k, v in state.items() if not k.endswith(("running_mean", "running_var"))}
+    loaded = Detector.build("tiny", weights=write_pkl(tmp_path / "folded.pkl", folded))
+    norm = loaded.backbone.res2[0].conv1.norm
+    assert torch.equal(norm.running_mean, torch.zeros_like(norm.running_mean))
+    assert torch.equal(norm.running_var, torch.ones_like(norm.running_var))
+    partial = dict(folded, **{"backbone.stem.conv1.norm.running_var": state["backbone.stem.conv1.norm.running_var"]})
+    with pytest.raises(CheckpointError, match="missing key"):
+        Detector.build("tiny", weights=write_pkl(tmp_path / "partial.pkl", partial))

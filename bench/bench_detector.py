@@ -1,0 +1,140 @@
+"""Detector throughput: images/s and ms per image in detection and given-box modes.
+
+    .venv/bin/python bench/bench_detector.py                      # tiny and butd-vg on CPU (and CUDA if present)
+    .venv/bin/python bench/bench_detector.py --presets tiny --images 32
+
+Random weights; synthetic 480x640 images (resized by each preset as at test time); 10 given boxes
+per image. When detectron2 is importable, the same weights run in detectron2 side by side (backbone
++ RPN + RoI head for detection, backbone + `_shared_roi_transform` for given boxes) and the ratio
+ours / detectron2 is printed (for butd-vg, with the caffe stem and dilated res5 patched in as the
+parity test does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/ holds the detectron2 reference model
+
+from extract import Detector  # noqa: E402
+
+
+def synthetic_images(count: int, height: int = 480, width: int = 640) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8) for _ in range(count)]
+
+
+def given_boxes(height: int, width: int, count: int = 10) -> torch.Tensor:
+    rng = np.random.default_rng(1)
+    xy = rng.uniform(0, 0.6, size=(count, 2)) * [width, height]
+    wh = rng.uniform(0.1, 0.4, size=(count, 2)) * [width, height]
+    return torch.tensor(np.concatenate([xy, xy + wh], axis=1), dtype=torch.float32)
+
+
+def timed(fn, device: str, repeat: int) -> float:
+    """Seconds per call: one warm-up call, then the best of `repeat` timed calls."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def detectron2_runner(detector: Detector, device: str):
+    """Callables running detectron2 with the same weights, or None where detectron2 is absent
+    (or cannot build the architecture: its ResNets come in the standard depths only)."""
+    try:
+        from detectron2.structures import Boxes
+        from detectron2_reference import detectron2_model
+    except ImportError:
+        return None
+    ours = detector.cfg
+    if ours.res_blocks != (3, 4, 23, 3) or ours.stem_out_channels != 64:
+        return None
+    model = detectron2_model(ours, device)
+    model.load_state_dict({k: v for k, v in detector.state_dict().items() if k in model.state_dict()}, strict=True)
+    mean = torch.tensor(ours.pixel_mean, device=device).view(3, 1, 1)
+
+    def inputs(prepared):
+        # detectron2 gets the already resized BGR image, so both sides skip the same work.
+        return [{"image": p.tensor[:, : p.input_height, : p.input_width] + mean} for p in prepared]
+
+    @torch.no_grad()
+    def detect(prepared):
+        model.inference(inputs(prepared), do_postprocess=False)
+
+    @torch.no_grad()
+    def describe(prepared, boxes):
+        images = model.preprocess_image(inputs(prepared))
+        res4 = model.backbone(images.tensor)["res4"]
+        scaled = [Boxes(p.to_input(b)) for p, b in zip(prepared, boxes)]
+        model.roi_heads.box_predictor(model.roi_heads._shared_roi_transform([res4], scaled).mean(dim=(2, 3)))
+
+    return detect, describe
+
+
+def bench(preset: str, device: str, count: int, batch_size: int, repeat: int) -> None:
+    detector = Detector.build(preset, device=device)
+    arrays = synthetic_images(count)
+    prepared = [detector.prepare(a) for a in arrays]
+    boxes = [given_boxes(*a.shape[:2]) for a in arrays]
+    batches = [range(i, min(i + batch_size, count)) for i in range(0, count, batch_size)]
+
+    def run_detect(runner=detector.detect):
+        for b in batches:
+            runner([prepared[i] for i in b])
+
+    def run_describe(runner=detector.describe):
+        for b in batches:
+            runner([prepared[i] for i in b], [boxes[i] for i in b])
+
+    size = f"{prepared[0].input_width}x{prepared[0].input_height}"
+    print(f"\n{preset} on {device}: {count} images at {size}, batch {batch_size}, best of {repeat}")
+    ours = {"detection": timed(run_detect, device, repeat), "given boxes": timed(run_describe, device, repeat)}
+    d2 = detectron2_runner(detector, device)
+    if d2 is not None:
+        d2_detect, d2_describe = d2
+        d2_times = {"detection": timed(lambda: run_detect(d2_detect), device, repeat),
+                    "given boxes": timed(lambda: run_describe(d2_describe), device, repeat)}
+    for mode, seconds in ours.items():
+        line = f"  {mode:12s} {count / seconds:8.2f} images/s  {1000 * seconds / count:9.1f} ms/image"
+        if d2 is not None:
+            theirs = d2_times[mode]
+            line += (f"   detectron2 {count / theirs:8.2f} images/s {1000 * theirs / count:9.1f} ms/image"
+                     f"   speed ours/detectron2 {theirs / seconds:5.2f}x")
+        print(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", default="tiny,butd-vg")
+    parser.add_argument("--devices", default="cpu,cuda")
+    parser.add_argument("--images", type=int, default=0, help="images per run (default: 16 tiny, 2 full size on CPU)")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    for device in args.devices.split(","):
+        if device == "cuda" and not torch.cuda.is_available():
+            print("\ncuda: not available, skipped")
+            continue
+        for preset in args.presets.split(","):
+            count = args.images or (16 if preset == "tiny" or device == "cuda" else 2)
+            bench(preset, device, count, min(args.batch_size, count), args.repeat)
+
+
+if __name__ == "__main__":
+    main()

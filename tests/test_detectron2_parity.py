@@ -1,0 +1,69 @@
+"""Parity with detectron2 for the same weights: features of given boxes and their argmax class.
+
+Runs where detectron2 is importable and skips elsewhere. For `butd-vg`, the reference is upstream
+detectron2 with the caffe stem and the dilated res5 patched in (tests/detectron2_reference.py).
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import randomized_state, synthetic_image
+from extract import Detector, load_weights
+
+pytest.importorskip("detectron2")
+from detectron2.structures import Boxes  # noqa: E402
+from detectron2_reference import detectron2_model  # noqa: E402
+
+HEIGHT, WIDTH = 320, 480  # already at the test size: neither side resizes it
+
+
+@pytest.mark.parametrize("preset", ["d2-r101-c4", "butd-vg"])
+def test_given_box_features_match_detectron2(preset):
+    ours = Detector.build(preset, min_size=HEIGHT, max_size=1000)
+    theirs = detectron2_model(ours.cfg)
+    state = {k: torch.from_numpy(v) for k, v in randomized_state(ours, seed=7).items()}
+    load_weights(ours, state)
+    theirs_keys = set(theirs.state_dict())
+    assert theirs_keys <= set(state), sorted(theirs_keys - set(state))[:10]
+    theirs.load_state_dict({k: v for k, v in state.items() if k in theirs_keys}, strict=True)
+
+    rgb = synthetic_image(HEIGHT, WIDTH, seed=11)
+    boxes = torch.tensor([[0, 0, 479, 319], [20.5, 30.25, 200, 180], [300, 100, 470, 310], [64, 64, 96, 80.0]])
+    region = ours.describe([ours.prepare(rgb)], [boxes])[0]
+
+    with torch.no_grad():
+        bgr = torch.from_numpy(np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))).float()
+        images = theirs.preprocess_image([{"image": bgr}])
+        assert tuple(images.tensor.shape[-2:]) == (HEIGHT, WIDTH)
+        res4 = theirs.backbone(images.tensor)["res4"]
+        expected = theirs.roi_heads._shared_roi_transform([res4], [Boxes(boxes)]).mean(dim=(2, 3))
+        expected_classes = theirs.roi_heads.box_predictor(expected)[0][:, :-1].argmax(dim=1)
+
+    stored = region.features.half().float()  # what the FeatureStore keeps by default
+    cosine = F.cosine_similarity(stored, expected, dim=1)
+    relative_l2 = (stored - expected).norm(dim=1) / expected.norm(dim=1)
+    assert cosine.min() >= 0.9999, cosine
+    assert relative_l2.max() <= 2e-3, relative_l2
+    assert torch.equal(region.objects_id, expected_classes)
+
+
+@pytest.mark.parametrize("preset", ["d2-r101-c4", "butd-vg"])
+def test_proposals_match_detectron2(preset):
+    ours = Detector.build(preset, min_size=HEIGHT, max_size=1000)
+    theirs = detectron2_model(ours.cfg)
+    state = {k: torch.from_numpy(v) for k, v in randomized_state(ours, seed=8).items()}
+    load_weights(ours, state)
+    theirs.load_state_dict({k: v for k, v in state.items() if k in theirs.state_dict()}, strict=True)
+    rgb = synthetic_image(HEIGHT, WIDTH, seed=12)
+    with torch.no_grad():
+        image = ours.prepare(rgb)
+        res4 = ours.backbone(image.tensor[None])
+        boxes, logits = ours.proposal_generator(res4, (HEIGHT, WIDTH))
+        bgr = torch.from_numpy(np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))).float()
+        images = theirs.preprocess_image([{"image": bgr}])
+        expected = theirs.proposal_generator(images, {"res4": res4}, None)[0][0]
+    assert len(boxes) == len(expected) > 50
+    assert torch.allclose(boxes, expected.proposal_boxes.tensor, atol=1e-3)
+    assert torch.allclose(logits, expected.objectness_logits, atol=1e-4)
