@@ -51,7 +51,7 @@ def _to_rgb(image: Image.Image) -> np.ndarray:
         return np.repeat(gray[:, :, None], 3, axis=2)
     if image.mode == "F":
         raise ImageError(f"floating-point images are not supported (mode {image.mode})")
-    return np.asarray(image.convert("RGB"), dtype=np.uint8)
+    return np.array(image.convert("RGB"), dtype=np.uint8)
 
 
 def list_images(root: str | Path) -> list[Path]:

@@ -1,0 +1,174 @@
+"""FeatureStore benchmark: extraction images/s (K = 0 and K = 3 masked variants), reader records/s for
+random keys next to the memory-copy rate of the same bytes, and bytes per image. Figures measured
+side by side in one run; nothing here is a test.
+
+    .venv/bin/python bench/bench_store.py              # tiny detector on CPU (+ butd-vg when CUDA is there)
+    .venv/bin/python bench/bench_store.py --records 2000 --workers 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from extract.job import run_extraction
+from extract.store import FeatureStore, FeatureStoreWriter, build_meta, decode_record, encode_record
+from extract.synthetic import write_synthetic_images
+
+
+def extraction(images: Path, work: Path, detector: str, device: str, batch_size: int) -> dict[int, tuple[float, float]]:
+    """K → (images/s, bytes per image)."""
+    figures = {}
+    for variants in (0, 3):
+        out = work / f"{detector}-k{variants}"
+        summary = run_extraction(images, out, detector, batch_size=batch_size, device=device,
+                                 mask_variants=variants, progress=False)
+        figures[variants] = (summary.images_per_second, summary.bytes_written / max(summary.written, 1))
+    return figures
+
+
+def synthetic_record(rng: np.random.Generator, boxes: int, dim: int, variants: int) -> dict:
+    features = rng.random((boxes, dim), dtype=np.float32).astype(np.float16)
+    record = {
+        "boxes": rng.random((boxes, 4), dtype=np.float32), "features": features,
+        "image_feature": features.mean(axis=0), "objects_id": rng.integers(0, 1600, boxes),
+        "objects_conf": rng.random(boxes, dtype=np.float32), "attrs_id": rng.integers(0, 400, boxes),
+        "attrs_conf": rng.random(boxes, dtype=np.float32),
+        "class_topk_id": rng.integers(0, 1601, (boxes, 10)).astype(np.int32),
+        "class_topk_prob": rng.random((boxes, 10), dtype=np.float32).astype(np.float16),
+        "image_h": 480, "image_w": 640, "box_source": "proposals",
+    }
+    if variants:  # every row changed: the case of a receptive field covering the image (BUTD)
+        record.update(mask_boxes=rng.random((variants, boxes)) < 0.15,
+                      masked_features=rng.random((variants, boxes, dim), dtype=np.float32).astype(np.float16),
+                      masked_image_feature=rng.random((variants, dim), dtype=np.float32).astype(np.float16))
+    return record
+
+
+class InMemory(torch.utils.data.Dataset):
+    """The same tensors without a store: what the DataLoader itself costs."""
+
+    def __init__(self, count: int, boxes: int, dim: int) -> None:
+        self.features = torch.zeros(count, boxes, dim, dtype=torch.float16)
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.features[i].clone()
+
+
+class Features(torch.utils.data.Dataset):
+    def __init__(self, store: FeatureStore, keys: list[str]) -> None:
+        self.store, self.keys = store, keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(self.store[self.keys[i]]["features"])
+
+
+def reading(work: Path, records: int, boxes: int, dim: int, workers: int) -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    meta = build_meta(feature_dim=dim, mode="imported", num_classes=1601, top_k_classes=10)
+    root = work / "read-store"
+    with FeatureStoreWriter(root, meta) as writer:
+        for start in range(0, records, 100):
+            writer.commit({f"{i:07d}": synthetic_record(rng, boxes, dim, 0) for i in range(start, min(start + 100, records))})
+    store = FeatureStore(root)
+    keys = list(rng.permutation(store.keys()))
+    record_bytes = len(store.raw(keys[0]))
+
+    def read_all() -> float:
+        start = time.perf_counter()
+        for key in keys:
+            store[key]
+        return len(keys) / (time.perf_counter() - start)
+
+    cold, warm = read_all(), read_all()  # the first pass maps the store's pages into this process
+
+    start = time.perf_counter()
+    raws = [store.raw(key) for key in keys[:200]]
+    raw_rate = len(raws) / (time.perf_counter() - start)
+    start = time.perf_counter()
+    for raw in raws * (len(keys) // 200):
+        decode_record(raw)
+    decode_rate = len(raws) * (len(keys) // 200) / (time.perf_counter() - start)
+
+    def load_all(dataset: torch.utils.data.Dataset) -> float:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=workers, persistent_workers=True)
+        sum(len(batch) for batch in loader)  # workers started and warmed up outside the timing
+        start = time.perf_counter()
+        count = sum(len(batch) for batch in loader)
+        return count / (time.perf_counter() - start)
+
+    parallel = load_all(Features(store, keys))
+    in_memory = load_all(InMemory(len(keys), boxes, dim))
+
+    # As many distinct source bytes as the store holds, so neither side reads from a warm cache.
+    source = np.ones((len(keys), record_bytes), dtype=np.uint8)
+    start = time.perf_counter()
+    for i in rng.permutation(len(keys)):
+        bytearray(source[i])  # a fresh buffer per record, as a reader hands out
+    memcpy = len(keys) / (time.perf_counter() - start)
+    store.close()
+    return {"record_bytes": record_bytes, "cold": cold, "warm": warm, "raw": raw_rate, "decode": decode_rate,
+            "loader": parallel, "in_memory": in_memory, "memcpy": memcpy}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=32, help="synthetic images per extraction run")
+    parser.add_argument("--records", type=int, default=1000, help="records in the reading benchmark")
+    parser.add_argument("--boxes", type=int, default=100)
+    parser.add_argument("--dim", type=int, default=2048)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+              f"CUDA: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}")
+
+        write_synthetic_images(work / "small", args.images)
+        runs = [("tiny", "cpu", work / "small", 8)]
+        if torch.cuda.is_available():
+            write_synthetic_images(work / "large", args.images, min_side=480, max_side=640)
+            runs.append(("butd-vg", "cuda", work / "large", 8))
+        print("\nextraction (synthetic images; random weights)")
+        for detector, device, images, batch in runs:
+            figures = extraction(images, work, detector, device, batch)
+            (r0, b0), (r3, b3) = figures[0], figures[3]
+            print(f"  {detector:8s} {device:4s} K=0: {r0:7.2f} images/s, {b0 / 1024:8.1f} KiB/image | "
+                  f"K=3: {r3:7.2f} images/s, {b3 / 1024:8.1f} KiB/image | K=3/K=0 time x{r0 / r3:.2f}, "
+                  f"{(b3 - b0) / 3 / 1024:.1f} KiB per variant")
+
+        rng = np.random.default_rng(0)
+        base = len(encode_record(synthetic_record(rng, args.boxes, args.dim, 0)))
+        with_variants = len(encode_record(synthetic_record(rng, args.boxes, args.dim, 3)))
+        print(f"\nbytes per image at {args.boxes} boxes, {args.dim}-d float16, top-10 classes: "
+              f"{base / 1024:.1f} KiB; per masked variant (every row changed): "
+              f"{(with_variants - base) / 3 / 1024:.1f} KiB")
+
+        figures = reading(work, args.records, args.boxes, args.dim, args.workers)
+        mib = figures["record_bytes"] / 2**20
+        print(f"\nreading {args.records} random keys, {figures['record_bytes'] / 1024:.1f} KiB records:")
+        for label, key in (("store[key], first pass", "cold"), ("store[key], second pass", "warm"),
+                           (f"DataLoader, {args.workers} workers, batch 16", "loader"),
+                           ("  same DataLoader, in-memory tensors", "in_memory"),
+                           ("raw bytes only (LMDB get)", "raw"), ("decode only (in memory)", "decode"),
+                           ("memory copy of the same bytes", "memcpy")):
+            rate = figures[key]
+            print(f"  {label:36s} {rate:10.0f} records/s {rate * mib:8.0f} MiB/s   "
+                  f"{rate / figures['memcpy']:.2f} x memcpy")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""The batch extraction job: images → detector → FeatureStore, resumable and shardable.
+
+Images are decoded and prepared in background threads; the detector runs on batches; each
+batch's records and failures are committed in one LMDB transaction, so a killed job loses at
+most the batch in flight and a rerun skips every committed image (in any shard).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from extract.checkpoint import file_sha256
+from extract.detector import Detector
+from extract.images import image_id, list_images, load_image
+from extract.masking import draw_masks
+from extract.store.layout import META
+from extract.store.reader import FeatureStore
+from extract.store.schema import build_meta, encode_key, record_from_regions
+from extract.store.writer import DEFAULT_MAP_SIZE, FeatureStoreWriter
+
+
+class JobError(ValueError):
+    """Job arguments that cannot be used (shard spec, boxes file, ...); nothing has been written."""
+
+
+@dataclass
+class WorkItem:
+    path: str  # relative to the images root, as given (the failures.jsonl `image`)
+    image_id: str
+    file: Path | None = None
+    boxes: Any = None  # given-box mode: the boxes file's entry, checked when the image is prepared
+
+
+@dataclass
+class ExtractionSummary:
+    store: Path
+    shard: tuple[int, int]
+    images: int  # in this shard's slice
+    skipped: int  # already in the store
+    written: int
+    failed: int
+    seconds: float
+    bytes_written: int
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (image, error) of this run
+
+    @property
+    def images_per_second(self) -> float:
+        return (self.written + self.failed) / self.seconds if self.seconds > 0 else 0.0
+
+    def report(self) -> str:
+        per_image = self.bytes_written / self.written if self.written else 0
+        lines = [
+            f"store {self.store} shard {self.shard[0]}/{self.shard[1]}: {self.images} images, "
+            f"{self.skipped} already stored, {self.written} written, {self.failed} failed",
+            f"{self.seconds:.1f} s, {self.images_per_second:.2f} images/s, "
+            f"{self.bytes_written / 2**20:.1f} MiB written ({per_image / 1024:.1f} KiB per image)",
+        ]
+        lines += [f"  failed: {image}: {error}" for image, error in self.failures[:10]]
+        if len(self.failures) > 10:
+            lines.append(f"  ... and {len(self.failures) - 10} more (see {self.store / 'failures.jsonl'})")
+        return "\n".join(lines)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'i/n' → (i, n) with 0 <= i < n."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise JobError(f"shard {text!r}: expected i/n, e.g. 0/4") from None
+    if not 0 <= index < count:
+        raise JobError(f"shard {text!r}: expected 0 <= i < n")
+    return index, count
+
+
+def resolve_shard_and_device(shard: tuple[int, int] | None, device: str) -> tuple[tuple[int, int], str]:
+    """An explicit shard wins; otherwise a launcher's RANK/WORLD_SIZE (torchrun) pick the slice,
+    and LOCAL_RANK the GPU when the device is a bare 'cuda'."""
+    env = os.environ
+    if shard is None:
+        shard = (int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)))
+        if not 0 <= shard[0] < shard[1]:
+            raise JobError(f"RANK={shard[0]}, WORLD_SIZE={shard[1]}: expected 0 <= RANK < WORLD_SIZE")
+    if device == "cuda" and "LOCAL_RANK" in env:
+        device = f"cuda:{int(env['LOCAL_RANK'])}"
+    return shard, device
+
+
+def in_shard(image_id: str, shard: tuple[int, int]) -> bool:
+    """Slices by a hash of the id, so an image's shard never depends on which other images exist."""
+    return zlib.crc32(image_id.encode("utf-8")) % shard[1] == shard[0]
+
+
+def work_items(images: Path, boxes_file: Path | None) -> tuple[list[WorkItem], list[tuple[WorkItem, str]]]:
+    """Every image of the job, by id, and the ones refused up front (an id used twice)."""
+    if boxes_file is None:
+        paths = [p.relative_to(images).as_posix() for p in list_images(images)]
+        given: Mapping[str, Any] = {}
+    else:
+        given = read_boxes_file(boxes_file)
+        paths = sorted(given)
+    items, refused, seen = [], [], {}
+    for path in paths:
+        item = WorkItem(path, image_id(images / path, images), images / path, given.get(path))
+        if item.image_id in seen:
+            # Keyed by its path: the id belongs to the image that is stored.
+            refused.append((WorkItem(path, path), f"image id {item.image_id!r} is also the id of {seen[item.image_id]}"))
+        else:
+            seen[item.image_id] = path
+            items.append(item)
+    return items, refused
+
+
+def read_boxes_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise JobError(f"boxes file {path}: unreadable ({exc})") from None
+    if not isinstance(data, dict):
+        raise JobError(f"boxes file {path}: expected a JSON object mapping image paths to lists of boxes")
+    return data
+
+
+def given_boxes(item: WorkItem) -> np.ndarray:
+    try:
+        boxes = np.asarray(item.boxes, dtype=np.float32)
+    except (TypeError, ValueError):
+        boxes = None
+    if boxes is None or not (boxes.ndim == 2 and boxes.shape[1] == 4 or boxes.size == 0):
+        raise ValueError(f"boxes file entry for {item.path}: expected a list of [x1, y1, x2, y2], got {item.boxes!r}")
+    return boxes.reshape(-1, 4)
+
+
+def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg", *,
+                   weights: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
+                   boxes: str | Path | None = None, batch_size: int = 8, device: str = "cpu",
+                   feature_dtype: str = "float16", top_k_classes: int | None = 10,
+                   mask_variants: int = 0, mask_prob: float = 0.15, mask_seed: int = 0,
+                   shard: tuple[int, int] | None = None, decode_workers: int = 2, progress: bool = True,
+                   initial_map_size: int = DEFAULT_MAP_SIZE) -> ExtractionSummary:
+    """Extracts every image under `images` (or every image named in the `boxes` file) that `out`
+    does not hold yet into the FeatureStore `out`. `top_k_classes=None` stores full class
+    distributions. Raises StoreMismatchError when `out` was written with other settings."""
+    start = time.perf_counter()
+    images, out = Path(images).resolve(), Path(out)
+    if batch_size < 1 or mask_variants < 0:
+        raise JobError(f"batch size {batch_size}, mask variants {mask_variants}: expected >= 1 and >= 0")
+    shard, device = resolve_shard_and_device(shard, device)
+    items, refused = work_items(images, Path(boxes) if boxes is not None else None)
+    model = Detector.build(detector, weights=weights, device=device, **dict(overrides or {}))
+    meta = build_meta(
+        feature_dim=model.cfg.feature_dim, feature_dtype=feature_dtype, mode="detect" if boxes is None else "given",
+        detector={"source": str(detector), "config": model.cfg.to_dict(),
+                  "checkpoint": None if weights is None else str(Path(weights).resolve()),
+                  "checkpoint_sha256": None if weights is None else file_sha256(weights)},
+        top_k_classes=top_k_classes, num_classes=model.cfg.num_classes + 1,
+        class_names=model.cfg.class_names, attribute_names=model.cfg.attribute_names,
+        has_attributes=model.cfg.num_attributes > 0, mask_variants=mask_variants, mask_prob=mask_prob,
+        mask_seed=mask_seed, images_root=str(images),
+    )
+    stored: set[str] = set()
+    if (out / META).exists():
+        with FeatureStore(out) as existing:
+            stored = set(existing.keys())
+    items = [item for item in items if in_shard(item.image_id, shard)]
+    refused = [(item, error) for item, error in refused if in_shard(item.image_id, shard)]
+    pending = [item for item in items if item.image_id not in stored]
+    compute = _region_computer(model, given=boxes is not None, feature_dtype=meta["features"]["dtype"],
+                               top_k=meta["class_probs"]["top_k"], mask_variants=mask_variants,
+                               mask_prob=mask_prob, mask_seed=mask_seed)
+    summary = ExtractionSummary(out, shard, len(items) + len(refused), len(items) - len(pending), 0, 0, 0.0, 0)
+
+    with FeatureStoreWriter(out, meta, shard, initial_map_size) as writer, \
+            tqdm(total=len(pending) + len(refused), unit="img", disable=not progress, dynamic_ncols=True) as bar:
+        def commit(batch: list[tuple[WorkItem, Any]], failures: list[tuple[WorkItem, str]]) -> None:
+            records, failed = _isolating_failures(compute, batch) if batch else ({}, [])
+            failures = failures + failed
+            summary.bytes_written += writer.commit(records, {i.image_id: (i.path, e) for i, e in failures})
+            summary.written += len(records)
+            summary.failed += len(failures)
+            summary.failures += [(i.path, e) for i, e in failures]
+            bar.update(len(records) + len(failures))
+
+        batch, failures = [], list(refused)
+        for item, prepared, error in _prefetched(lambda item: _prepare(model, item), pending, decode_workers,
+                                                 2 * batch_size):
+            if error is not None:
+                failures.append((item, error))
+            else:
+                batch.append((item, prepared))
+            if len(batch) + len(failures) >= batch_size:
+                commit(batch, failures)
+                batch, failures = [], []
+        commit(batch, failures)
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _prepare(model: Detector, item: WorkItem) -> tuple[Any, ...]:
+    """(prepared image, given boxes or None); errors are reported, not raised, by `_prefetched`."""
+    encode_key(item.image_id)
+    boxes = given_boxes(item) if item.boxes is not None else None
+    return model.prepare(load_image(item.file)), boxes
+
+
+def _prefetched(fn: Callable, items: Sequence[WorkItem], workers: int, depth: int) -> Iterator[tuple]:
+    """(item, fn(item), None) or (item, None, reason) in order, computing up to `depth` ahead in threads."""
+    def run(item):
+        try:
+            return item, fn(item), None
+        except Exception as exc:  # noqa: BLE001 - one bad image is recorded as a failure, the job goes on
+            return item, None, _reason(exc)
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        queue: deque = deque()
+        remaining = iter(items)
+        for item in remaining:
+            queue.append(pool.submit(run, item))
+            if len(queue) >= depth:
+                break
+        while queue:
+            result = queue.popleft().result()
+            following = next(remaining, None)
+            if following is not None:
+                queue.append(pool.submit(run, following))
+            yield result
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+
+
+def _isolating_failures(compute: Callable, batch: list[tuple[WorkItem, Any]]):
+    """(records by id, failures) for a batch; when the batch fails, each image runs alone so that
+    only the images that fail on their own are reported."""
+    try:
+        return {item.image_id: record for (item, _), record in zip(batch, compute(batch))}, []
+    except Exception as exc:  # noqa: BLE001 - narrowed down below, every failure is reported
+        if len(batch) == 1:
+            return {}, [(batch[0][0], _reason(exc))]
+    records, failures = {}, []
+    for one in batch:
+        done, failed = _isolating_failures(compute, [one])
+        records.update(done)
+        failures += failed
+    return records, failures
+
+
+def _region_computer(model: Detector, *, given: bool, feature_dtype: str, top_k: int | None,
+                     mask_variants: int, mask_prob: float, mask_seed: int) -> Callable:
+    """batch of (item, (prepared, boxes)) → records: detect or describe, then the masked re-runs."""
+    def compute(batch: list[tuple[WorkItem, Any]]) -> list[dict]:
+        prepared = [p for _, (p, _) in batch]
+        if given:
+            regions = [r.numpy() for r in model.describe(prepared, [b for _, (_, b) in batch])]
+        else:
+            regions = [r.numpy() for r in model.detect(prepared)]
+        if not mask_variants:
+            return [record_from_regions(r, feature_dtype, top_k) for r in regions]
+        masks = [draw_masks(item.image_id, len(r["boxes"]), mask_variants, mask_prob, mask_seed)
+                 for (item, _), r in zip(batch, regions)]
+        variants = [
+            [r.numpy() for r in model.describe(prepared, [r["boxes"] for r in regions], [m[k] for m in masks])]
+            for k in range(mask_variants)
+        ]
+        return [
+            record_from_regions(r, feature_dtype, top_k, m, [variants[k][i] for k in range(mask_variants)])
+            for i, (r, m) in enumerate(zip(regions, masks))
+        ]
+
+    return compute

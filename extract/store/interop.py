@@ -1,0 +1,271 @@
+"""FeatureStore ⇄ the formats other VL code reads: per-image .npz, bottom-up-attention TSV, VQA-style HDF5.
+
+TSV (LXMERT's ten fields) and HDF5 carry no whole-image feature: exports drop it (HDF5 keeps it in
+an extra `whole_image_features` dataset), imports without one store the mean of the box features
+and say so in meta.json (`features.image_feature`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from extract.store.layout import META, read_meta
+from extract.store.reader import FeatureStore
+from extract.store.schema import FIELDS, StoreError, build_meta
+from extract.store.writer import FeatureStoreWriter
+
+FORMATS = ("npz", "tsv", "h5")
+TSV_FIELDS = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
+              "num_boxes", "boxes", "features")
+TSV_FIELDS_ORIGINAL = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
+IMPORT_BATCH = 256
+MEAN_IMAGE_FEATURE = "mean of the box features (the source has no whole-image feature)"
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise StoreError(f"format {fmt!r}: expected one of {', '.join(FORMATS)}")
+
+
+def export_store(root: str | Path, fmt: str, out: str | Path) -> int:
+    """Writes every record of the store at `root` to `out` in `fmt`; returns the record count."""
+    _check_format(fmt)
+    out = Path(out)
+    with FeatureStore(root) as store:
+        {"npz": _export_npz, "tsv": _export_tsv, "h5": _export_h5}[fmt](store, out)
+        return len(store)
+
+
+def import_store(src: str | Path, fmt: str, out: str | Path, feature_dtype: str = "float16") -> int:
+    """Writes the records in `src` (a file, or for npz a directory) into a new FeatureStore `out`."""
+    _check_format(fmt)
+    src = Path(src)
+    if not src.exists():
+        raise StoreError(f"{src}: no such {'directory' if fmt == 'npz' else 'file'}")
+    meta, records = {"npz": _import_npz, "tsv": _import_tsv, "h5": _import_h5}[fmt](src, feature_dtype)
+    count = 0
+    with FeatureStoreWriter(out, meta) as writer:
+        for batch in _chunks(records, IMPORT_BATCH):
+            writer.commit(dict(batch))
+            count += len(batch)
+    return count
+
+
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _imported_meta(feature_dim: int, feature_dtype: str, source: str, has_objects: bool, has_attributes: bool,
+                   image_feature: str = MEAN_IMAGE_FEATURE) -> dict[str, Any]:
+    return build_meta(feature_dim=feature_dim, feature_dtype=feature_dtype, mode="imported", source=source,
+                      has_objects=has_objects, has_attributes=has_attributes, image_feature_source=image_feature)
+
+
+def _mean_image_feature(features: np.ndarray) -> np.ndarray:
+    return features.astype(np.float32).mean(axis=0) if len(features) else np.zeros(features.shape[1], np.float32)
+
+
+def _with_dtype(record: dict[str, Any], feature_dtype: str) -> dict[str, Any]:
+    """Casts the fields the schema stores in the feature dtype."""
+    return {k: v.astype(feature_dtype) if FIELDS.get(k, ("",))[0] == "feature" else v for k, v in record.items()}
+
+
+# ---- npz: one file per image, plus the store's meta.json -------------------------------------------
+
+def _export_npz(store: FeatureStore, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / META).write_text(json.dumps(store.meta, indent=2) + "\n")
+    for image_id, record in store.items():
+        path = out / f"{image_id}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {k: v for k, v in record.items() if isinstance(v, np.ndarray)}
+        np.savez(path, **arrays, image_h=np.int64(record["image_h"]), image_w=np.int64(record["image_w"]),
+                 num_boxes=np.int64(len(record["boxes"])), box_source=np.str_(record["box_source"]))
+
+
+def _import_npz(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]:
+    files = sorted(src.rglob("*.npz"))
+    if not files:
+        raise StoreError(f"{src}: no .npz files")
+    if (src / META).is_file():  # exported by a FeatureStore: keep what it recorded
+        meta = {**read_meta(src), "source": f"npz:{src}"}
+        meta["features"] = {**meta["features"], "dtype": feature_dtype}
+    else:
+        with np.load(files[0], allow_pickle=False) as first:
+            names = set(first.files)
+            meta = _imported_meta(first["features"].shape[1], feature_dtype, f"npz:{src}", "objects_id" in names,
+                                  "attrs_id" in names, "imported" if "image_feature" in names else MEAN_IMAGE_FEATURE)
+            if "class_probs" in names:
+                meta["class_probs"] = {"num_classes": first["class_probs"].shape[1], "top_k": None}
+            if "mask_boxes" in names:
+                meta["mask_variants"]["count"] = first["mask_boxes"].shape[0]
+
+    def records():
+        for path in files:
+            image_id = path.relative_to(src).with_suffix("").as_posix()
+            try:
+                with np.load(path, allow_pickle=False) as data:
+                    arrays = {k: data[k] for k in data.files}
+            except (OSError, ValueError) as exc:
+                raise StoreError(f"{path}: not a readable .npz file ({exc})") from None
+            record = {k: v for k, v in arrays.items() if k in FIELDS}
+            record.setdefault("image_feature", _mean_image_feature(record["features"]))
+            record.update(image_h=int(arrays["image_h"]), image_w=int(arrays["image_w"]),
+                          box_source=str(arrays["box_source"]) if "box_source" in arrays else "imported")
+            yield image_id, _with_dtype(record, feature_dtype)
+
+    return meta, records()
+
+
+# ---- TSV: bottom-up-attention / LXMERT --------------------------------------------------------------
+
+def _b64(array: np.ndarray | None, dtype: str) -> str:
+    return "" if array is None else base64.b64encode(np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()).decode()
+
+
+def _unb64(text: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape).astype(dtype)
+
+
+def _export_tsv(store: FeatureStore, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        for image_id, r in store.items():
+            row = [image_id, str(r["image_h"]), str(r["image_w"]),
+                   _b64(r.get("objects_id"), "int64"), _b64(r.get("objects_conf"), "float32"),
+                   _b64(r.get("attrs_id"), "int64"), _b64(r.get("attrs_conf"), "float32"),
+                   str(len(r["boxes"])), _b64(r["boxes"], "float32"), _b64(r["features"], "float32")]
+            f.write("\t".join(row) + "\n")
+
+
+def _import_tsv(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]:
+    # Split by hand rather than with csv: base64 fields exceed csv's default field size limit.
+    def rows():
+        with src.open() as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    yield _tsv_row(src, number, line)
+
+    first = next(rows(), None)
+    if first is None:
+        raise StoreError(f"{src}: no rows")
+    meta = _imported_meta(first["features"].shape[1], feature_dtype, f"tsv:{src}",
+                          "objects_id" in first, "attrs_id" in first)
+    return meta, ((r.pop("image_id"), _with_dtype(r, feature_dtype)) for r in rows())
+
+
+def _tsv_row(src: Path, number: int, line: str) -> dict[str, Any]:
+    fields = line.rstrip("\n").split("\t")
+    names = {len(TSV_FIELDS): TSV_FIELDS, len(TSV_FIELDS_ORIGINAL): TSV_FIELDS_ORIGINAL}.get(len(fields))
+    if names is None:
+        raise StoreError(f"{src} line {number}: {len(fields)} tab-separated fields, expected "
+                         f"{len(TSV_FIELDS)} ({', '.join(TSV_FIELDS)}) or {len(TSV_FIELDS_ORIGINAL)}")
+    row = dict(zip(names, fields))
+    try:
+        n = int(row["num_boxes"])
+        boxes = _unb64(row["boxes"], "float32", (n, 4))
+        features = _unb64(row["features"], "float32", (n, -1))
+        record = {"image_id": row.get("img_id", row.get("image_id")), "boxes": boxes, "features": features,
+                  "image_feature": _mean_image_feature(features), "box_source": "imported",
+                  "image_h": int(float(row.get("img_h", row.get("image_h")))),
+                  "image_w": int(float(row.get("img_w", row.get("image_w"))))}
+        for name, dtype in (("objects_id", "int64"), ("objects_conf", "float32"),
+                            ("attrs_id", "int64"), ("attrs_conf", "float32")):
+            if row.get(name):
+                record[name] = _unb64(row[name], dtype, (n,))
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"{src} line {number}: malformed field ({exc})") from None
+    return record
+
+
+# ---- HDF5: VQA bottom-up ports ----------------------------------------------------------------------
+
+def spatial_features(boxes: np.ndarray, height: int, width: int) -> np.ndarray:
+    """(N, 6): x1/W, y1/H, x2/W, y2/H, w/W, h/H."""
+    x1, y1, x2, y2 = boxes.T
+    return np.stack([x1 / width, y1 / height, x2 / width, y2 / height, (x2 - x1) / width, (y2 - y1) / height],
+                    axis=1).astype(np.float32)
+
+
+def _export_h5(store: FeatureStore, out: Path) -> None:
+    import h5py
+
+    ids = store.keys()
+    counts = [len(store[i]["boxes"]) for i in ids]
+    rows, width, dim = len(ids), max(counts, default=0), store.meta["features"]["dim"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(out, "w") as f:
+        features = f.create_dataset("image_features", (rows, width, dim), dtype="float32")
+        boxes = f.create_dataset("image_bb", (rows, width, 4), dtype="float32")
+        spatial = f.create_dataset("spatial_features", (rows, width, 6), dtype="float32")
+        whole = f.create_dataset("whole_image_features", (rows, dim), dtype="float32")
+        f.create_dataset("image_ids", data=np.array(ids, dtype=h5py.string_dtype()))
+        f.create_dataset("num_boxes", data=np.array(counts, dtype=np.int64))
+        sizes = np.zeros((rows, 2), dtype=np.int64)
+        for row, image_id in enumerate(ids):
+            r, n = store[image_id], counts[row]
+            features[row, :n] = r["features"]
+            boxes[row, :n] = r["boxes"]
+            spatial[row, :n] = spatial_features(r["boxes"], r["image_h"], r["image_w"])
+            whole[row] = r["image_feature"]
+            sizes[row] = r["image_h"], r["image_w"]
+        f.create_dataset("image_h", data=sizes[:, 0])
+        f.create_dataset("image_w", data=sizes[:, 1])
+
+
+def _import_h5(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]:
+    import h5py
+
+    try:
+        f = h5py.File(src, "r")
+    except OSError as exc:
+        raise StoreError(f"{src}: not a readable HDF5 file ({exc})") from None
+    missing = [name for name in ("image_features", "image_bb", "image_ids") if name not in f]
+    if missing:
+        f.close()
+        raise StoreError(f"{src}: missing dataset(s) {', '.join(missing)}")
+    has_whole = "whole_image_features" in f
+    meta = _imported_meta(f["image_features"].shape[2], feature_dtype, f"h5:{src}", False, False,
+                          "imported" if has_whole else MEAN_IMAGE_FEATURE)
+
+    def records():
+        with f:
+            ids = [i.decode() if isinstance(i, bytes) else str(i) for i in f["image_ids"][:]]
+            counts = f["num_boxes"][:] if "num_boxes" in f else np.full(len(ids), f["image_bb"].shape[1])
+            for row, image_id in enumerate(ids):
+                n = int(counts[row])
+                boxes = f["image_bb"][row, :n].astype(np.float32)
+                features = f["image_features"][row, :n]
+                if "image_h" in f:
+                    height, width = int(f["image_h"][row]), int(f["image_w"][row])
+                else:
+                    height, width = _size_from_spatial(src, image_id, boxes, f["spatial_features"][row, :n])
+                record = {"boxes": boxes, "features": features, "image_h": height, "image_w": width,
+                          "image_feature": f["whole_image_features"][row] if has_whole else _mean_image_feature(features),
+                          "box_source": "imported"}
+                yield image_id, _with_dtype(record, feature_dtype)
+
+    return meta, records()
+
+
+def _size_from_spatial(src: Path, image_id: str, boxes: np.ndarray, spatial: np.ndarray) -> tuple[int, int]:
+    """The image size the spatial features were normalised by: box width / (w/W), height / (h/H)."""
+    usable = (spatial[:, 4] > 0) & (spatial[:, 5] > 0)
+    if not usable.any():
+        raise StoreError(f"{src}: image {image_id!r} has no image_h/image_w and no box to derive its size from")
+    i = int(np.argmax(usable))
+    width = (boxes[i, 2] - boxes[i, 0]) / spatial[i, 4]
+    height = (boxes[i, 3] - boxes[i, 1]) / spatial[i, 5]
+    return int(round(float(height))), int(round(float(width)))

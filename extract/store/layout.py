@@ -1,0 +1,130 @@
+"""Where things live in a FeatureStore directory, and the LMDB settings both sides open shards with."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from extract.store.schema import MAX_KEY_BYTES, StoreError, check_meta
+
+META = "meta.json"
+FAILURES = "failures.jsonl"
+SHARDS = "shards"
+RECORDS_DB = b"records"
+FAILURES_DB = b"failures"
+
+
+def shard_name(index: int, count: int) -> str:
+    return f"shard-{index:05d}-of-{count:05d}"
+
+
+def shard_dirs(root: Path) -> list[Path]:
+    """Every shard environment of the store, in name order."""
+    shards = root / SHARDS
+    return sorted(p for p in shards.glob("shard-*") if p.is_dir() and (p / "data.mdb").is_file())
+
+
+def writer_lock_path(shard: Path) -> Path:
+    return shard.with_name(shard.name + ".writer.lock")
+
+
+def writer_active(shard: Path) -> bool:
+    """Whether a live process holds the shard's writer lock (released by the kernel if it dies)."""
+    path = writer_lock_path(shard)
+    if not path.exists():
+        return False
+    with path.open("rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def open_shard(path: Path, *, readonly: bool, lock: bool = True, map_size: int = 1 << 20) -> lmdb.Environment:
+    """No readahead: records are read at random, and readahead would pull in neighbours for nothing."""
+    return lmdb.open(str(path), readonly=readonly, lock=lock, readahead=False, meminit=False, max_dbs=2,
+                     map_size=map_size, create=not readonly)
+
+
+# LMDB allows one handle per environment and process, so readers in a process share them. This
+# registry holds the only references, so that dropping it after a fork frees every parent handle.
+_shared: dict[Path, list] = {}  # path → [environment, records db, users]
+_shared_pid = os.getpid()
+
+
+def acquire_shard(path: Path, lock: bool) -> tuple[lmdb.Environment, Any]:
+    """(read-only environment, records database), shared by this process's readers of the shard."""
+    global _shared, _shared_pid
+    if _shared_pid != os.getpid():  # forked: the parent's handles must not be used (nor closed) here
+        _shared, _shared_pid = {}, os.getpid()
+    entry = _shared.get(path)
+    if entry is None:
+        env = open_shard(path, readonly=True, lock=lock)
+        entry = _shared[path] = [env, env.open_db(RECORDS_DB, create=False), 0]
+    entry[2] += 1
+    return entry[0], entry[1]
+
+
+def shared_shard(path: Path) -> tuple[lmdb.Environment, Any]:
+    """The handles of a shard this process has acquired (do not keep them: see `_shared`)."""
+    env, db, _ = _shared[path]
+    return env, db
+
+
+def release_shard(path: Path) -> None:
+    if _shared_pid != os.getpid() or path not in _shared:
+        return
+    entry = _shared[path]
+    entry[2] -= 1
+    if entry[2] == 0:
+        entry[0].close()
+        del _shared[path]
+
+
+def read_meta(root: Path) -> dict[str, Any]:
+    path = root / META
+    if not path.is_file():
+        raise StoreError(f"{root}: not a FeatureStore (no {META})")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{path}: unreadable ({exc})") from None
+    check_meta(meta, str(path))
+    return meta
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def failure_key(image_id: str) -> bytes:
+    """Failures are keyed by a digest so that even an id too long for an LMDB key can be recorded."""
+    return hashlib.sha1(image_id.encode("utf-8")).hexdigest().encode()
+
+
+def failures_in(envs: list[lmdb.Environment]) -> list[dict[str, Any]]:
+    """The failure entries of these shards whose image has no record in any of them, one per image
+    (the latest), sorted by image path."""
+    latest: dict[str, dict[str, Any]] = {}
+    for env in envs:
+        with env.begin(db=env.open_db(FAILURES_DB, create=False)) as txn:
+            for _, value in txn.cursor():
+                entry = json.loads(value)
+                if entry["id"] not in latest or entry["time"] >= latest[entry["id"]]["time"]:
+                    latest[entry["id"]] = entry
+    committed = set()
+    for env in envs:
+        with env.begin(db=env.open_db(RECORDS_DB, create=False)) as txn:
+            committed.update(i for i in latest if len(i.encode()) <= MAX_KEY_BYTES and txn.get(i.encode()) is not None)
+    return sorted(({k: e[k] for k in ("image", "id", "error")} for i, e in latest.items() if i not in committed),
+                  key=lambda e: e["image"])

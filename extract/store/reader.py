@@ -1,0 +1,161 @@
+"""Reading a FeatureStore: every shard as one store, random access by image id, iteration.
+
+Environments are opened lazily in each process (a DataLoader worker forked after the index was
+built opens its own), read-only, without readahead, and without LMDB's lock table unless a
+writer is live on that shard (a lock-free reader could see pages a live writer is reusing).
+The key index is one sorted NumPy array, so forked workers share it without copy-on-read.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import lmdb
+import numpy as np
+
+from extract.store.layout import (
+    acquire_shard, failures_in, read_meta, release_shard, shard_dirs, shared_shard, writer_active,
+)
+from extract.store.schema import StoreError, decode_record
+
+
+class FeatureStore:
+    """`store[image_id]` → record dict; `float32` widens float16 fields, `as_torch` gives tensors.
+
+    `lock`: None picks per shard (locked while a writer is live), True/False forces it. The key
+    index is built when the store is opened; `refresh()` picks up records committed since.
+    """
+
+    def __init__(self, root: str | Path, *, float32: bool = False, as_torch: bool = False,
+                 lock: bool | None = None) -> None:
+        self.root = Path(root)
+        self.meta = read_meta(self.root)
+        self.float32 = float32
+        self.as_torch = as_torch
+        self.lock = lock
+        self._acquired: set[Path] = set()  # shards this store holds in the process-wide registry
+        self._pid = os.getpid()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Rebuilds the key index from every shard (and closes this process's environments)."""
+        self.close()
+        self.shards = shard_dirs(self.root)
+        keys, owners = [], []
+        for i in range(len(self.shards)):
+            shard_keys = self._read(i, lambda txn: [bytes(k) for k in txn.cursor().iternext(keys=True, values=False)])
+            keys += shard_keys
+            owners += [i] * len(shard_keys)
+        self.close()  # workers forked from here open their own environments
+        key_array = np.array(keys, dtype=bytes) if keys else np.zeros(0, dtype="S1")
+        order = np.argsort(key_array, kind="stable")  # stable: the first shard (by name) wins a duplicate
+        self._keys, self._owners = key_array[order], np.asarray(owners, dtype=np.int32)[order]
+        duplicate = self._keys[1:] == self._keys[:-1]
+        self.duplicates = [k.decode() for k in np.unique(self._keys[1:][duplicate])]
+        if self.duplicates:
+            warnings.warn(f"{self.root}: {len(self.duplicates)} image id(s) stored in more than one shard "
+                          f"(e.g. {self.duplicates[0]!r}); reading the first shard's record", stacklevel=2)
+            keep = np.concatenate(([True], ~duplicate))
+            self._keys, self._owners = self._keys[keep], self._owners[keep]
+
+    def shard_env(self, shard: int) -> tuple[lmdb.Environment, Any]:
+        """(environment, records database) of shard `shard`, opened in this process on first use."""
+        if self._pid != os.getpid():  # forked: the parent's handles are not ours to use or release
+            self._acquired, self._pid = set(), os.getpid()
+        path = self.shards[shard]
+        if path not in self._acquired:
+            acquire_shard(path, writer_active(path) if self.lock is None else self.lock)
+            self._acquired.add(path)
+        return shared_shard(path)
+
+    def _position(self, image_id: str) -> int:
+        key = image_id.encode("utf-8")
+        i = int(np.searchsorted(self._keys, key))
+        if i == len(self._keys) or self._keys[i] != key:
+            raise KeyError(image_id)
+        return i
+
+    def _read(self, shard: int, read: Callable[[lmdb.Transaction], Any]) -> Any:
+        """`read(txn)` in a read transaction whose buffers are views of the map, valid only inside it."""
+        env, db = self.shard_env(shard)
+        while True:
+            try:
+                with env.begin(db=db, buffers=True) as txn:
+                    return read(txn)
+            except lmdb.MapResizedError:  # a live writer grew the map beyond ours: adopt its size
+                env.set_mapsize(0)
+
+    def raw(self, image_id: str) -> bytearray:
+        """The encoded record (copied out of the map once, so it outlives the transaction)."""
+        i = self._position(image_id)
+        value = self._read(int(self._owners[i]), lambda txn: _copy(txn.get(self._keys[i])))
+        if value is None:
+            raise StoreError(f"{self.shards[self._owners[i]]}: indexed record {image_id!r} is missing")
+        return value
+
+    def __getitem__(self, image_id: str) -> dict[str, Any]:
+        try:
+            record = decode_record(self.raw(image_id), float32=self.float32)
+        except StoreError as exc:
+            raise StoreError(f"{self.root}: record {image_id!r}: {exc}") from None
+        if self.as_torch:
+            import torch
+
+            record = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in record.items()}
+        return record
+
+    def get(self, image_id: str, default: Any = None) -> dict[str, Any] | Any:
+        return self[image_id] if image_id in self else default
+
+    def __contains__(self, image_id: object) -> bool:
+        if not isinstance(image_id, str):
+            return False
+        try:
+            self._position(image_id)
+        except KeyError:
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def keys(self) -> list[str]:
+        return [k.decode("utf-8") for k in self._keys]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        for image_id in self:
+            yield image_id, self[image_id]
+
+    def failures(self) -> list[dict[str, Any]]:
+        """Images that could not be processed and have no record: `image`, `id`, `error`."""
+        return failures_in([self.shard_env(i)[0] for i in range(len(self.shards))])
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            for path in self._acquired:
+                release_shard(path)
+        self._acquired = set()
+
+    def __enter__(self) -> "FeatureStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (spawned DataLoader workers) without open environments."""
+        return {**self.__dict__, "_acquired": set()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
+
+def _copy(value: memoryview | None) -> bytearray | None:
+    return None if value is None else bytearray(value)

@@ -1,0 +1,146 @@
+"""Writing one shard of a FeatureStore: atomic batch commits, a map that grows, failures kept current."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import lmdb
+
+from extract.store.layout import (
+    FAILURES, FAILURES_DB, META, RECORDS_DB, SHARDS, acquire_shard, failure_key, failures_in, open_shard,
+    read_meta, release_shard, shard_dirs, shard_name, write_text_atomic, writer_lock_path,
+)
+from extract.store.schema import StoreError, StoreMismatchError, encode_key, encode_record, meta_mismatches
+
+DEFAULT_MAP_SIZE = 1 << 30  # grows by doubling when full; LMDB only reserves address space
+
+
+def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Creates meta.json, or checks that the existing one records the same run parameters.
+
+    Creation is a link of a finished temporary file, so concurrent shard writers never see a
+    partial meta.json and exactly one of them creates it.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / META
+    if not path.exists():
+        tmp = root / f".{META}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    recorded = read_meta(root)
+    problems = meta_mismatches(recorded, meta)
+    if problems:
+        raise StoreMismatchError(
+            f"{root} was written with other settings; refusing to mix records "
+            f"(use a new --out, or the original settings):\n  " + "\n  ".join(problems))
+    return recorded
+
+
+class FeatureStoreWriter:
+    """Writes one shard (its own LMDB environment under shards/); one live writer per shard."""
+
+    def __init__(self, root: str | Path, meta: Mapping[str, Any], shard: tuple[int, int] = (0, 1),
+                 initial_map_size: int = DEFAULT_MAP_SIZE) -> None:
+        self.root = Path(root)
+        self.meta = ensure_meta(self.root, meta)
+        (self.root / SHARDS).mkdir(exist_ok=True)
+        self.path = self.root / SHARDS / shard_name(*shard)
+        self._lock = writer_lock_path(self.path).open("a+b")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise StoreError(f"{self.path}: another process is writing this shard") from None
+        if not self.path.exists():
+            _create_shard(self.path)
+        self.env = open_shard(self.path, readonly=False, map_size=initial_map_size)
+        self._records = self._growing(lambda: self.env.open_db(RECORDS_DB))
+        self._failures = self._growing(lambda: self.env.open_db(FAILURES_DB))
+
+    def commit(self, records: Mapping[str, Mapping[str, Any]], failures: Mapping[str, tuple[str, str]] = {}) -> int:
+        """Stores `records` (image id → record) and `failures` (image id → (image path, error)) in
+        one transaction: after a crash either all of them are there or none. A record replaces a
+        failure of the same image. Returns the bytes of the encoded records."""
+        encoded = [(encode_key(image_id), encode_record(record)) for image_id, record in records.items()]
+        now = time.time()
+        failed = [
+            (failure_key(image_id), json.dumps({"image": image, "id": image_id, "error": error, "time": now}).encode())
+            for image_id, (image, error) in failures.items()
+        ]
+        resolved = [failure_key(image_id) for image_id in records]
+        cleared = self._growing(lambda: self._put(encoded, failed, resolved))
+        if failed or cleared:
+            self.render_failures()
+        return sum(len(value) for _, value in encoded)
+
+    def _growing(self, write):
+        """Runs a write transaction, doubling the map size whenever it is full (the aborted
+        transaction left nothing behind, so it is simply run again)."""
+        while True:
+            try:
+                return write()
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+
+    def _put(self, encoded, failed, resolved) -> bool:
+        """Returns whether a failure entry was cleared."""
+        with self.env.begin(write=True) as txn:
+            for key, value in encoded:
+                txn.put(key, value, db=self._records)
+            cleared = sum(txn.delete(key, db=self._failures) for key in resolved)
+            for key, value in failed:
+                txn.put(key, value, db=self._failures)
+        return cleared > 0
+
+    def render_failures(self) -> None:
+        """Rewrites failures.jsonl from every shard's failure entries whose image has no record.
+
+        Under an exclusive lock, so concurrent shard writers cannot overwrite a newer rendering
+        with an older one.
+        """
+        with (self.root / SHARDS / ".failures.lock").open("a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            others: list[Path] = []
+            try:
+                envs = [self.env]
+                for path in shard_dirs(self.root):
+                    if path != self.path:
+                        envs.append(acquire_shard(path, lock=True)[0])
+                        others.append(path)
+                entries = failures_in(envs)
+            finally:
+                for path in others:
+                    release_shard(path)
+            write_text_atomic(self.root / FAILURES, "".join(json.dumps(e) + "\n" for e in entries))
+
+    def close(self) -> None:
+        self.render_failures()
+        self.env.close()
+        self._lock.close()
+
+    def __enter__(self) -> "FeatureStoreWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _create_shard(path: Path) -> None:
+    """Creates the environment and its databases elsewhere and renames it into place, so readers
+    never meet a shard without its databases."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    env = open_shard(tmp, readonly=False)
+    env.open_db(RECORDS_DB)
+    env.open_db(FAILURES_DB)
+    env.close()
+    os.rename(tmp, path)

@@ -1,0 +1,87 @@
+"""`vlbert cache info|verify|export|import`: inspect, check and convert FeatureStores."""
+
+import json
+from pathlib import Path
+
+import click
+
+from extract.store import StoreError
+from extract.store.audit import store_info, verify_store
+from extract.store.interop import FORMATS, export_store, import_store
+
+_store_path = click.Path(exists=True, file_okay=False, path_type=Path)
+
+
+@click.group("cache")
+def cache_group() -> None:
+    """Inspect, verify and convert FeatureStores."""
+
+
+@cache_group.command("info")
+@click.argument("cache", type=_store_path)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (records, failures, bytes, meta, shards).")
+def info_command(cache: Path, as_json: bool) -> None:
+    """Record and failure counts, size on disk and meta.json of CACHE."""
+    try:
+        info = store_info(cache)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(info))
+        return
+    meta = info["meta"]
+    per_record = f" ({info['bytes_per_record'] / 1024:.1f} KiB per record)" if info["records"] else ""
+    click.echo(f"{cache}: {info['records']} records, {info['failures']} failures, "
+               f"{info['bytes'] / 2**20:.1f} MiB on disk{per_record}")
+    detector = meta.get("detector") or {}
+    click.echo(f"mode {meta['mode']}, detector {detector.get('source', '-')}, "
+               f"features {meta['features']['dim']}-d {meta['features']['dtype']}, "
+               f"mask variants {meta['mask_variants']['count']}")
+    for shard in info["shards"]:
+        click.echo(f"  {shard['name']}: {shard['records']} records")
+
+
+@cache_group.command("verify")
+@click.argument("cache", type=_store_path)
+def verify_command(cache: Path) -> None:
+    """Check that every record of CACHE decodes and agrees with meta.json; exit 1 listing what is wrong."""
+    try:
+        problems = verify_store(cache)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        raise click.ClickException(f"{len(problems)} problem(s) in {cache}")
+    click.echo(f"{cache}: OK")
+
+
+@cache_group.command("export")
+@click.argument("cache", type=_store_path)
+@click.option("--format", "fmt", required=True, type=click.Choice(FORMATS))
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="npz: a directory (OUT/<id>.npz); tsv, h5: a file.")
+def export_command(cache: Path, fmt: str, out: Path) -> None:
+    """Write every record of CACHE as npz files, a bottom-up-attention TSV or a VQA-style HDF5 file."""
+    try:
+        count = export_store(cache, fmt, out)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{count} records → {out}")
+
+
+@cache_group.command("import")
+@click.argument("src", type=click.Path(exists=True, path_type=Path))
+@click.option("--format", "fmt", required=True, type=click.Choice(FORMATS))
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="New FeatureStore.")
+@click.option("--feature-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+def import_command(src: Path, fmt: str, out: Path, feature_dtype: str) -> None:
+    """Build a FeatureStore from SRC (npz directory, TSV or HDF5 file)."""
+    try:
+        count = import_store(src, fmt, out, feature_dtype)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{count} records → {out}")
+
+
+COMMANDS = [cache_group]

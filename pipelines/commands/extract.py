@@ -1,0 +1,71 @@
+"""`vlbert extract`: run the detector over a directory of images into a FeatureStore."""
+
+from pathlib import Path
+
+import click
+
+from extract.config import ConfigError, parse_override
+from extract.job import JobError, parse_shard, run_extraction
+from extract.store import StoreError
+
+
+def _top_k(value: str) -> int | None:
+    if value == "all":
+        return None
+    try:
+        k = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected a positive integer or 'all'") from None
+    if k < 1:
+        raise click.BadParameter(f"{value!r}: expected a positive integer or 'all'")
+    return k
+
+
+@click.command("extract")
+@click.option("--images", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Directory of images; an image's id is its path relative to it, without extension.")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="FeatureStore directory (created, or resumed when it exists).")
+@click.option("--detector", required=True, help="Preset (butd-vg, d2-r101-c4, tiny) or a YAML config file.")
+@click.option("--weights", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Detector checkpoint (.pkl, .pth, .safetensors); without it, seeded random weights.")
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Detector config override (repeatable).")
+@click.option("--boxes", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="JSON object: image path relative to --images → list of [x1, y1, x2, y2] in original pixels.")
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--feature-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+@click.option("--top-k-classes", default="10", show_default=True,
+              help="Class probabilities kept per box for masked-RoI targets; 'all' keeps the full distribution.")
+@click.option("--mask-variants", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Masked-pixel variants per image (K).")
+@click.option("--mask-prob", default=0.15, show_default=True, type=click.FloatRange(0, 1),
+              help="Probability of masking each box in a variant (at least one box is masked).")
+@click.option("--mask-seed", default=0, show_default=True, type=int)
+@click.option("--shard", default=None, metavar="i/n",
+              help="Process slice i of n (default: RANK/WORLD_SIZE from a launcher, else everything).")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Image decoding threads.")
+@click.option("--strict", is_flag=True, help="Exit with status 1 when any image failed.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def extract_command(images, out, detector, weights, overrides, boxes, batch_size, device, feature_dtype, top_k_classes,
+                    mask_variants, mask_prob, mask_seed, shard, workers, strict, quiet) -> None:
+    """Extract RoI features for every image under --images into the FeatureStore --out.
+
+    Rerunning the same command resumes: stored images are skipped, failed ones retried.
+    """
+    try:
+        summary = run_extraction(
+            images, out, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
+            boxes=boxes, batch_size=batch_size, device=device, feature_dtype=feature_dtype,
+            top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
+            mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
+            progress=not quiet,
+        )
+    except (ConfigError, JobError, StoreError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(summary.report())
+    if strict and summary.failed:
+        raise click.ClickException(f"{summary.failed} image(s) failed (--strict)")
+
+
+COMMANDS = [extract_command]

@@ -1,0 +1,161 @@
+"""The extraction job's Python API and `vlbert extract`: records, failures, resume, refusal, shards, masks."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from extract import Detector
+from extract.job import run_extraction
+from extract.masking import draw_masks
+from extract.store import FeatureStore, StoreMismatchError
+from extract.store.audit import verify_store
+from extract.synthetic import write_synthetic_images
+from pipelines.commands.extract import extract_command
+
+MASKED = dict(mask_variants=2, mask_prob=0.3, mask_seed=7)
+
+
+def assert_same_records(a: FeatureStore, b: FeatureStore) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        ra, rb = a[key], b[key]
+        assert ra.keys() == rb.keys(), key
+        for name, value in ra.items():
+            if isinstance(value, np.ndarray):
+                assert value.dtype == rb[name].dtype and np.array_equal(value, rb[name]), (key, name)
+            else:
+                assert value == rb[name], (key, name)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    write_synthetic_images(root, 10)
+    (root / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)  # truncated
+    (root / "notes.jpg").write_text("not an image")
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(images, tmp_path_factory):
+    """One uninterrupted masked-variant run: batch size 4, a single shard."""
+    out = tmp_path_factory.mktemp("reference") / "store"
+    summary = run_extraction(images, out, "tiny", batch_size=4, progress=False, **MASKED)
+    return out, summary
+
+
+def test_run_writes_every_image_and_records_bad_files(images, reference):
+    out, summary = reference
+    assert (summary.images, summary.written, summary.failed, summary.skipped) == (12, 10, 2, 0)
+    with FeatureStore(out) as store:
+        assert len(store) == 10 and "nested/image0003" in store
+        record = store["image0000"]
+        n = len(record["boxes"])
+        assert record["features"].shape == (n, 256) and record["features"].dtype == np.float16
+        assert record["image_feature"].shape == (256,)
+        assert record["masked_features"].shape == (2, n, 256) and record["mask_boxes"].shape == (2, n)
+        assert record["mask_boxes"].any(axis=1).all()
+        assert record["class_probs"].shape == (n, 7)  # tiny: 6 classes + background, fewer than k=10
+    failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert sorted(f["image"] for f in failures) == ["broken.png", "notes.jpg"]
+    assert all("not an image" in f["error"] or "truncated" in f["error"] for f in failures)
+    assert verify_store(out) == []
+
+
+def test_stored_numbers_are_the_detectors(images, reference, tiny_detector):
+    """The record holds exactly what detect() and describe() with the stored masks return."""
+    from extract import load_image
+
+    out, _ = reference
+    prepared = tiny_detector.prepare(load_image(images / "image0001.png"))
+    regions = tiny_detector.detect([prepared])[0].numpy()
+    with FeatureStore(out) as store:
+        record = store["image0001"]
+    np.testing.assert_array_equal(record["boxes"], regions["boxes"])
+    np.testing.assert_array_equal(record["features"], regions["features"].astype(np.float16))
+    masks = draw_masks("image0001", len(regions["boxes"]), 2, 0.3, 7)
+    np.testing.assert_array_equal(record["mask_boxes"], masks)
+    masked = tiny_detector.describe([prepared], [regions["boxes"]], [masks[1]])[0].numpy()
+    np.testing.assert_array_equal(record["masked_features"][1], masked["features"].astype(np.float16))
+    np.testing.assert_array_equal(record["masked_image_feature"][1], masked["image_feature"].astype(np.float16))
+
+
+def test_masked_variants_do_not_depend_on_batch_order_or_shard(images, reference, tmp_path):
+    out = tmp_path / "sharded"
+    for index in (1, 0):  # the shards in the other order, other batch sizes
+        run_extraction(images, out, "tiny", batch_size=3 - index, shard=(index, 2), progress=False, **MASKED)
+    with FeatureStore(reference[0]) as a, FeatureStore(out) as b:
+        assert len(b.shards) == 2
+        assert_same_records(a, b)
+
+
+def test_rerun_skips_stored_images_and_retries_failures(images, reference, tmp_path):
+    out, moved = tmp_path / "store", tmp_path / "images"
+    shutil.copytree(reference[0], out)
+    shutil.copytree(images, moved)  # the store does not depend on where the images root is
+    (moved / "notes.jpg").rename(moved / "fixed.jpg")
+    write_synthetic_images(tmp_path / "extra", 1, seed=5)[0].rename(moved / "notes.png")
+    summary = run_extraction(moved, out, "tiny", batch_size=4, progress=False, **MASKED)
+    assert (summary.skipped, summary.written, summary.failed) == (10, 1, 2)  # notes.png; broken.png, fixed.jpg
+    failures = [json.loads(line)["image"] for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert failures == ["broken.png", "fixed.jpg"]
+
+
+def test_resume_with_other_settings_is_refused(images, reference, tmp_path):
+    out = tmp_path / "store"
+    shutil.copytree(reference[0], out)
+    with pytest.raises(StoreMismatchError, match="score_thresh"):
+        run_extraction(images, out, "tiny", overrides={"score_thresh": 0.5}, progress=False, **MASKED)
+    checkpoint = tmp_path / "tiny.pth"
+    import torch
+
+    torch.save(Detector.build("tiny").state_dict(), checkpoint)
+    with pytest.raises(StoreMismatchError, match="checkpoint_sha256"):
+        run_extraction(images, out, "tiny", weights=checkpoint, progress=False, **MASKED)
+    with FeatureStore(out) as store:
+        assert len(store) == 10  # nothing lost
+
+
+def test_given_boxes_keep_their_order(images, tmp_path):
+    boxes = {"image0000.png": [[40, 5, 60, 30], [0, 0, 20, 20], [10, 10, 50, 50]],
+             "image0002.png": [[5, 5, 30, 30]],
+             "image0004.png": [[30, 30, 10, 10]],  # inverted: this image fails, the others go on
+             "missing.png": [[0, 0, 5, 5]]}
+    (tmp_path / "boxes.json").write_text(json.dumps(boxes))
+    summary = run_extraction(images, tmp_path / "store", "tiny", boxes=tmp_path / "boxes.json", progress=False,
+                             top_k_classes=3)
+    assert (summary.written, summary.failed) == (2, 2)
+    with FeatureStore(tmp_path / "store") as store:
+        record = store["image0000"]
+        assert store.meta["mode"] == "given" and record["box_source"] == "given"
+        np.testing.assert_array_equal(record["boxes"], np.array(boxes["image0000.png"], dtype=np.float32))
+        assert record["class_topk_id"].shape == (3, 3) and record["class_topk_prob"].dtype == np.float16
+    errors = {f["image"]: f["error"] for f in map(json.loads, (tmp_path / "store/failures.jsonl").open())}
+    assert "inverted" in errors["image0004.png"] and "no such file" in errors["missing.png"]
+
+
+def test_torchrun_environment_picks_the_shard(images, tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    summary = run_extraction(images, tmp_path / "store", "tiny", progress=False)
+    assert summary.shard == (1, 3) and 0 < summary.images < 12
+    assert [p.name for p in (tmp_path / "store/shards").iterdir() if p.is_dir()] == ["shard-00001-of-00003"]
+
+
+def test_cli_extracts_and_refuses_mismatch(images, tmp_path):
+    out = tmp_path / "store"
+    args = ["--images", str(images), "--out", str(out), "--detector", "tiny", "--quiet",
+            "--feature-dtype", "float32", "--top-k-classes", "all", "--batch-size", "5"]
+    result = CliRunner().invoke(extract_command, args)
+    assert result.exit_code == 0, result.output
+    assert "10 written, 2 failed" in result.output
+    with FeatureStore(out) as store:
+        record = store["image0000"]
+        assert record["features"].dtype == np.float32 and record["class_probs"].shape[1] == 7
+    strict = CliRunner().invoke(extract_command, args + ["--strict"])
+    assert strict.exit_code == 1 and "2 image(s) failed" in strict.output
+    refused = CliRunner().invoke(extract_command, args + ["--set", "max_boxes=5"])
+    assert refused.exit_code == 1 and "max_boxes: store has 20, this run has 5" in refused.output

@@ -1,0 +1,116 @@
+"""Round trips through npz, TSV and HDF5, the original six-field TSV, and the `vlbert cache` commands."""
+
+import base64
+import json
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from extract.job import run_extraction
+from extract.store import FeatureStore, FeatureStoreWriter
+from extract.store.interop import MEAN_IMAGE_FEATURE, export_store, import_store, spatial_features
+from extract.synthetic import write_synthetic_images
+from pipelines.commands.cache import cache_group
+from test_extract_job import assert_same_records
+
+# What each format carries besides boxes, features and the image size.
+CARRIED = {
+    "npz": None,  # everything
+    "tsv": ("objects_id", "objects_conf", "attrs_id", "attrs_conf"),
+    "h5": ("image_feature",),
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("interop")
+    write_synthetic_images(root / "images", 5)
+    run_extraction(root / "images", root / "store", "tiny", mask_variants=2, top_k_classes=3, progress=False)
+    return root / "store"
+
+
+@pytest.mark.parametrize("fmt", ["npz", "tsv", "h5"])
+def test_round_trip(store, tmp_path, fmt):
+    exported, imported = tmp_path / f"out.{fmt}", tmp_path / "imported"
+    assert export_store(store, fmt, exported) == 5
+    assert import_store(exported, fmt, imported) == 5
+    with FeatureStore(store) as a, FeatureStore(imported) as b:
+        if CARRIED[fmt] is None:
+            assert_same_records(a, b)
+            assert b.meta["detector"] == a.meta["detector"] and b.meta["mask_variants"]["count"] == 2
+            return
+        assert a.keys() == b.keys()
+        for key in a:
+            ra, rb = a[key], b[key]
+            for name in ("boxes", "features", "image_h", "image_w", *CARRIED[fmt]):
+                assert np.array_equal(ra[name], rb[name]), (key, name)
+            if "image_feature" not in CARRIED[fmt]:
+                mean = ra["features"].astype(np.float32).mean(axis=0).astype(np.float16)
+                assert np.array_equal(rb["image_feature"], mean)
+        assert b.meta["features"]["image_feature"] == ("imported" if fmt == "h5" else MEAN_IMAGE_FEATURE)
+
+
+def test_h5_layout_and_size_from_spatial_features(store, tmp_path):
+    export_store(store, "h5", tmp_path / "f.h5")
+    with FeatureStore(store) as a, h5py.File(tmp_path / "f.h5", "r+") as f:
+        ids = [i.decode() for i in f["image_ids"][:]]
+        assert ids == a.keys()
+        record = a[ids[2]]
+        n = len(record["boxes"])
+        assert f["image_features"].shape[1:] == (max(f["num_boxes"][:]), 256)
+        np.testing.assert_allclose(f["spatial_features"][2, :n],
+                                   spatial_features(record["boxes"], record["image_h"], record["image_w"]))
+        x1, y1, x2, y2 = record["boxes"][0]
+        assert f["spatial_features"][2, 0, 4] == pytest.approx((x2 - x1) / record["image_w"])
+        del f["image_h"], f["image_w"], f["whole_image_features"]  # as the VQA ports write it
+    import_store(tmp_path / "f.h5", "h5", tmp_path / "imported")
+    with FeatureStore(store) as a, FeatureStore(tmp_path / "imported") as b:
+        for key in a:
+            assert (b[key]["image_h"], b[key]["image_w"]) == (a[key]["image_h"], a[key]["image_w"])
+
+
+def test_original_six_field_tsv(tmp_path):
+    boxes = np.array([[0, 0, 10, 20], [5, 5, 30, 40]], dtype=np.float32)
+    features = np.arange(2 * 8, dtype=np.float32).reshape(2, 8)
+    row = ["COCO_1", "64", "48", "2", base64.b64encode(boxes.tobytes()).decode(),
+           base64.b64encode(features.tobytes()).decode()]
+    (tmp_path / "f.tsv").write_text("\t".join(row) + "\n")
+    import_store(tmp_path / "f.tsv", "tsv", tmp_path / "store", feature_dtype="float32")
+    with FeatureStore(tmp_path / "store") as store:
+        record = store["COCO_1"]
+        assert (record["image_w"], record["image_h"]) == (64, 48)
+        assert np.array_equal(record["boxes"], boxes) and np.array_equal(record["features"], features)
+        assert "objects_id" not in record and store.meta["objects"] is False
+
+
+def test_malformed_tsv_names_the_line(tmp_path):
+    (tmp_path / "f.tsv").write_text("a\tb\tc\n")
+    with pytest.raises(ValueError, match=r"f.tsv line 1: 3 tab-separated fields"):
+        import_store(tmp_path / "f.tsv", "tsv", tmp_path / "store")
+
+
+def test_cache_commands(store, tmp_path):
+    runner = CliRunner()
+    info = runner.invoke(cache_group, ["info", str(store), "--json"])
+    assert info.exit_code == 0, info.output
+    data = json.loads(info.output)
+    assert data["records"] == 5 and data["failures"] == 0 and data["bytes"] > 0
+    assert data["meta"]["detector"]["config"]["name"] == "tiny"
+    assert runner.invoke(cache_group, ["verify", str(store)]).exit_code == 0
+
+    exported = runner.invoke(cache_group, ["export", str(store), "--format", "tsv", "--out", str(tmp_path / "x.tsv")])
+    assert exported.exit_code == 0 and "5 records" in exported.output
+    imported = runner.invoke(cache_group, ["import", str(tmp_path / "x.tsv"), "--format", "tsv",
+                                           "--out", str(tmp_path / "copy")])
+    assert imported.exit_code == 0, imported.output
+
+    # A record with a NaN makes verify fail and say where.
+    with FeatureStore(tmp_path / "copy") as copy:
+        record, meta = copy["image0000"], copy.meta
+    record["features"][0, 0] = np.inf
+    with FeatureStoreWriter(tmp_path / "copy", meta) as writer:
+        writer.commit({"image0000": record})
+    failed = runner.invoke(cache_group, ["verify", str(tmp_path / "copy")])
+    assert failed.exit_code == 1 and "image0000: features: 1 NaN or Inf value(s)" in failed.output

@@ -1,0 +1,177 @@
+"""FeatureStore writer and reader: round trips, map growth, shards as one store, concurrent readers."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from extract.store import FeatureStore, FeatureStoreWriter, StoreError, build_meta, decode_record, encode_record
+from extract.store.audit import verify_store
+from extract.store.layout import writer_active
+
+DIM = 32
+
+
+def synthetic_record(image_id: str, num_boxes: int = 5, variants: int = 0) -> dict:
+    """A record whose numbers follow from its id, so any process can check what it reads."""
+    rng = np.random.default_rng(sum(image_id.encode()))
+    features = rng.random((num_boxes, DIM)).astype(np.float16)
+    record = {
+        "boxes": (rng.random((num_boxes, 4)) * 50).astype(np.float32).cumsum(axis=1),
+        "features": features,
+        "image_feature": rng.random(DIM).astype(np.float16),
+        "objects_id": rng.integers(0, 6, num_boxes), "objects_conf": rng.random(num_boxes).astype(np.float32),
+        "class_probs": rng.random((num_boxes, 7)).astype(np.float16),
+        "image_h": 80, "image_w": 120, "box_source": "proposals",
+    }
+    if variants:
+        masks = rng.random((variants, num_boxes)) < 0.5
+        masks[:, 0] = True
+        masked = np.repeat(features[None], variants, axis=0)
+        masked[:, 1::2] = rng.random((variants, len(masked[0, 1::2]), DIM))  # rows 0, 2, ... unchanged
+        record.update(mask_boxes=masks, masked_features=masked, masked_image_feature=rng.random((variants, DIM)).astype(np.float16))
+    return record
+
+
+def meta(variants: int = 0) -> dict:
+    return build_meta(feature_dim=DIM, mode="imported", num_classes=7, has_attributes=False, mask_variants=variants)
+
+
+def test_record_round_trip_is_exact_and_unchanged_variant_rows_are_not_stored_twice():
+    record = synthetic_record("a", num_boxes=6, variants=3)
+    encoded = encode_record(record)
+    decoded = decode_record(encoded)
+    for name, value in record.items():
+        if isinstance(value, np.ndarray):
+            assert decoded[name].dtype == value.dtype and np.array_equal(decoded[name], value), name
+        else:
+            assert decoded[name] == value
+    full = encode_record({k: v for k, v in record.items() if k not in ("mask_boxes", "masked_features",
+                                                                       "masked_image_feature")})
+    variant_bytes = len(encoded) - len(full)
+    assert variant_bytes < 3 * 6 * DIM * 2  # only the 3 changed rows of 6 per variant, plus masks
+    widened = decode_record(encoded, float32=True)
+    assert widened["features"].dtype == np.float32 and widened["objects_id"].dtype == np.int64
+    with pytest.raises(StoreError, match="magic"):
+        decode_record(b"XXXX" + encoded[4:])
+
+
+def test_map_grows_and_shards_read_as_one_store(tmp_path):
+    for shard in range(2):
+        with FeatureStoreWriter(tmp_path, meta(), shard=(shard, 2), initial_map_size=64 * 1024) as writer:
+            for start in range(0, 60, 10):  # ~30 KiB per commit: the 64 KiB map must grow
+                writer.commit({f"s{shard}/{i:03d}": synthetic_record(f"s{shard}/{i:03d}", 40) for i in range(start, start + 10)})
+    with FeatureStore(tmp_path, float32=True, as_torch=True) as store:
+        assert len(store) == 120 and len(store.shards) == 2
+        assert store.keys()[:2] == ["s0/000", "s0/001"] and "s1/059" in store and "s2/000" not in store
+        record = store["s1/059"]
+        assert isinstance(record["features"], torch.Tensor) and record["features"].dtype == torch.float32
+        assert torch.equal(record["features"], torch.from_numpy(synthetic_record("s1/059", 40)["features"].astype(np.float32)))
+        with pytest.raises(KeyError):
+            store["nope"]
+        with FeatureStore(tmp_path) as second:  # two readers of the same shards in one process
+            assert np.array_equal(second["s0/000"]["boxes"], store["s0/000"]["boxes"].numpy())
+    assert verify_store(tmp_path) == []
+
+
+def test_second_writer_of_a_shard_is_refused(tmp_path):
+    with FeatureStoreWriter(tmp_path, meta()):
+        with pytest.raises(StoreError, match="another process is writing"):
+            FeatureStoreWriter(tmp_path, meta())
+
+
+def test_verify_lists_what_is_wrong(tmp_path):
+    bad = synthetic_record("bad")
+    bad["features"][1, 3] = np.nan
+    wrong = synthetic_record("wrong")
+    wrong["image_feature"] = wrong["image_feature"].astype(np.float32)
+    del wrong["class_probs"]
+    with FeatureStoreWriter(tmp_path, meta()) as writer:
+        writer.commit({"good": synthetic_record("good"), "bad": bad, "wrong": wrong})
+    problems = verify_store(tmp_path)
+    assert problems == [
+        "bad: features: 1 NaN or Inf value(s)",
+        "wrong: missing field class_probs",
+        "wrong: image_feature: float32 (32,), expected float16 (32,)",
+    ]
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from test_store_reader import meta, synthetic_record
+    from extract.store import FeatureStoreWriter
+    with FeatureStoreWriter(sys.argv[1], meta(), initial_map_size=128 * 1024) as writer:
+        for start in range(40, 120, 10):
+            writer.commit({f"{i:04d}": synthetic_record(f"{i:04d}", 30) for i in range(start, start + 10)})
+""")
+
+
+class Checksums(torch.utils.data.Dataset):
+    def __init__(self, store, keys):
+        self.store, self.keys = store, keys
+
+    def __len__(self):
+        return len(self.keys)
+
+    def __getitem__(self, i):
+        record = self.store[self.keys[i]]
+        return i, float(record["features"].astype(np.float64).sum() + record["boxes"].sum())
+
+
+def test_dataloader_workers_read_while_a_writer_commits_and_grows_the_map(tmp_path):
+    with FeatureStoreWriter(tmp_path, meta(), initial_map_size=128 * 1024) as writer:
+        writer.commit({f"{i:04d}": synthetic_record(f"{i:04d}", 30) for i in range(40)})
+    store = FeatureStore(tmp_path)
+    keys = store.keys()
+    expected = {i: float(r["features"].astype(np.float64).sum() + r["boxes"].sum())
+                for i, r in ((i, synthetic_record(k, 30)) for i, k in enumerate(keys))}
+    tests_dir = str(__import__("pathlib").Path(__file__).parent)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], cwd=tests_dir)
+    loader = torch.utils.data.DataLoader(Checksums(store, keys * 5), batch_size=8, num_workers=2, shuffle=True,
+                                         persistent_workers=True)
+    epochs = 0
+    try:
+        while not writer_active(store.shards[0]) and writer.poll() is None:
+            time.sleep(0.01)
+        while writer.poll() is None or epochs < 2:
+            for indices, sums in loader:
+                for i, s in zip(indices.tolist(), sums.tolist()):
+                    assert s == pytest.approx(expected[i % len(keys)], rel=1e-12)
+            epochs += 1
+    finally:
+        assert writer.wait(timeout=120) == 0
+    store.refresh()
+    assert len(store) == 120
+    env, _ = store.shard_env(0)
+    assert env.info()["map_size"] > 128 * 1024
+    assert verify_store(tmp_path) == []
+
+
+class BothStores(torch.utils.data.Dataset):
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def __len__(self):
+        return len(self.a)
+
+    def __getitem__(self, i):
+        key = self.a.keys()[i]
+        return bool(np.array_equal(self.a[key]["features"], self.b[key]["features"]))
+
+
+def test_two_readers_of_one_store_work_in_forked_workers(tmp_path):
+    """LMDB refuses a second handle on an environment in one process; readers share one, and a
+    forked worker drops the parent's before opening its own."""
+    with FeatureStoreWriter(tmp_path, meta()) as writer:
+        writer.commit({f"{i}": synthetic_record(f"{i}") for i in range(8)})
+    a, b = FeatureStore(tmp_path), FeatureStore(tmp_path)
+    a["0"], b["0"]  # both open in the parent before the fork
+    loader = torch.utils.data.DataLoader(BothStores(a, b), batch_size=None, num_workers=1,
+                                         multiprocessing_context="fork")
+    assert list(loader) == [True] * 8
+    a.close()
+    assert b["7"]["boxes"].shape == (5, 4)
