@@ -42,7 +42,7 @@ class DetectorConfig:
     rpn_nms_thresh: float = 0.7
 
     # RoI head: pooling on res4, res5, mean over the pooled grid, box predictor, attribute head.
-    pooler: str = "roipool"  # "roipool" or "roialign" (ROIAlignV2: aligned=True)
+    pooler: str = "roipool"  # "roipool", "roialign" (ROIAlignV2: aligned=True) or "roialign_legacy" (aligned=False)
     pooler_resolution: int = 14
     pooler_sampling_ratio: int = 0
     num_classes: int = 1600  # foreground classes; the predictor adds background as the last output
@@ -98,7 +98,7 @@ SELECTION_FIELDS = ("score_thresh", "nms_thresh", "min_boxes", "max_boxes", "box
 
 _CHOICES = {
     "stem_pool": ("caffe", "standard"),
-    "pooler": ("roipool", "roialign"),
+    "pooler": ("roipool", "roialign", "roialign_legacy"),
     "input_format": ("BGR", "RGB"),
     "box_source": ("proposals", "regressed"),
 }

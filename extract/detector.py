@@ -74,14 +74,19 @@ class Detector(nn.Module):
             model.load_checkpoint(weights)
         return model.to(device)
 
-    def load_checkpoint(self, path: str | Path) -> None:
-        """detectron2-named weights from .pkl, .pth or .safetensors; refuses anything that does not fit."""
+    def load_checkpoint(self, path: str | Path, trunk_only: bool = False) -> None:
+        """detectron2-named weights from .pkl, .pth or .safetensors; refuses anything that does not fit.
+
+        `trunk_only`: the RPN and box predictor may be absent, as in the Fast R-CNN weights of a
+        converted VL-BERT checkpoint, which only the end-to-end stage's trunk and res5 use.
+        """
         state = check_recorded_buffers(read_state_dict(path), {
             "cell_anchors": self.proposal_generator.cell_anchors.cpu(),
             "pixel_mean": torch.tensor(self.cfg.pixel_mean),
             "pixel_std": torch.tensor(self.cfg.pixel_std),
         }, str(path))
-        load_weights(self, fill_folded_norms(state, self.state_dict()), source=str(path))
+        optional = ("proposal_generator.", "roi_heads.box_predictor.") if trunk_only else ()
+        load_weights(self, fill_folded_norms(state, self.state_dict()), source=str(path), optional_prefixes=optional)
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:

@@ -156,3 +156,30 @@ def test_folded_batch_norms_load_as_identity_statistics(tmp_path):
     partial = dict(folded, **{"backbone.stem.conv1.norm.running_var": state["backbone.stem.conv1.norm.running_var"]})
     with pytest.raises(CheckpointError, match="missing key"):
         Detector.build("tiny", weights=write_pkl(tmp_path / "partial.pkl", partial))
+
+
+def test_trunk_only_checkpoints_load_for_end_to_end_tuning(tmp_path):
+    detector = Detector.build("tiny")
+    state = randomized_state(detector)
+    trunk = {k: v for k, v in state.items() if k.startswith(("backbone.", "roi_heads.res5."))}
+    path = write_pkl(tmp_path / "trunk.pkl", trunk)
+    with pytest.raises(CheckpointError, match="missing key"):
+        Detector.build("tiny", weights=path)
+    detector.load_checkpoint(path, trunk_only=True)
+    assert np.array_equal(detector.state_dict()["roi_heads.res5.0.conv2.weight"].numpy(),
+                          state["roi_heads.res5.0.conv2.weight"])
+    partial = dict(trunk)
+    del partial["backbone.res3.0.conv1.weight"]
+    with pytest.raises(CheckpointError, match="backbone.res3.0.conv1.weight"):
+        detector.load_checkpoint(write_pkl(tmp_path / "partial.pkl", partial), trunk_only=True)
+
+
+def test_legacy_roialign_matches_torchvision_unaligned():
+    """`roialign_legacy` pools without the half-pixel offset, as maskrcnn-benchmark did."""
+    aligned = Detector.build("tiny", pooler="roialign", pooler_sampling_ratio=1)
+    legacy = Detector.build("tiny", pooler="roialign_legacy", pooler_sampling_ratio=1)
+    res4 = torch.randn(1, aligned.cfg.res4_channels, 6, 8)
+    rois = torch.tensor([[0.0, 8.0, 8.0, 72.0, 60.0]])
+    expected = roi_align(res4, rois, 14, 1 / 16, 1, aligned=False)
+    assert torch.equal(legacy.roi_heads.pool(res4, rois), expected)
+    assert not torch.allclose(aligned.roi_heads.pool(res4, rois), expected)

@@ -73,7 +73,10 @@ class Res5ROIHeads(nn.Module):
         rois = rois.to(res4.dtype)
         if self.pooler == "roipool":
             return roi_pool(res4, rois, self.resolution, 1.0 / FEATURE_STRIDE)
-        return roi_align(res4, rois, self.resolution, 1.0 / FEATURE_STRIDE, self.sampling_ratio, aligned=True)
+        # "roialign_legacy" is maskrcnn-benchmark's (the official VL-BERT's Fast R-CNN): no half-pixel
+        # offset, RoI sides of at least one cell.
+        return roi_align(res4, rois, self.resolution, 1.0 / FEATURE_STRIDE, self.sampling_ratio,
+                         aligned=self.pooler == "roialign")
 
     def box_features(self, res4: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
         """(N, D) features: res5 on the pooled boxes, then the mean over its output grid."""

@@ -1,0 +1,97 @@
+"""VL-BERT configuration: one dataclass, VL-BERT-base defaults, a `tiny` preset for tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+GEOMETRY_FORMS = ("center", "corner")
+
+
+@dataclass
+class VLBertConfig:
+    # Text side, as BERT-base (uncased).
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    # Segments: A = 0, B = 1, visual elements and [END] = 2.
+    type_vocab_size: int = 3
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+
+    # Visual side: RoI appearance features from the Fast R-CNN (res5 mean-pooled).
+    visual_feature_size: int = 2048
+    # Geometry: sin and cos of each of 4 box coordinates at `geometry_frequencies` wavelengths
+    # spread up to `geometry_wavelength`; (center x, center y, w, h) as the reference code,
+    # or the paper's corners (x1, y1, x2, y2). Both are fractions of the image size × 100.
+    geometry_frequencies: int = 256
+    geometry_wavelength: float = 1000.0
+    geometry_form: str = "center"
+    visual_dropout_prob: float = 0.1
+    # Gain of the LayerNorms on the visual feature embedding: 0 so that training starts from BERT.
+    visual_gain_init: float = 0.0
+
+    # Heads.
+    num_detector_classes: int = 1601  # Visual Genome: 1600 classes + background
+    with_pooler: bool = True  # [CLS] dense + tanh, used by the relationship, choice and matching heads
+    with_relationship_head: bool = False  # the paper's ablation (c); off in VL-BERT pre-training
+    num_answers: int = 3129  # VQA v2 answer vocabulary
+    classifier_dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.geometry_form not in GEOMETRY_FORMS:
+            raise ValueError(f"geometry_form must be one of {GEOMETRY_FORMS}, got {self.geometry_form!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
+            )
+        if self.type_vocab_size < 3:
+            raise ValueError("type_vocab_size must be at least 3 (segments A, B and visual)")
+
+    @property
+    def geometry_size(self) -> int:
+        return 4 * 2 * self.geometry_frequencies
+
+    @classmethod
+    def tiny(cls, **overrides) -> VLBertConfig:
+        """A few-layer, narrow model for tests (random weights; seconds on a CPU)."""
+        sizes = dict(
+            vocab_size=128,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=96,
+            visual_feature_size=24,
+            geometry_frequencies=4,
+            num_detector_classes=11,
+            num_answers=7,
+        )
+        return cls(**{**sizes, **overrides})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> VLBertConfig:
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown VL-BERT config fields: {unknown}")
+        return cls(**values)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> VLBertConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,52 @@
+"""Losses of the VL-BERT heads, normalised as the reference code does; computed in float32."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100  # label of text elements that are not predicted
+
+
+def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the labelled tokens of the batch; 0 when none is labelled."""
+    labelled = labels != IGNORE_INDEX
+    if not labelled.any():
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits[labelled].float(), labels[labelled])
+
+
+def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against class distributions, averaged over rows whose target is a distribution.
+
+    Rows with an all-zero target (RoIs that were not masked, padding) are not predicted.
+    """
+    logits = logits.reshape(-1, logits.shape[-1]).float()
+    targets = targets.reshape(-1, targets.shape[-1]).float()
+    predicted = (targets.sum(-1) - 1.0).abs() < 0.1
+    if not predicted.any():
+        return logits.sum() * 0.0
+    log_probabilities = F.log_softmax(logits[predicted], -1)
+    return -(targets[predicted] * log_probabilities).sum(-1).mean()
+
+
+def answer_loss(logits: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """VQA: binary cross-entropy against soft answer scores, summed over answers, mean over questions."""
+    return F.binary_cross_entropy_with_logits(logits.float(), scores.float()) * scores.shape[-1]
+
+
+def multiple_choice_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """VCR: each candidate's score against 1 for the right one and 0 for the others (sigmoid, as the reference)."""
+    targets = F.one_hot(labels.long(), logits.shape[-1]).to(torch.float32)
+    return F.binary_cross_entropy_with_logits(logits.float(), targets)
+
+
+def grounding_loss(logits: torch.Tensor, labels: torch.Tensor, box_mask: torch.Tensor) -> torch.Tensor:
+    """RefCOCO+: binary cross-entropy of every real RoI's score against whether it is referred to."""
+    real = box_mask.bool()
+    return F.binary_cross_entropy_with_logits(logits[real].float(), labels[real].float())
+
+
+def binary_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Image–text matching: binary cross-entropy of the score against 1 (pair) or 0 (not a pair)."""
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float())

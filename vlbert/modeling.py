@@ -1,0 +1,774 @@
+"""VL-BERT (Su et al., ICLR 2020): embeddings → BERT encoder → task heads.
+
+Input layout of one sample, in sequence order:
+
+    text    [CLS] A [SEP] (B [SEP])   padded to T, `text_mask` marks the real tokens (a prefix)
+    visual  [IMG] × N                 one per RoI, box 0 is the whole image, `box_mask` marks real ones
+    [END]
+
+Every element embeds token + visual feature + segment + position. Text elements take the whole
+image's visual feature (or, when `text_box_index` is given, their tagged object's); RoIs take
+their own. Segments: A = 0, B = 1, visual and [END] = 2. Text positions count from 0, every RoI
+shares the position after the text and [END] takes the next one, so the RoIs form an unordered
+set: permuting them permutes their outputs and leaves every other output unchanged.
+
+The reference implementation packs each sample without padding between text and RoIs; padded
+elements here are masked out of attention and positions are explicit, so real elements see the
+same inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import BertConfig
+from transformers.activations import ACT2FN
+from transformers.models.bert.modeling_bert import BertEncoder
+
+from vlbert import losses
+from vlbert.config import VLBertConfig
+
+VISUAL_SEGMENT = 2
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+
+
+# ----------------------------------------------------------------------------------------------
+# Embeddings
+# ----------------------------------------------------------------------------------------------
+
+
+def box_geometry_embedding(
+    boxes: torch.Tensor,
+    image_size: torch.Tensor,
+    frequencies: int = 256,
+    wavelength: float = 1000.0,
+    form: str = "center",
+) -> torch.Tensor:
+    """Sinusoidal embedding of boxes (…, 4) = (x1, y1, x2, y2) in pixels of an image (…, 2) = (w, h).
+
+    Each coordinate, as a percentage of the image size, gives sin then cos at `frequencies`
+    wavelengths growing geometrically up to `wavelength`; coordinates follow each other:
+    [x sin, x cos, y sin, y cos, …] → (…, 8 × frequencies).
+    """
+    width, height = image_size.float().unbind(-1)
+    x1, y1, x2, y2 = boxes.float().unbind(-1)
+    if form == "center":
+        coordinates = ((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1)
+    elif form == "corner":
+        coordinates = (x1, y1, x2, y2)
+    else:
+        raise ValueError(f"unknown geometry form {form!r}")
+    percent = torch.stack(coordinates, -1) / torch.stack((width, height, width, height), -1) * 100.0
+    exponents = torch.arange(frequencies, dtype=torch.float32, device=boxes.device) / frequencies
+    angles = percent.unsqueeze(-1) / wavelength**exponents
+    return torch.cat((angles.sin(), angles.cos()), -1).flatten(-2)
+
+
+class VisualFeatureEmbedding(nn.Module):
+    """RoI appearance ⊕ geometry → Dropout → Linear → ReLU, one hidden-size vector per box."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.config = config
+        self.dropout = nn.Dropout(config.visual_dropout_prob)
+        self.projection = nn.Linear(config.visual_feature_size + config.geometry_size, config.hidden_size)
+
+    def forward(self, appearance: torch.Tensor, boxes: torch.Tensor, image_size: torch.Tensor) -> torch.Tensor:
+        geometry = box_geometry_embedding(
+            boxes,
+            image_size.unsqueeze(1),
+            self.config.geometry_frequencies,
+            self.config.geometry_wavelength,
+            self.config.geometry_form,
+        )
+        features = torch.cat((appearance, geometry.to(appearance.dtype)), -1)
+        return F.relu(self.projection(self.dropout(features)))
+
+
+class VLBertEmbeddings(nn.Module):
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        hidden = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, hidden)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, hidden)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, hidden)
+        self.visual_feature_embedding = VisualFeatureEmbedding(config)
+        # Separate norms for the visual feature added to words and to RoIs; gains start at 0.
+        self.text_visual_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.region_visual_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.image_token = nn.Parameter(torch.zeros(hidden))  # [IMG]
+        self.masked_image_token = nn.Parameter(torch.zeros(hidden))  # [IMG] of a masked RoI
+        self.end_token = nn.Parameter(torch.zeros(hidden))  # [END]
+        self.text_only_visual = nn.Parameter(torch.zeros(hidden))  # every word of a text-only sample
+        # Appearance of a masked RoI when the cache has no pixel-masked features; starts at 0.
+        self.masked_appearance = nn.Parameter(torch.zeros(config.visual_feature_size))
+        self.layer_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        text_mask: torch.Tensor,
+        appearance: torch.Tensor | None = None,
+        boxes: torch.Tensor | None = None,
+        box_mask: torch.Tensor | None = None,
+        image_size: torch.Tensor | None = None,
+        text_box_index: torch.Tensor | None = None,
+        masked_regions: torch.Tensor | None = None,
+        feature_masking: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, text_length = input_ids.shape
+        hidden = self.word_embeddings.embedding_dim
+        text_mask = text_mask.bool()
+        text_lengths = text_mask.sum(1)
+
+        if appearance is None or appearance.shape[1] == 0:
+            visual_of_text = self.text_only_visual.expand(batch, text_length, hidden)
+            region_tokens = self.image_token.new_zeros(batch, 0, hidden)
+            box_mask = text_mask.new_zeros(batch, 0)
+        else:
+            appearance = appearance.to(self.masked_appearance.dtype)  # caches may store float16
+            box_mask = box_mask.bool()
+            if feature_masking:
+                masked = box_mask.new_zeros(box_mask.shape) if masked_regions is None else masked_regions.bool()
+                appearance = self._mask_features(appearance, box_mask, masked)
+            visual = self.visual_feature_embedding(appearance, boxes, image_size)
+            index = input_ids.new_zeros(batch, text_length) if text_box_index is None else text_box_index.long()
+            visual_of_text = torch.gather(visual, 1, index.unsqueeze(-1).expand(-1, -1, hidden))
+            has_image = box_mask.any(1).view(batch, 1, 1)
+            visual_of_text = torch.where(has_image, visual_of_text, self.text_only_visual.to(visual.dtype))
+            image_token = self.image_token
+            if masked_regions is not None:
+                image_token = torch.where(masked_regions.bool().unsqueeze(-1), self.masked_image_token, image_token)
+            region_tokens = image_token + self.region_visual_norm(visual)
+
+        text_tokens = self.word_embeddings(input_ids) + self.text_visual_norm(visual_of_text)
+        end_token = self.end_token.expand(batch, 1, hidden)
+        tokens = torch.cat((text_tokens, region_tokens.to(text_tokens.dtype), end_token.to(text_tokens.dtype)), 1)
+
+        num_regions = region_tokens.shape[1]
+        visual_segment = token_type_ids.new_full((batch, num_regions + 1), VISUAL_SEGMENT)
+        segments = torch.cat((token_type_ids, visual_segment), 1)
+        text_positions = torch.arange(text_length, device=input_ids.device).expand(batch, -1)
+        region_positions = text_lengths.unsqueeze(1).expand(-1, num_regions)
+        end_position = (text_lengths + 1).unsqueeze(1)
+        positions = torch.cat((text_positions, region_positions, end_position), 1)
+
+        embeddings = tokens + self.position_embeddings(positions) + self.token_type_embeddings(segments)
+        embeddings = self.dropout(self.layer_norm(embeddings))
+        attention_mask = torch.cat((text_mask, box_mask, text_mask.new_ones(batch, 1)), 1)
+        return embeddings, attention_mask
+
+    def _mask_features(
+        self, appearance: torch.Tensor, box_mask: torch.Tensor, masked_regions: torch.Tensor
+    ) -> torch.Tensor:
+        """Replace masked RoIs' features by the learned vector; whole image := mean of visible boxes.
+
+        Cached features have no pixel-masked variants, so the whole-image box (0), which would
+        otherwise show the masked RoIs' content, is rebuilt from the boxes that stay visible; in
+        every sample, so that samples with and without masked RoIs (and evaluation) agree.
+        """
+        objects = box_mask.clone()
+        objects[:, 0] = False
+        masked = masked_regions & objects
+        visible = (objects & ~masked).unsqueeze(-1).to(appearance.dtype)
+        whole_image = (appearance * visible).sum(1) / visible.sum(1).clamp(min=1.0)
+        replaced = torch.where(masked.unsqueeze(-1), self.masked_appearance.to(appearance.dtype), appearance)
+        return torch.cat((whole_image.unsqueeze(1), replaced[:, 1:]), 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Encoder
+# ----------------------------------------------------------------------------------------------
+
+
+def bert_config(config: VLBertConfig) -> BertConfig:
+    """The `transformers` config of the encoder, with SDPA attention."""
+    return BertConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act,
+        hidden_dropout_prob=config.hidden_dropout_prob,
+        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+        layer_norm_eps=config.layer_norm_eps,
+        initializer_range=config.initializer_range,
+        pad_token_id=config.pad_token_id,
+        attn_implementation="sdpa",
+    )
+
+
+class VLBertEncoder(nn.Module):
+    """`transformers`' BERT encoder (SDPA attention); eager attention only when probabilities are asked for."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.bert = BertEncoder(bert_config(config))
+
+    def forward(
+        self, embeddings: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        additive_mask = torch.zeros(attention_mask.shape, dtype=embeddings.dtype, device=embeddings.device)
+        additive_mask = additive_mask.masked_fill(~attention_mask, torch.finfo(embeddings.dtype).min)
+        additive_mask = additive_mask[:, None, None, :]
+        if not output_attentions:
+            return self.bert(embeddings, attention_mask=additive_mask).last_hidden_state, None
+        with self._recording_attention() as attentions:
+            hidden = self.bert(embeddings, attention_mask=additive_mask).last_hidden_state
+        return hidden, tuple(attentions)
+
+    @contextlib.contextmanager
+    def _recording_attention(self):
+        shared_config = self.bert.config
+        previous = shared_config._attn_implementation
+        shared_config._attn_implementation = "eager"  # SDPA does not expose its probabilities
+        attentions: list[torch.Tensor] = []
+        hooks = [
+            layer.attention.self.register_forward_hook(lambda _module, _inputs, output: attentions.append(output[1]))
+            for layer in self.bert.layer
+        ]
+        try:
+            yield attentions
+        finally:
+            for hook in hooks:
+                hook.remove()
+            shared_config._attn_implementation = previous
+
+
+# ----------------------------------------------------------------------------------------------
+# Base model, weights, save and load
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class VLBertOutput:
+    last_hidden_state: torch.Tensor  # (B, T + N + 1, H): text, RoIs, [END]
+    attention_mask: torch.Tensor  # (B, T + N + 1) bool
+    text_length: int  # T
+    num_regions: int  # N
+    pooled_output: torch.Tensor | None = None  # (B, H) dense + tanh on [CLS]
+    attentions: tuple[torch.Tensor, ...] | None = None  # per layer (B, heads, L, L)
+
+    @property
+    def text_hidden_state(self) -> torch.Tensor:
+        return self.last_hidden_state[:, : self.text_length]
+
+    @property
+    def region_hidden_state(self) -> torch.Tensor:
+        return self.last_hidden_state[:, self.text_length : self.text_length + self.num_regions]
+
+
+class Pooler(nn.Module):
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden_states[:, 0]))
+
+
+class VLBertPreTrainedModel(nn.Module):
+    """Weight initialisation and `save_pretrained` / `from_pretrained` for every VL-BERT model."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.config = config
+
+    def init_weights(self) -> None:
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        for module in self.modules():  # after the generic pass, which would reset the visual gains
+            if isinstance(module, VLBertEmbeddings):
+                for vector in (module.image_token, module.masked_image_token, module.end_token, module.text_only_visual):
+                    nn.init.normal_(vector, std=std)
+                nn.init.zeros_(module.masked_appearance)
+                nn.init.constant_(module.text_visual_norm.weight, self.config.visual_gain_init)
+                nn.init.constant_(module.region_visual_norm.weight, self.config.visual_gain_init)
+        self._init_head_weights()
+
+    def _init_head_weights(self) -> None:
+        """Task models override this for heads whose initialisation is not N(0, 0.02)."""
+
+    def _init_heads_from(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Task models override this to initialise absent heads from a checkpoint's other heads."""
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = {"architecture": type(self).__name__, **self.config.to_dict()}
+        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        state = {name: tensor.detach().contiguous().cpu() for name, tensor in self.state_dict().items()}
+        save_file(state, directory / WEIGHTS_NAME, metadata={"format": "pt"})
+
+    @property
+    def backbone_prefix(self) -> str:
+        """Where the shared VL-BERT weights sit in this model's state dict."""
+        return "" if isinstance(self, VLBertModel) else "vlbert."
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, **config_overrides) -> VLBertPreTrainedModel:
+        """Load a directory written by `save_pretrained`.
+
+        A checkpoint of another task (typically pre-training) gives the shared VL-BERT weights;
+        this task's heads absent from it start fresh or from the matching pre-training head.
+        """
+        directory = Path(directory)
+        values = json.loads((directory / CONFIG_NAME).read_text())
+        architecture = values.pop("architecture", cls.__name__)
+        model = cls(VLBertConfig.from_dict({**values, **config_overrides}))
+        state = load_file(directory / WEIGHTS_NAME)
+        if architecture == cls.__name__:
+            model.load_state_dict(state, strict=True)
+            return model
+        saved_prefix = "" if architecture == VLBertModel.__name__ else "vlbert."
+        backbone = {name[len(saved_prefix) :]: tensor for name, tensor in state.items() if name.startswith(saved_prefix)}
+        heads = {name: tensor for name, tensor in state.items() if not name.startswith(saved_prefix)}
+        model.load_backbone(backbone, source=str(directory))
+        model._init_heads_from(heads)
+        return model
+
+    @classmethod
+    def from_bert(cls, bert_directory: str | Path, **config_overrides) -> VLBertPreTrainedModel:
+        """A new model whose text side comes from a BERT checkpoint directory saved by `transformers`.
+
+        Word, position and segment A/B embeddings, the embedding LayerNorm, the encoder, the
+        pooler and the MLM head transform are BERT's; the [IMG]/[END]/visual parameters and
+        segment 2 are new, N(0, 0.02).
+        """
+        bert = BertConfig.from_pretrained(bert_directory)
+        sizes = {
+            name: getattr(bert, name)
+            for name in (
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "hidden_act",
+                "hidden_dropout_prob",
+                "attention_probs_dropout_prob",
+                "max_position_embeddings",
+                "layer_norm_eps",
+            )
+        }
+        model = cls(VLBertConfig(**{**sizes, **config_overrides}))
+        backbone, heads = read_bert_weights(bert_directory)
+        segments = backbone.pop("embeddings.token_type_embeddings.weight")
+        own_segments = model.state_dict()[model.backbone_prefix + "embeddings.token_type_embeddings.weight"].clone()
+        own_segments[: segments.shape[0]] = segments
+        if segments.shape[0] == 1:  # single-segment checkpoints: B starts as A
+            own_segments[1] = segments[0]
+        backbone["embeddings.token_type_embeddings.weight"] = own_segments
+        model.load_backbone(backbone, source=str(bert_directory), new_ok=True)
+        model._init_heads_from(heads)
+        return model
+
+    def load_backbone(self, weights: dict[str, torch.Tensor], source: str, new_ok: bool = False) -> None:
+        """Load the shared VL-BERT weights (names as in `VLBertModel`); with `new_ok` (a BERT
+        checkpoint), the VL-BERT-only parameters may be absent and keep their initialisation."""
+        own = {name[len(self.backbone_prefix) :] for name in self.state_dict() if name.startswith(self.backbone_prefix)}
+        wanted = {name: tensor for name, tensor in weights.items() if name in own}
+        # A checkpoint without a pooler (VL-BERT pre-training, BertForMaskedLM) leaves it fresh, as the reference.
+        absent = [name for name in sorted(own - set(wanted)) if not name.startswith("pooler.")]
+        if new_ok:
+            absent = [name for name in absent if not name.startswith(VISUAL_PARAMETER_PREFIXES)]
+        if absent:
+            raise ValueError(f"{source} lacks VL-BERT weights: {absent}")
+        self.load_state_dict({self.backbone_prefix + name: tensor for name, tensor in wanted.items()}, strict=False)
+
+
+# Parameters of VL-BERT that a text-only BERT checkpoint does not have.
+VISUAL_PARAMETER_PREFIXES = (
+    "embeddings.visual_feature_embedding.",
+    "embeddings.text_visual_norm.",
+    "embeddings.region_visual_norm.",
+    "embeddings.image_token",
+    "embeddings.masked_image_token",
+    "embeddings.end_token",
+    "embeddings.text_only_visual",
+    "embeddings.masked_appearance",
+)
+
+
+def read_bert_weights(directory: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A BERT checkpoint's weights renamed to this library: (VL-BERT backbone, heads).
+
+    Accepts `BertModel` and `BertForPreTraining`/`BertForMaskedLM` saves (`bert.` prefix),
+    safetensors or PyTorch pickles, and the old `gamma`/`beta` LayerNorm names.
+    """
+    directory = Path(directory)
+    if (directory / "model.safetensors").is_file():
+        state = load_file(directory / "model.safetensors")
+    elif (directory / "pytorch_model.bin").is_file():
+        state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise FileNotFoundError(f"{directory} has neither model.safetensors nor pytorch_model.bin")
+    backbone: dict[str, torch.Tensor] = {}
+    heads: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        name = name.removeprefix("bert.").replace(".gamma", ".weight").replace(".beta", ".bias")
+        if name.startswith("embeddings.LayerNorm."):
+            backbone[name.replace("embeddings.LayerNorm.", "embeddings.layer_norm.")] = tensor
+        elif name.startswith(("embeddings.word_", "embeddings.position_emb", "embeddings.token_type_emb")):
+            backbone[name] = tensor
+        elif name.startswith("encoder."):
+            backbone["encoder.bert." + name.removeprefix("encoder.")] = tensor
+        elif name.startswith("pooler."):
+            backbone[name] = tensor
+        elif name.startswith("cls.predictions.transform."):
+            head_name = name.replace("cls.predictions.transform.", "mlm_head.transform.")
+            heads[head_name.replace(".LayerNorm.", ".layer_norm.")] = tensor
+        elif name == "cls.predictions.bias":
+            heads["mlm_head.bias"] = tensor
+        elif name.startswith("cls.seq_relationship."):
+            heads[name.replace("cls.seq_relationship.", "relationship_head.classifier.")] = tensor
+    return backbone, heads
+
+
+class VLBertModel(VLBertPreTrainedModel):
+    def __init__(self, config: VLBertConfig):
+        super().__init__(config)
+        self.embeddings = VLBertEmbeddings(config)
+        self.encoder = VLBertEncoder(config)
+        self.pooler = Pooler(config) if config.with_pooler else None
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        text_mask: torch.Tensor,
+        appearance: torch.Tensor | None = None,
+        boxes: torch.Tensor | None = None,
+        box_mask: torch.Tensor | None = None,
+        image_size: torch.Tensor | None = None,
+        text_box_index: torch.Tensor | None = None,
+        masked_regions: torch.Tensor | None = None,
+        feature_masking: bool = False,
+        output_attentions: bool = False,
+    ) -> VLBertOutput:
+        """Encode text (B, T) and RoIs (B, N, ·); leave `appearance` None for a text-only batch.
+
+        input_ids, token_type_ids, text_mask: (B, T) from the sequence builders (`[CLS] … [SEP]`).
+        appearance: (B, N, visual_feature_size) RoI features, box 0 = whole image.
+        boxes: (B, N, 4) x1, y1, x2, y2 in pixels; image_size: (B, 2) width, height.
+        box_mask: (B, N) real RoIs; a row without any is a text-only sample.
+        text_box_index: (B, T) box whose visual feature each word gets (default 0, the whole image).
+        masked_regions: (B, N) RoIs whose [IMG] token is replaced by the masked-RoI token.
+        feature_masking: for cached features without pixel-masked variants (the reference's
+            precomputed-feature mode): masked RoIs' appearance becomes a learned vector (zero at
+            first) and the whole-image appearance the mean of the visible boxes, in every sample.
+        """
+        if appearance is not None and (boxes is None or box_mask is None or image_size is None):
+            raise ValueError("appearance needs boxes, box_mask and image_size")
+        embeddings, attention_mask = self.embeddings(
+            input_ids,
+            token_type_ids,
+            text_mask,
+            appearance,
+            boxes,
+            box_mask,
+            image_size,
+            text_box_index,
+            masked_regions,
+            feature_masking,
+        )
+        hidden, attentions = self.encoder(embeddings, attention_mask, output_attentions)
+        return VLBertOutput(
+            last_hidden_state=hidden,
+            attention_mask=attention_mask,
+            text_length=input_ids.shape[1],
+            num_regions=embeddings.shape[1] - input_ids.shape[1] - 1,
+            pooled_output=self.pooler(hidden) if self.pooler is not None else None,
+            attentions=attentions,
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Heads
+# ----------------------------------------------------------------------------------------------
+
+
+class HeadTransform(nn.Module):
+    """Dense → activation (→ LayerNorm), as BERT's prediction-head transform."""
+
+    def __init__(self, config: VLBertConfig, with_layer_norm: bool):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = ACT2FN[config.hidden_act]
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if with_layer_norm else None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.activation(self.dense(hidden_states))
+        return self.layer_norm(hidden_states) if self.layer_norm is not None else hidden_states
+
+
+class PredictionHead(nn.Module):
+    """(Transform →) Dropout → Linear."""
+
+    def __init__(self, config: VLBertConfig, num_outputs: int, transform: str = "none", dropout: float = 0.0):
+        super().__init__()
+        if transform not in ("none", "dense", "dense_norm"):
+            raise ValueError(f"unknown head transform {transform!r}")
+        self.transform = None if transform == "none" else HeadTransform(config, transform == "dense_norm")
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, num_outputs)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.transform is not None:
+            hidden_states = self.transform(hidden_states)
+        return self.classifier(self.dropout(hidden_states))
+
+
+class MaskedLanguageModelingHead(nn.Module):
+    """BERT's MLM head; the decoder is the word-embedding matrix itself (tied)."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.transform = HeadTransform(config, with_layer_norm=True)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.transform(hidden_states), word_embeddings, self.bias)
+
+
+def _xavier_classifier(head: PredictionHead) -> None:
+    # The reference initialises its fine-tuning classifiers this way.
+    nn.init.xavier_uniform_(head.classifier.weight)
+    nn.init.zeros_(head.classifier.bias)
+
+
+def _copy_transform(target: HeadTransform, state_dict: dict[str, torch.Tensor], prefix: str) -> None:
+    """Start a fine-tuning head's transform from a pre-training head's, when the checkpoint has it."""
+    names = list(target.state_dict())
+    if all(prefix + name in state_dict for name in names):
+        target.load_state_dict({name: state_dict[prefix + name] for name in names})
+
+
+# ----------------------------------------------------------------------------------------------
+# Task models
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PreTrainingOutput:
+    vlbert: VLBertOutput
+    mlm_logits: torch.Tensor  # (B, T, vocab)
+    region_logits: torch.Tensor | None  # (B, N, detector classes)
+    relationship_logits: torch.Tensor | None  # (B, 2)
+    loss: torch.Tensor | None = None
+    mlm_loss: torch.Tensor | None = None
+    region_loss: torch.Tensor | None = None
+    relationship_loss: torch.Tensor | None = None
+
+
+@dataclass
+class TaskOutput:
+    vlbert: VLBertOutput
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+class VLBertForPreTraining(VLBertPreTrainedModel):
+    """Masked language modelling, masked RoI classification, and optionally the sentence–image relationship."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__(config)
+        if config.with_relationship_head and not config.with_pooler:
+            raise ValueError("the relationship head needs with_pooler=True")
+        self.vlbert = VLBertModel(config)
+        self.mlm_head = MaskedLanguageModelingHead(config)
+        self.region_head = PredictionHead(config, config.num_detector_classes, transform="dense")
+        self.relationship_head = PredictionHead(config, 2) if config.with_relationship_head else None
+        self.init_weights()
+
+    def _init_heads_from(self, state_dict: dict[str, torch.Tensor]) -> None:
+        own = self.state_dict()
+        found = {name: tensor for name, tensor in state_dict.items() if name in own}
+        self.load_state_dict(found, strict=False)
+
+    def forward(
+        self,
+        *,
+        mlm_labels: torch.Tensor | None = None,
+        region_labels: torch.Tensor | None = None,
+        relationship_labels: torch.Tensor | None = None,
+        **inputs,
+    ) -> PreTrainingOutput:
+        """`inputs` as `VLBertModel.forward`; labels: mlm (B, T) ids or -100, region (B, N, classes)
+        detector class distributions (all-zero rows are not predicted), relationship (B,) 1 = matching."""
+        encoded = self.vlbert(**inputs)
+        mlm_logits = self.mlm_head(encoded.text_hidden_state, self.vlbert.embeddings.word_embeddings.weight)
+        region_logits = self.region_head(encoded.region_hidden_state) if encoded.num_regions else None
+        relationship_logits = (
+            self.relationship_head(encoded.pooled_output) if self.relationship_head is not None else None
+        )
+        output = PreTrainingOutput(encoded, mlm_logits, region_logits, relationship_logits)
+        terms = []
+        if mlm_labels is not None:
+            output.mlm_loss = losses.masked_lm_loss(mlm_logits, mlm_labels)
+            terms.append(output.mlm_loss)
+        if region_labels is not None and region_logits is not None:
+            output.region_loss = losses.soft_cross_entropy(region_logits, region_labels)
+            terms.append(output.region_loss)
+        if relationship_labels is not None:
+            if relationship_logits is None:
+                raise ValueError("relationship_labels given but the model has no relationship head")
+            output.relationship_loss = F.cross_entropy(relationship_logits.float(), relationship_labels)
+            terms.append(output.relationship_loss)
+        output.loss = torch.stack(terms).sum() if terms else None
+        return output
+
+
+class VLBertForQuestionAnswering(VLBertPreTrainedModel):
+    """VQA: `[CLS] question [SEP] [MASK] [SEP]`, answer scores from the [MASK] element's output."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__(config)
+        self.vlbert = VLBertModel(config)
+        self.answer_head = PredictionHead(
+            config, config.num_answers, transform="dense_norm", dropout=config.classifier_dropout
+        )
+        self.init_weights()
+
+    def _init_head_weights(self) -> None:
+        _xavier_classifier(self.answer_head)
+
+    def _init_heads_from(self, state_dict: dict[str, torch.Tensor]) -> None:
+        _copy_transform(self.answer_head.transform, state_dict, "mlm_head.transform.")
+
+    def forward(self, *, answer_positions: torch.Tensor, labels: torch.Tensor | None = None, **inputs) -> TaskOutput:
+        """answer_positions: (B,) index of [MASK] in the text; labels: (B, answers) soft VQA scores."""
+        encoded = self.vlbert(**inputs)
+        rows = torch.arange(answer_positions.shape[0], device=answer_positions.device)
+        logits = self.answer_head(encoded.text_hidden_state[rows, answer_positions])
+        loss = losses.answer_loss(logits, labels) if labels is not None else None
+        return TaskOutput(encoded, logits, loss)
+
+
+class VLBertForMultipleChoice(VLBertPreTrainedModel):
+    """VCR (Q→A, QA→R): one sequence per candidate, a score from each one's pooled [CLS]."""
+
+    def __init__(self, config: VLBertConfig):
+        if not config.with_pooler:
+            raise ValueError("multiple choice needs with_pooler=True")
+        super().__init__(config)
+        self.vlbert = VLBertModel(config)
+        self.choice_head = PredictionHead(config, 1, dropout=config.classifier_dropout)
+        self.init_weights()
+
+    def _init_head_weights(self) -> None:
+        _xavier_classifier(self.choice_head)
+
+    def forward(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        text_mask: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        text_box_index: torch.Tensor | None = None,
+        **visual_inputs,
+    ) -> TaskOutput:
+        """Text tensors (B, C, T) for C candidates; visual tensors per image (B, N, ·); labels (B,)."""
+        batch, choices, length = input_ids.shape
+
+        def per_candidate(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            if tensor is None or not isinstance(tensor, torch.Tensor):
+                return tensor
+            return tensor.unsqueeze(1).expand(batch, choices, *tensor.shape[1:]).flatten(0, 1)
+
+        encoded = self.vlbert(
+            input_ids=input_ids.reshape(-1, length),
+            token_type_ids=token_type_ids.reshape(-1, length),
+            text_mask=text_mask.reshape(-1, length),
+            text_box_index=None if text_box_index is None else text_box_index.reshape(-1, length),
+            **{name: per_candidate(value) for name, value in visual_inputs.items()},
+        )
+        logits = self.choice_head(encoded.pooled_output).view(batch, choices)
+        loss = losses.multiple_choice_loss(logits, labels) if labels is not None else None
+        return TaskOutput(encoded, logits, loss)
+
+
+class VLBertForReferringExpressions(VLBertPreTrainedModel):
+    """RefCOCO+: a grounding score for every RoI from its output."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__(config)
+        self.vlbert = VLBertModel(config)
+        self.region_score_head = PredictionHead(config, 1, transform="dense", dropout=config.classifier_dropout)
+        self.init_weights()
+
+    def _init_head_weights(self) -> None:
+        _xavier_classifier(self.region_score_head)
+
+    def _init_heads_from(self, state_dict: dict[str, torch.Tensor]) -> None:
+        _copy_transform(self.region_score_head.transform, state_dict, "region_head.transform.")
+
+    def forward(self, *, labels: torch.Tensor | None = None, **inputs) -> TaskOutput:
+        """labels: (B, N) 1 for the RoIs the expression refers to; scored only where box_mask."""
+        encoded = self.vlbert(**inputs)
+        logits = self.region_score_head(encoded.region_hidden_state).squeeze(-1)
+        loss = losses.grounding_loss(logits, labels, inputs["box_mask"]) if labels is not None else None
+        return TaskOutput(encoded, logits, loss)
+
+
+class VLBertForImageTextMatching(VLBertPreTrainedModel):
+    """Retrieval: an image–text matching score from the pooled [CLS]."""
+
+    def __init__(self, config: VLBertConfig):
+        if not config.with_pooler:
+            raise ValueError("image-text matching needs with_pooler=True")
+        super().__init__(config)
+        self.vlbert = VLBertModel(config)
+        self.match_head = PredictionHead(config, 1, dropout=config.classifier_dropout)
+        self.init_weights()
+
+    def forward(self, *, labels: torch.Tensor | None = None, **inputs) -> TaskOutput:
+        """labels: (B,) 1 for a matching pair, 0 otherwise."""
+        encoded = self.vlbert(**inputs)
+        logits = self.match_head(encoded.pooled_output).squeeze(-1)
+        loss = losses.binary_loss(logits, labels) if labels is not None else None
+        return TaskOutput(encoded, logits, loss)
+
+
+TASK_MODELS = {
+    model.__name__: model
+    for model in (
+        VLBertModel,
+        VLBertForPreTraining,
+        VLBertForQuestionAnswering,
+        VLBertForMultipleChoice,
+        VLBertForReferringExpressions,
+        VLBertForImageTextMatching,
+    )
+}
+
+
+def load_pretrained(directory: str | Path) -> VLBertPreTrainedModel:
+    """Load a `save_pretrained` directory as the task model it was saved from."""
+    architecture = json.loads((Path(directory) / CONFIG_NAME).read_text()).get("architecture")
+    if architecture not in TASK_MODELS:
+        raise ValueError(f"{directory}: unknown architecture {architecture!r}; known: {sorted(TASK_MODELS)}")
+    return TASK_MODELS[architecture].from_pretrained(directory)
+

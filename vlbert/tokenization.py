@@ -1,0 +1,231 @@
+"""Text side of VL-BERT inputs: WordPiece tokenizer, whole-word masking, sequence builders, padding.
+
+Builders return the text part `[CLS] A [SEP] (B [SEP])`; the model appends the [IMG] elements
+and [END] itself. Lengths are capped on the whole sequence: text + RoIs + [END] ≤ max_length.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import BertTokenizerFast, PreTrainedTokenizerFast
+
+from vlbert.losses import IGNORE_INDEX
+
+MASK_PROBABILITY = 0.15
+
+
+def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:
+    """The checkpoint's WordPiece tokenizer (a directory with vocab.txt or tokenizer.json)."""
+    return BertTokenizerFast.from_pretrained(str(directory))
+
+
+@dataclass
+class WordPieces:
+    """A text as WordPiece ids, with the word each piece belongs to (whole-word masking needs it)."""
+
+    ids: list[int]
+    word_index: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def truncated(self, length: int) -> WordPieces:
+        return WordPieces(self.ids[:length], self.word_index[:length])
+
+
+def word_pieces(tokenizer: PreTrainedTokenizerFast, text: str) -> WordPieces:
+    encoding = tokenizer(text, add_special_tokens=False)
+    return WordPieces(list(encoding["input_ids"]), list(encoding.word_ids()))
+
+
+@dataclass
+class MaskedText:
+    ids: list[int]
+    labels: list[int]  # the original id where a word was chosen, IGNORE_INDEX elsewhere
+
+
+def mask_whole_words(
+    tokenizer: PreTrainedTokenizerFast,
+    pieces: WordPieces,
+    rng: random.Random,
+    probability: float = MASK_PROBABILITY,
+) -> MaskedText:
+    """BERT masking over whole words: each word is chosen with `probability`; all its pieces then
+    become [MASK] (80%), random tokens (10%) or stay (10%), and all are predicted."""
+    special = set(tokenizer.all_special_ids)
+    ids, labels = list(pieces.ids), [IGNORE_INDEX] * len(pieces)
+    words: dict[int, list[int]] = {}
+    for position, word in enumerate(pieces.word_index):
+        words.setdefault(word, []).append(position)
+    for positions in words.values():
+        if rng.random() >= probability:
+            continue
+        action = rng.random()
+        for position in positions:
+            labels[position] = pieces.ids[position]
+            if action < 0.8:
+                ids[position] = tokenizer.mask_token_id
+            elif action < 0.9:
+                ids[position] = _random_token(len(tokenizer), special, rng)
+    return MaskedText(ids, labels)
+
+
+def _random_token(vocab_size: int, special: set[int], rng: random.Random) -> int:
+    while True:
+        token = rng.randrange(vocab_size)
+        if token not in special:
+            return token
+
+
+def choose_masked_regions(
+    num_regions: int, rng: random.Random, probability: float = MASK_PROBABILITY
+) -> tuple[list[bool], list[bool]]:
+    """Masked RoI classification: (replaced, predicted) per RoI. Box 0, the whole image, is never
+    chosen; a chosen RoI is predicted, and its [IMG] / appearance replaced 90% of the time."""
+    replaced, predicted = [False] * num_regions, [False] * num_regions
+    for index in range(1, num_regions):
+        if rng.random() < probability:
+            predicted[index] = True
+            replaced[index] = rng.random() < 0.9
+    return replaced, predicted
+
+
+@dataclass
+class TextSequence:
+    input_ids: list[int]
+    token_type_ids: list[int]
+    labels: list[int]  # MLM labels aligned with input_ids
+    text_box_index: list[int]  # box whose visual feature each element gets (0 = whole image)
+    num_regions: int  # RoIs kept under the length cap (the whole-image box first)
+    answer_position: int | None = None  # VQA: where the [MASK] to classify sits
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Segment:
+    """One text segment of a sequence; labels and per-token box indices are optional."""
+
+    ids: list[int]
+    labels: list[int] | None = None
+    box_index: list[int] | None = None
+    truncatable: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("labels", "box_index"):
+            values = getattr(self, name)
+            if values is not None and len(values) != len(self.ids):
+                raise ValueError(f"segment {name} has {len(values)} entries for {len(self.ids)} tokens")
+
+
+def fit_lengths(
+    segment_lengths: list[int], truncatable: list[bool], num_regions: int, max_length: int, min_regions: int = 1
+) -> tuple[list[int], int]:
+    """Shorten segments and RoIs until [CLS] + segments + [SEP]s + RoIs + [END] ≤ max_length.
+
+    The longer side loses one element at a time (RoIs against the text, as the reference code),
+    and within the text the longest truncatable segment, as BERT does for sentence pairs.
+    """
+    lengths = list(segment_lengths)
+    overhead = 1 + len(lengths) + 1  # [CLS], one [SEP] per segment, [END]
+    while overhead + sum(lengths) + num_regions > max_length:
+        can_cut_text = [length > 1 and cut for length, cut in zip(lengths, truncatable)]
+        if num_regions > min_regions and (num_regions > sum(lengths) or not any(can_cut_text)):
+            num_regions -= 1
+        elif any(can_cut_text):
+            longest = max((length, i) for i, length in enumerate(lengths) if can_cut_text[i])[1]
+            lengths[longest] -= 1
+        else:
+            raise ValueError(
+                f"cannot fit {segment_lengths} tokens and {num_regions} RoIs into {max_length} elements"
+            )
+    return lengths, num_regions
+
+
+def build_sequence(
+    tokenizer: PreTrainedTokenizerFast,
+    segments: list[Segment],
+    num_regions: int = 0,
+    max_length: int = 512,
+) -> TextSequence:
+    """`[CLS] A [SEP] (B [SEP])` with segment ids 0 / 1, truncated with the RoIs under the cap."""
+    if not 1 <= len(segments) <= 2:
+        raise ValueError(f"a sequence has one or two text segments, got {len(segments)}")
+    lengths, kept_regions = fit_lengths(
+        [len(segment.ids) for segment in segments],
+        [segment.truncatable for segment in segments],
+        num_regions,
+        max_length,
+        min_regions=min(num_regions, 1),
+    )
+    input_ids = [tokenizer.cls_token_id]
+    token_type_ids, labels, box_index = [0], [IGNORE_INDEX], [0]
+    for segment_id, (segment, length) in enumerate(zip(segments, lengths)):
+        input_ids += segment.ids[:length] + [tokenizer.sep_token_id]
+        token_type_ids += [segment_id] * (length + 1)
+        labels += (segment.labels or [IGNORE_INDEX] * length)[:length] + [IGNORE_INDEX]
+        # A tag pointing at a RoI cut by the cap falls back to the whole image.
+        indices = [index if index < kept_regions else 0 for index in (segment.box_index or [0] * length)[:length]]
+        box_index += indices + [0]
+    return TextSequence(input_ids, token_type_ids, labels, box_index, kept_regions)
+
+
+def build_caption_sequence(
+    tokenizer: PreTrainedTokenizerFast,
+    caption: list[int],
+    num_regions: int = 0,
+    max_length: int = 512,
+    labels: list[int] | None = None,
+) -> TextSequence:
+    """Pre-training (caption or text-only with num_regions=0), retrieval and RefCOCO+: `[CLS] text [SEP]`."""
+    return build_sequence(tokenizer, [Segment(caption, labels)], num_regions, max_length)
+
+
+def build_vqa_sequence(
+    tokenizer: PreTrainedTokenizerFast, question: list[int], num_regions: int, max_length: int = 512
+) -> TextSequence:
+    """VQA: `[CLS] question [SEP] [MASK] [SEP]`; the answer is read at the [MASK]."""
+    segments = [Segment(question), Segment([tokenizer.mask_token_id], truncatable=False)]
+    sequence = build_sequence(tokenizer, segments, num_regions, max_length)
+    sequence.answer_position = len(sequence) - 2
+    return sequence
+
+
+def build_choice_sequences(
+    tokenizer: PreTrainedTokenizerFast,
+    context: Segment,
+    candidates: list[Segment],
+    num_regions: int,
+    max_length: int = 512,
+) -> list[TextSequence]:
+    """VCR: `[CLS] context [SEP] candidate [SEP]` for each candidate (Q→A: context = question;
+    QA→R: context = question + answer). Every candidate keeps the same number of RoIs."""
+    sequences = [build_sequence(tokenizer, [context, candidate], num_regions, max_length) for candidate in candidates]
+    kept = min(sequence.num_regions for sequence in sequences)
+    return [
+        sequence
+        if sequence.num_regions == kept
+        else build_sequence(tokenizer, [context, candidate], kept, max_length)
+        for sequence, candidate in zip(sequences, candidates)
+    ]
+
+
+def pad_text(sequences: list[TextSequence], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """Batch tensors for the model: input_ids, token_type_ids, text_mask, text_box_index, mlm_labels."""
+    length = max(len(sequence) for sequence in sequences)
+
+    def padded(values: list[int], fill: int) -> list[int]:
+        return values + [fill] * (length - len(values))
+
+    return {
+        "input_ids": torch.tensor([padded(s.input_ids, pad_token_id) for s in sequences]),
+        "token_type_ids": torch.tensor([padded(s.token_type_ids, 0) for s in sequences]),
+        "text_mask": torch.tensor([padded([1] * len(s), 0) for s in sequences], dtype=torch.bool),
+        "text_box_index": torch.tensor([padded(s.text_box_index, 0) for s in sequences]),
+        "mlm_labels": torch.tensor([padded(s.labels, IGNORE_INDEX) for s in sequences]),
+    }
