@@ -8,7 +8,8 @@ import torch
 import torchvision
 from torchvision.ops import roi_align
 
-from conftest import randomized_state, synthetic_image
+from conftest import randomized_state
+from extract.synthetic import synthetic_image
 from extract import CheckpointError, Detector, load_weights, read_state_dict
 from extract.config import PRESETS
 

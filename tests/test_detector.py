@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import synthetic_image
+from extract.synthetic import synthetic_image
 from extract import BoxError, ConfigError, Detector, load_config, mask_pixels, select_boxes
 from extract.config import PRESETS, parse_override
 from extract.modeling.boxes import apply_deltas

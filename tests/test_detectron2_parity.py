@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import randomized_state, synthetic_image
+from conftest import randomized_state
+from extract.synthetic import synthetic_image
 from extract import Detector, load_weights
 
 pytest.importorskip("detectron2")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import synthetic_image
+from extract.synthetic import synthetic_image
 from extract import ImageError, load_image
 from extract.images import image_id, list_images
 

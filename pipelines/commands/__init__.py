@@ -4,8 +4,8 @@ import click
 
 
 def register(group: click.Group) -> None:
-    from pipelines.commands import convert, extract
+    from pipelines.commands import cache, convert, demo, extract, pipeline, train, world
 
-    for module in (extract, convert):
+    for module in (extract, cache, train, convert, world, pipeline, demo):
         for command in module.COMMANDS:
             group.add_command(command)

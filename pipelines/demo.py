@@ -1,0 +1,17 @@
+"""The main job that `make demo` runs: the demo pipeline on the embedded world."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from pipelines.runner import run_pipeline
+
+DEMO_PIPELINE = Path(__file__).parent / "configs" / "demo.yaml"
+
+
+def run_demo(out: str | Path = "runs/demo", log: Callable[[str], None] = print) -> list[Path]:
+    """Runs (or resumes) the demo pipeline; returns the report's files (JSON, Markdown, loss curves)."""
+    root = run_pipeline(DEMO_PIPELINE, out, log=log)
+    report = root / "report"
+    return [report / "report.json", report / "report.md", report / "loss_curves.png"]

@@ -1,0 +1,103 @@
+"""Writing and reading a world directory: PNG images, one JSONL annotation file per split, a corpus.
+
+Layout:
+    world.json              vocabulary, seed, split sizes, the generation config
+    train.jsonl, val.jsonl  one image per line (see `image_record`)
+    images/<split>/<id>.png
+    corpus.txt              text-only corpus, one long sentence per line
+
+Every image is drawn from its own generator seeded by (seed, index), so an image does not depend
+on how many others are generated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from pipelines.world.corpus import corpus_sentences
+from pipelines.world.language import captions, questions, referring_expressions
+from pipelines.world.render import render_scene
+from pipelines.world.scene import Scene, sample_scene
+from pipelines.world.vocabulary import ATTRIBUTE_NAMES, CLASS_NAMES
+
+SPLITS = ("train", "val")
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    val_fraction: float = 0.2
+    max_objects: int = 5
+    questions_per_image: int = 6
+    corpus_sentences: int = 2000
+
+
+def image_record(image_id: str, file: str, scene: Scene, rng: np.random.Generator,
+                 config: WorldConfig) -> dict[str, Any]:
+    objects = [{"class": o.shape, "attributes": o.attributes, "box": list(o.box)} for o in scene.objects]
+    return {
+        "id": image_id,
+        "file": file,
+        "width": scene.width,
+        "height": scene.height,
+        "background": scene.background,
+        "objects": objects,
+        "captions": captions(scene, rng),
+        "vqa": [dataclasses.asdict(q) for q in questions(scene, rng, config.questions_per_image)],
+        "refs": [{"text": r.text, "object": r.target, "box": objects[r.target]["box"]}
+                 for r in referring_expressions(scene, rng)],
+    }
+
+
+def generate_world(out_dir: str | Path, num_images: int = 1000, seed: int = 0,
+                   config: WorldConfig = WorldConfig()) -> dict[str, Any]:
+    """Writes the world to `out_dir` and returns the contents of its world.json."""
+    out_dir = Path(out_dir)
+    num_val = int(round(num_images * config.val_fraction))
+    split_sizes = {"train": num_images - num_val, "val": num_val}
+    index = 0
+    for split in SPLITS:
+        (out_dir / "images" / split).mkdir(parents=True, exist_ok=True)
+        with (out_dir / f"{split}.jsonl").open("w") as annotations:
+            for _ in range(split_sizes[split]):
+                rng = np.random.default_rng([seed, index])
+                scene = sample_scene(rng, config.max_objects)
+                image_id = f"{index:06d}"
+                file = f"images/{split}/{image_id}.png"
+                Image.fromarray(render_scene(scene, rng)).save(out_dir / file)
+                annotations.write(json.dumps(image_record(image_id, file, scene, rng, config)) + "\n")
+                index += 1
+    corpus = corpus_sentences(np.random.default_rng([seed, 2**32 - 1]), config.corpus_sentences)
+    (out_dir / "corpus.txt").write_text("\n".join(corpus) + "\n")
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "seed": seed,
+        "num_images": num_images,
+        "splits": split_sizes,
+        "class_names": list(CLASS_NAMES),
+        "attribute_names": list(ATTRIBUTE_NAMES),
+        "config": dataclasses.asdict(config),
+    }
+    (out_dir / "world.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def load_split(world_dir: str | Path, split: str) -> list[dict[str, Any]]:
+    """The image records of one split, in order."""
+    path = Path(world_dir) / f"{split}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such split (generate the world with `vlbert world generate`)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def load_world_image(world_dir: str | Path, record: dict[str, Any]) -> np.ndarray:
+    """(H, W, 3) uint8 RGB."""
+    with Image.open(Path(world_dir) / record["file"]) as image:
+        return np.array(image.convert("RGB"))

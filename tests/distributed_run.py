@@ -1,0 +1,24 @@
+"""Run by test_train.py under torchrun: one training run whose processes split each batch."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from train.engine.config import StageConfig
+from train.engine.trainer import Trainer
+from training_world import run_config
+
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, visual_dropout_prob=0.0,
+                  classifier_dropout=0.0)
+
+
+def main(root: str, out: str, batch_size: int) -> None:
+    torch.set_num_threads(1)
+    run = run_config(Path(root), out, [StageConfig("vqa", "vqa", steps=3, batch_size=batch_size, base_lr=1e-3)])
+    run.model.update(NO_DROPOUT)
+    Trainer(run).fit()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

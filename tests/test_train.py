@@ -1,0 +1,220 @@
+"""Training from the FeatureStore: samples, batches, stages, crash and resume, end-to-end tuning."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from train.data.annotations import AnswerVocabulary, read_annotations
+from train.data.collate import collate
+from train.data.datasets import CaptionPretraining, QuestionAnswering, ReferringExpressions, TextOnlyCorpus, box_iou
+from train.data.regions import RegionBank
+from train.end2end import EndToEndVisual
+from train.engine.config import StageConfig
+from train.engine.trainer import Trainer
+from training_world import make_world, run_config
+from vlbert.tokenization import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return make_world(tmp_path_factory.mktemp("training"))
+
+
+@pytest.fixture(scope="module")
+def parts(world):
+    tokenizer = load_tokenizer(world / "vocab")
+    annotations = read_annotations(world / "world" / "train.jsonl")
+    return tokenizer, annotations, RegionBank(str(world / "cache"))
+
+
+def test_regions_put_the_whole_image_first(parts, world):
+    _, annotations, bank = parts
+    image_id = annotations[0].image_id
+    regions = bank[image_id]
+    record = bank.store[image_id]
+    assert regions.boxes[0].tolist() == [0, 0, record["image_w"], record["image_h"]]
+    assert np.allclose(regions.appearance[0], record["image_feature"])
+    assert np.allclose(regions.appearance[1:], record["features"])
+    assert not regions.variant_masks[:, 0].any() and regions.variant_masks[:, 1:].any(axis=1).all()
+    assert regions.class_probs[0].sum() == 0 and np.allclose(regions.class_probs[1:].sum(1), 1, atol=0.05)
+
+
+def test_pixel_masking_takes_one_cached_variant(parts):
+    tokenizer, annotations, bank = parts
+    dataset = CaptionPretraining(annotations, bank, tokenizer, 48, roi_masking="pixel", seed=1)
+    for index in range(5):
+        sample = dataset[index]
+        regions = bank[dataset.items[index][0]].truncated(len(sample.regions))
+        variant = [k for k in range(len(regions.variant_masks))
+                   if np.array_equal(regions.variant_masks[k], sample.masked_regions)]
+        assert variant, "the masked RoIs are one cached variant's"
+        assert np.allclose(sample.regions.appearance, regions.variant_appearance[variant[0]])
+        labels = sample.region_targets["region_labels"]
+        assert np.array_equal(labels.sum(1) > 0, sample.masked_regions)
+        assert np.allclose(labels[sample.masked_regions], regions.class_probs[sample.masked_regions])
+
+
+def test_samples_depend_on_seed_epoch_and_index_only(parts):
+    tokenizer, annotations, bank = parts
+    dataset = CaptionPretraining(annotations, bank, tokenizer, 48, roi_masking="feature", seed=2)
+    first = [dataset[i].sequence.input_ids for i in range(8)]
+    assert [dataset[i].sequence.input_ids for i in reversed(range(8))][::-1] == first
+    dataset.set_epoch(1)
+    assert [dataset[i].sequence.input_ids for i in range(8)] != first
+    sample = dataset[0]
+    assert not sample.masked_regions[0]  # never the whole-image box
+
+
+def test_mixed_batches_hold_text_only_samples(parts):
+    tokenizer, annotations, bank = parts
+    captions = CaptionPretraining(annotations, bank, tokenizer, 48, relationship=True, seed=0)
+    text = TextOnlyCorpus(["a long sentence about a red circle and a blue square"], tokenizer, 48)
+    batch = collate([captions[0], captions[1], text[0]], tokenizer.pad_token_id)
+    assert batch["box_mask"][2].sum() == 0 and batch["box_mask"][0, 0]
+    assert batch["relationship_labels"][2] == -100 and batch["relationship_labels"][0] in (0, 1)
+    assert batch["region_labels"].shape[:2] == batch["box_mask"].shape
+    sequence = text[0].sequence
+    assert batch["mlm_labels"][2, : len(sequence)].tolist() == sequence.labels
+    assert batch["text_mask"][2].sum() == len(sequence)
+    assert batch["image_files"][2] is None
+
+
+def test_vqa_and_referring_expression_targets(parts):
+    tokenizer, annotations, bank = parts
+    answers = AnswerVocabulary.from_annotations(annotations)
+    vqa = QuestionAnswering(annotations, bank, tokenizer, 48, answers)
+    sample = vqa[0]
+    assert sample.targets["labels"].sum() == 1 and answers.answers[int(sample.targets["labels"].argmax())] == vqa.items[0][3][0]
+    assert sample.sequence.input_ids[sample.sequence.answer_position] == tokenizer.mask_token_id
+    assert np.allclose(AnswerVocabulary(["a", "b"]).scores(["a", "a", "b", "a", "a"]), [1.0, 1 / 3])
+
+    refs = ReferringExpressions(annotations, bank, tokenizer, 48)
+    sample = refs[0]
+    target = np.asarray(refs.items[0][3], np.float32)
+    expected = box_iou(sample.regions.boxes, target) >= 0.5
+    expected[0] = False
+    assert np.array_equal(sample.region_targets["labels"] > 0, expected)
+
+
+STAGES = [StageConfig("pretrain", "pretrain", steps=6, batch_size=4, checkpoint_every=2, base_lr=5e-4),
+          StageConfig("vqa", "vqa", steps=3, batch_size=4, base_lr=5e-4)]
+
+
+def losses(out) -> list[tuple]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["stage"], r["step"], r["loss"]) for r in records if "step" in r]
+
+
+def test_resume_after_a_crash_repeats_the_uninterrupted_run(world, monkeypatch):
+    straight = Trainer(run_config(world, "straight", STAGES))
+    results = straight.fit()
+    assert [r["metric"] for r in results] == ["masked_word_accuracy", "vqa_accuracy"]
+
+    calls = {"n": 0}
+    original_step = torch.optim.AdamW.step
+
+    def crashing_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:  # mid pre-training, after the checkpoint of step 4
+            raise RuntimeError("simulated crash")
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", crashing_step)
+    crashed = Trainer(run_config(world, "crashed", STAGES))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        crashed.fit()
+    monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
+    with pytest.raises(FileExistsError, match="--resume"):
+        Trainer(run_config(world, "crashed", STAGES)).fit()
+    Trainer(run_config(world, "crashed", STAGES)).fit(resume=True)
+    assert losses(world / "crashed") == losses(world / "straight")
+    for stage in ("0-pretrain", "1-vqa"):
+        a = (world / "straight" / "stages" / stage / "final" / "model.safetensors").read_bytes()
+        b = (world / "crashed" / "stages" / stage / "final" / "model.safetensors").read_bytes()
+        assert a == b
+
+
+def test_end_to_end_stage_trains_res3_to_res5_only(world):
+    run = run_config(world, "e2e", [StageConfig("vqa", "vqa", steps=2, batch_size=2, visual="end2end", base_lr=1e-3)])
+    trainer = Trainer(run)
+    before = EndToEndVisual.from_store_meta(trainer.regions.store.meta, None, None).detector.state_dict()
+    before = {k: v.clone() for k, v in before.items()}
+    trainer.fit()
+    from safetensors.torch import load_file
+
+    after = load_file(world / "e2e" / "stages" / "0-vqa" / "final" / "detector.safetensors")
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert any(k.startswith("backbone.res3.") for k in changed) and any(k.startswith("roi_heads.res5.") for k in changed)
+    assert not any(k.startswith(("backbone.stem.", "backbone.res2.")) or "norm" in k for k in changed)
+
+
+def test_end_to_end_features_match_the_cache_before_tuning(parts, world):
+    """With the extraction detector and no masking, recomputed features equal the cached ones."""
+    tokenizer, annotations, bank = parts
+    dataset = QuestionAnswering(annotations, bank, tokenizer, 48, AnswerVocabulary.from_annotations(annotations))
+    batch = collate([dataset[0], dataset[1]], tokenizer.pad_token_id)
+    visual = EndToEndVisual.from_store_meta(bank.store.meta, str(world / "world"), None)
+    with torch.no_grad():
+        recomputed = visual(batch)
+    mask = batch["box_mask"]
+    assert torch.allclose(recomputed[mask], batch["appearance"][mask], atol=2e-2, rtol=1e-2)
+
+
+def test_two_processes_train_like_one_with_the_whole_batch(world):
+    """DDP with gloo: 2 processes of batch 2 see the same samples per step as 1 process of batch 4
+    (each rank takes every other index of one permutation) and average the same gradients."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    tests = Path(__file__).parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests), str(tests.parent)]))
+    script = str(tests / "distributed_run.py")
+    subprocess.run([sys.executable, script, str(world), "single", "4"], check=True, env=env, timeout=600)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+                    script, str(world), "ddp", "2"], check=True, env=env, timeout=600)
+    single = load_file(world / "single" / "stages" / "0-vqa" / "final" / "model.safetensors")
+    ddp = load_file(world / "ddp" / "stages" / "0-vqa" / "final" / "model.safetensors")
+    trained = losses(world / "single")
+    assert len(trained) == 3 and trained[-1][2] < trained[0][2]
+    for name in single:
+        assert torch.allclose(single[name], ddp[name], atol=1e-5), name
+
+
+def test_multiple_choice_samples_and_a_stage(parts, world):
+    from train.data.annotations import answers_by_type
+    from train.data.datasets import MultipleChoice
+
+    tokenizer, annotations, bank = parts
+    dataset = MultipleChoice(annotations, bank, tokenizer, 48, answers_by_type(annotations), num_choices=3)
+    candidates, label = dataset.candidates(0)
+    assert len(candidates) == 3 and len(set(candidates)) == 3 and candidates[label] == dataset.items[0][3]
+    assert dataset.candidates(0) == (candidates, label)  # fixed per item
+    batch = collate([dataset[0], dataset[1]], tokenizer.pad_token_id)
+    assert batch["input_ids"].shape[:2] == (2, 3) and batch["appearance"].shape[0] == 2
+    assert batch["labels"].tolist() == [label, dataset.candidates(1)[1]]
+    run = run_config(world, "choice", [StageConfig("choice", "choice", steps=2, batch_size=2, num_choices=3)])
+    result = Trainer(run).fit()[0]
+    assert result["metric"] == "choice_accuracy" and 0 <= result["value"] <= 1 and result["chance"] >= 1 / 3
+
+
+def test_first_stage_starts_from_a_local_bert_checkpoint(world, tmp_path):
+    from transformers import BertConfig, BertForPreTraining
+
+    tokenizer = load_tokenizer(world / "vocab")
+    bert = BertForPreTraining(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, intermediate_size=64, max_position_embeddings=128))
+    bert.save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    run = run_config(world, "from-bert", [StageConfig("vqa", "vqa", steps=1, batch_size=2)],
+                     bert=str(tmp_path / "bert"), vocabulary=str(tmp_path / "bert"), model={"geometry_frequencies": 8})
+    trainer = Trainer(run)
+    model = trainer._model(run.stages[0], None)
+    expected = bert.bert.encoder.layer[1].attention.self.query.weight
+    assert torch.equal(model.vlbert.encoder.bert.layer[1].attention.self.query.weight, expected)
+    assert model.config.hidden_size == 32 and model.config.visual_feature_size == trainer.regions.feature_dim

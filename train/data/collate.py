@@ -1,0 +1,55 @@
+"""Samples → padded model inputs. Text-only samples sit in the same batch with no RoIs."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from train.data.datasets import Sample
+from vlbert.losses import IGNORE_INDEX
+from vlbert.tokenization import pad_text
+
+
+def collate(samples: list[Sample], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """Model inputs and targets; `image_files` (a list, not a tensor) is there for end-to-end stages."""
+    if samples[0].choices is not None:
+        # (B, C, T): every candidate of every sample padded to one length.
+        choices = len(samples[0].choices)
+        batch = pad_text([c for s in samples for c in s.choices], pad_token_id)
+        batch = {k: v.view(len(samples), choices, -1) for k, v in batch.items()}
+    else:
+        batch = pad_text([s.sequence for s in samples], pad_token_id)
+    batch["image_files"] = [s.image_file for s in samples]
+    visual = [s for s in samples if s.regions is not None]
+    if visual:
+        n = max(len(s.regions) for s in visual)
+        dim = visual[0].regions.appearance.shape[1]
+        size = len(samples)
+        appearance, boxes = np.zeros((size, n, dim), np.float32), np.zeros((size, n, 4), np.float32)
+        box_mask, masked = np.zeros((size, n), bool), np.zeros((size, n), bool)
+        image_size = np.ones((size, 2), np.float32)
+        for i, s in enumerate(samples):
+            if s.regions is None:
+                continue
+            k = len(s.regions)
+            appearance[i, :k], boxes[i, :k], box_mask[i, :k] = s.regions.appearance, s.regions.boxes, True
+            image_size[i] = s.regions.image_size
+            if s.masked_regions is not None:
+                masked[i, :k] = s.masked_regions
+        batch.update(appearance=torch.from_numpy(appearance), boxes=torch.from_numpy(boxes),
+                     box_mask=torch.from_numpy(box_mask), image_size=torch.from_numpy(image_size),
+                     masked_regions=torch.from_numpy(masked))
+    # Text-only samples mixed into a pre-training batch have no targets of their own: ignored
+    # (-100) per sample, zero rows (never predicted) per RoI.
+    for name in {n for s in samples for n in s.targets}:
+        batch[name] = torch.tensor(np.stack([np.asarray(s.targets.get(name, IGNORE_INDEX)) for s in samples]))
+    for name in {n for s in samples for n in s.region_targets}:
+        shape = next(s.region_targets[name].shape[1:] for s in samples if name in s.region_targets)
+        padded = np.zeros((len(samples), batch["box_mask"].shape[1], *shape), np.float32)
+        for i, s in enumerate(samples):
+            if name in s.region_targets:
+                padded[i, : len(s.region_targets[name])] = s.region_targets[name]
+        batch[name] = torch.from_numpy(padded)
+    if samples[0].sequence.answer_position is not None:
+        batch["answer_positions"] = torch.tensor([s.sequence.answer_position for s in samples])
+    return batch

@@ -1,0 +1,92 @@
+"""Visual inputs of one image from the FeatureStore: the whole-image box first, then its RoIs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from extract.store.reader import FeatureStore
+from extract.store.schema import dense_class_probs
+
+MAX_REGIONS = 100  # RoIs per image, the whole-image box not counted
+
+
+@dataclass
+class Regions:
+    """Arrays for N = 1 + RoIs elements; element 0 is the whole image."""
+
+    appearance: np.ndarray  # (N, D) float32
+    boxes: np.ndarray  # (N, 4) float32, original pixels
+    image_size: tuple[int, int]  # (width, height)
+    class_probs: np.ndarray | None  # (N, C) detector class distributions (row 0 all zero: never a target)
+    variant_masks: np.ndarray | None  # (K, N) bool: RoIs whose pixels each cached variant masked
+    variant_appearance: np.ndarray | None  # (K, N, D)
+
+    def __len__(self) -> int:
+        return len(self.boxes)
+
+    def truncated(self, count: int) -> "Regions":
+        """The first `count` elements (boxes are stored best first)."""
+        return Regions(
+            self.appearance[:count], self.boxes[:count], self.image_size,
+            None if self.class_probs is None else self.class_probs[:count],
+            None if self.variant_masks is None else self.variant_masks[:, :count],
+            None if self.variant_appearance is None else self.variant_appearance[:, :count],
+        )
+
+
+class RegionBank:
+    """Reads records lazily, so a Dataset holding it can be forked into DataLoader workers."""
+
+    def __init__(self, root: str, max_regions: int = MAX_REGIONS) -> None:
+        self.root = str(root)
+        self.max_regions = max_regions
+        self._store: FeatureStore | None = None
+
+    @property
+    def store(self) -> FeatureStore:
+        if self._store is None:
+            self._store = FeatureStore(self.root, float32=True)
+        return self._store
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.store.meta["features"]["dim"])
+
+    @property
+    def num_classes(self) -> int | None:
+        class_probs = self.store.meta.get("class_probs")
+        return None if not class_probs else int(class_probs["num_classes"])
+
+    @property
+    def num_variants(self) -> int:
+        return int(self.store.meta["mask_variants"]["count"])
+
+    def __contains__(self, image_id: str) -> bool:
+        return image_id in self.store
+
+    def __getitem__(self, image_id: str) -> Regions:
+        record = self.store[image_id]
+        n = min(len(record["boxes"]), self.max_regions)
+        height, width = int(record["image_h"]), int(record["image_w"])
+        whole_box = np.array([[0, 0, width, height]], dtype=np.float32)
+        class_probs = None
+        if self.num_classes is not None:
+            dense = dense_class_probs(record, self.num_classes)[:n]
+            class_probs = np.concatenate([np.zeros((1, dense.shape[1]), np.float32), dense])
+        masks = appearance = None
+        if "mask_boxes" in record:
+            masks = np.concatenate([np.zeros((len(record["mask_boxes"]), 1), bool), record["mask_boxes"][:, :n]], 1)
+            appearance = np.concatenate([record["masked_image_feature"][:, None], record["masked_features"][:, :n]], 1)
+        return Regions(
+            appearance=np.concatenate([record["image_feature"][None], record["features"][:n]]).astype(np.float32),
+            boxes=np.concatenate([whole_box, record["boxes"][:n]]).astype(np.float32),
+            image_size=(width, height),
+            class_probs=class_probs,
+            variant_masks=masks,
+            variant_appearance=None if appearance is None else appearance.astype(np.float32),
+        )
+
+    def __getstate__(self) -> dict:
+        return {"root": self.root, "max_regions": self.max_regions, "_store": None}

@@ -1,0 +1,69 @@
+"""Training checkpoints in safetensors: model weights, optimizer, scheduler and RNG state.
+
+A checkpoint is a directory written under a temporary name and renamed into place, so a crash
+never leaves a half-written one that a resume would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+STATE_TENSORS = "training_state.safetensors"
+STATE_JSON = "training_state.json"
+
+
+def save_checkpoint(directory: Path, model, optimizer: torch.optim.Optimizer, scheduler, step: int,
+                    progress: dict | None = None) -> None:
+    """`progress`: counters to carry over a resume (e.g. seconds and samples so far)."""
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tensors, scalars = _optimizer_state(optimizer)
+    tensors["rng.cpu"] = torch.get_rng_state()
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = state
+    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / STATE_TENSORS)
+    (tmp / STATE_JSON).write_text(json.dumps({"step": step, "progress": progress or {}, "optimizer": scalars,
+                                              "scheduler": scheduler.state_dict()}, indent=1))
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+
+
+def load_training_state(directory: Path, optimizer: torch.optim.Optimizer, scheduler) -> tuple[int, dict]:
+    """Restores optimizer, scheduler and RNG state; returns the checkpoint's step and progress counters."""
+    tensors = load_file(directory / STATE_TENSORS)
+    meta = json.loads((directory / STATE_JSON).read_text())
+    state = {int(k.split(".")[1]): {} for k in tensors if k.startswith("optimizer.")}
+    for key, value in tensors.items():
+        if key.startswith("optimizer."):
+            _, index, name = key.split(".", 2)
+            state[int(index)][name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer"]["param_groups"]})
+    scheduler.load_state_dict(meta["scheduler"])
+    torch.set_rng_state(tensors["rng.cpu"])
+    cuda_states = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states)
+    return int(meta["step"]), meta.get("progress", {})
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    state = optimizer.state_dict()
+    tensors = {}
+    for index, values in state["state"].items():
+        for name, value in values.items():
+            tensors[f"optimizer.{index}.{name}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    return tensors, {"param_groups": state["param_groups"]}
+
+
+def latest_checkpoint(stage_dir: Path) -> Path | None:
+    steps = sorted((int(p.name.split("-")[1]), p) for p in stage_dir.glob("checkpoint-*")
+                   if p.is_dir() and not p.name.endswith(".tmp"))
+    return steps[-1][1] if steps else None
