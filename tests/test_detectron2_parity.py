@@ -20,23 +20,31 @@ from detectron2_reference import detectron2_model  # noqa: E402
 HEIGHT, WIDTH = 320, 480  # already at the test size: neither side resizes it
 
 
-@pytest.mark.parametrize("preset", ["d2-r101-c4", "butd-vg"])
-def test_given_box_features_match_detectron2(preset):
+def same_weights(preset: str, seed: int):
+    """Our detector and detectron2's, both holding one random checkpoint (every detectron2 key in it)."""
     ours = Detector.build(preset, min_size=HEIGHT, max_size=1000)
     theirs = detectron2_model(ours.cfg)
-    state = {k: torch.from_numpy(v) for k, v in randomized_state(ours, seed=7).items()}
+    state = {k: torch.from_numpy(v) for k, v in randomized_state(ours, seed=seed).items()}
     load_weights(ours, state)
     theirs_keys = set(theirs.state_dict())
     assert theirs_keys <= set(state), sorted(theirs_keys - set(state))[:10]
     theirs.load_state_dict({k: v for k, v in state.items() if k in theirs_keys}, strict=True)
+    return ours, theirs
 
+
+def detectron2_input(rgb: np.ndarray) -> list[dict]:
+    return [{"image": torch.from_numpy(np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))).float()}]
+
+
+@pytest.mark.parametrize("preset", ["d2-r101-c4", "butd-vg"])
+def test_given_box_features_match_detectron2(preset):
+    ours, theirs = same_weights(preset, seed=7)
     rgb = synthetic_image(HEIGHT, WIDTH, seed=11)
     boxes = torch.tensor([[0, 0, 479, 319], [20.5, 30.25, 200, 180], [300, 100, 470, 310], [64, 64, 96, 80.0]])
     region = ours.describe([ours.prepare(rgb)], [boxes])[0]
 
     with torch.no_grad():
-        bgr = torch.from_numpy(np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))).float()
-        images = theirs.preprocess_image([{"image": bgr}])
+        images = theirs.preprocess_image(detectron2_input(rgb))
         assert tuple(images.tensor.shape[-2:]) == (HEIGHT, WIDTH)
         res4 = theirs.backbone(images.tensor)["res4"]
         expected = theirs.roi_heads._shared_roi_transform([res4], [Boxes(boxes)]).mean(dim=(2, 3))
@@ -52,18 +60,13 @@ def test_given_box_features_match_detectron2(preset):
 
 @pytest.mark.parametrize("preset", ["d2-r101-c4", "butd-vg"])
 def test_proposals_match_detectron2(preset):
-    ours = Detector.build(preset, min_size=HEIGHT, max_size=1000)
-    theirs = detectron2_model(ours.cfg)
-    state = {k: torch.from_numpy(v) for k, v in randomized_state(ours, seed=8).items()}
-    load_weights(ours, state)
-    theirs.load_state_dict({k: v for k, v in state.items() if k in theirs.state_dict()}, strict=True)
+    ours, theirs = same_weights(preset, seed=8)
     rgb = synthetic_image(HEIGHT, WIDTH, seed=12)
     with torch.no_grad():
         image = ours.prepare(rgb)
         res4 = ours.backbone(image.tensor[None])
         boxes, logits = ours.proposal_generator(res4, (HEIGHT, WIDTH))
-        bgr = torch.from_numpy(np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))).float()
-        images = theirs.preprocess_image([{"image": bgr}])
+        images = theirs.preprocess_image(detectron2_input(rgb))
         expected = theirs.proposal_generator(images, {"res4": res4}, None)[0][0]
     assert len(boxes) == len(expected) > 50
     assert torch.allclose(boxes, expected.proposal_boxes.tensor, atol=1e-3)

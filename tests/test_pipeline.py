@@ -59,6 +59,7 @@ def test_pipeline_runs_skips_resumes_and_reports(tmp_path, monkeypatch):
     report = json.loads((out / "report" / "report.json").read_text())
     assert [(r["name"], r["detector"], r["task"], r["metric"]) for r in report["runs"]] == [
         ("vqa-frozen", "frozen", "vqa", "vqa_accuracy"), ("vqa-tuned", "tuned", "vqa", "vqa_accuracy")]
+    assert [r["init_from"] for r in report["runs"]] == ["pretrain/stages/0-pretrain/final"] * 2
     for row in report["runs"]:
         assert 0 <= row["value"] <= 1 and 0 < row["chance"] <= 1 and row["wall_s"] > 0 and row["samples_per_s"] > 0
     assert (out / "report" / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
