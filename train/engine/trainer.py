@@ -193,10 +193,11 @@ class Trainer:
         self._save(stage_dir / f"checkpoint-{step}", model, visual, optimizer, scheduler, step,
                    {"seconds": seconds, "samples": samples})
         if self.rank == 0:
+            eval_data = self._dataset(stage, self.eval_annotations, self.run.seed)
             result = {"stage": stage.name, "task": stage.task, "visual": stage.visual, "steps": stage.steps,
                       "wall_s": round(seconds, 2), "samples_per_s": round(samples * self.world_size / seconds, 2),
-                      **evaluate(stage.task, model.eval(), visual, self._eval_dataset(stage),
-                                 self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id)}
+                      **evaluate(stage.task, model.eval(), visual, eval_data, self.run.eval_batch_size, self.device,
+                                 self.tokenizer.pad_token_id)}
             self._save_final(stage_dir, model, visual, result)
             metrics.write(json.dumps({"stage": stage.name, "eval": result}) + "\n")
             metrics.close()
@@ -232,30 +233,24 @@ class Trainer:
 
     def _streams(self, stage: StageConfig, step: int) -> list[Iterator[list]]:
         seed = self.run.seed * 1000 + self.run.stages.index(stage)
-        main = self._train_dataset(stage, seed)
+        main = self._dataset(stage, self.train_annotations, seed)
         streams = [_loader(main, EpochBatches(len(main), stage.batch_size, seed), step, stage.num_workers)]
         if stage.task == "pretrain" and stage.text_only and stage.masked_lm and self.corpus:
             text = TextOnlyCorpus(self.corpus, self.tokenizer, self.run.max_length, seed)
             streams.append(_loader(text, EpochBatches(len(text), stage.batch_size, seed + 1), step, 0))
         return streams
 
-    def _dataset(self, task: str, annotations, seed: int, stage: StageConfig | None = None):
+    def _dataset(self, stage: StageConfig, annotations, seed: int):
         common = (annotations, self.regions, self.tokenizer, self.run.max_length)
-        if task == "pretrain":
-            return CaptionPretraining(*common, roi_masking=stage.roi_masking if stage else "feature",
-                                      relationship=bool(stage and stage.relationship), seed=seed)
-        if task == "vqa":
+        if stage.task == "pretrain":
+            return CaptionPretraining(*common, roi_masking=stage.roi_masking, relationship=stage.relationship,
+                                      seed=seed)
+        if stage.task == "vqa":
             return QuestionAnswering(*common, answers=self.answers, seed=seed)
-        if task == "choice":
-            return MultipleChoice(*common, answers_by_type(self.train_annotations),
-                                  num_choices=stage.num_choices if stage else 4, seed=seed)
+        if stage.task == "choice":
+            return MultipleChoice(*common, answers_by_type(self.train_annotations), num_choices=stage.num_choices,
+                                  seed=seed)
         return ReferringExpressions(*common, seed=seed)
-
-    def _train_dataset(self, stage: StageConfig, seed: int):
-        return self._dataset(stage.task, self.train_annotations, seed, stage)
-
-    def _eval_dataset(self, stage: StageConfig):
-        return self._dataset(stage.task, self.eval_annotations, self.run.seed, stage)
 
     def _forget_metrics_after(self, stage: str, step: int) -> None:
         """Drops what a crashed run logged past the checkpoint it resumes from: those steps run again."""
