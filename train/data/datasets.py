@@ -11,7 +11,9 @@ import random
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
+from torchvision.ops import box_iou
 
 from train.data.annotations import AnswerVocabulary, ImageAnnotation
 from train.data.regions import RegionBank, Regions
@@ -188,14 +190,6 @@ class MultipleChoice(SeededDataset):
                       targets={"labels": label}, choices=sequences)
 
 
-def box_iou(boxes: np.ndarray, box: np.ndarray) -> np.ndarray:
-    ix = np.clip(np.minimum(boxes[:, 2], box[2]) - np.maximum(boxes[:, 0], box[0]), 0, None)
-    iy = np.clip(np.minimum(boxes[:, 3], box[3]) - np.maximum(boxes[:, 1], box[1]), 0, None)
-    inter = ix * iy
-    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    return inter / np.maximum(areas + (box[2] - box[0]) * (box[3] - box[1]) - inter, 1e-6)
-
-
 class ReferringExpressions(SeededDataset):
     """An expression and every RoI scored; RoIs with IoU ≥ 0.5 to the referred box are positives."""
 
@@ -215,7 +209,7 @@ class ReferringExpressions(SeededDataset):
         sequence = build_caption_sequence(self.tokenizer, word_pieces(self.tokenizer, text).ids, len(regions),
                                           self.max_length)
         regions = regions.truncated(sequence.num_regions)
-        iou = box_iou(regions.boxes, np.asarray(box, np.float32))
+        iou = box_iou(torch.from_numpy(regions.boxes), torch.tensor([box], dtype=torch.float32))[:, 0].numpy()
         iou[0] = 0.0  # the whole-image box is never the answer
         return Sample(sequence, regions, image_file,
                       region_targets={"labels": (iou >= 0.5).astype(np.float32), "iou": iou})
