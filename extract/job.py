@@ -158,6 +158,11 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     shard, device = resolve_shard_and_device(shard, device)
     items, refused = work_items(images, Path(boxes) if boxes is not None else None)
     model = Detector.build(detector, weights=weights, device=device, **dict(overrides or {}))
+    if mask_variants and boxes is None and model.cfg.box_source == "regressed":
+        # Variants re-pool the stored boxes; with regressed boxes those are not the pooled proposals,
+        # so masked and unmasked features would describe different regions.
+        raise JobError("masked-pixel variants need box_source=proposals (the stored boxes are then the "
+                       "pooled ones); drop --mask-variants or the box_source=regressed override")
     meta = build_meta(
         feature_dim=model.cfg.feature_dim, feature_dtype=feature_dtype, mode="detect" if boxes is None else "given",
         detector={"source": str(detector), "config": model.cfg.to_dict(),

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from extract import Detector
-from extract.job import run_extraction
+from extract.job import JobError, run_extraction
 from extract.masking import draw_masks
 from extract.store import FeatureStore, StoreMismatchError
 from extract.store.audit import verify_store
@@ -117,6 +117,13 @@ def test_resume_with_other_settings_is_refused(images, reference, tmp_path):
         run_extraction(images, out, "tiny", weights=checkpoint, progress=False, **MASKED)
     with FeatureStore(out) as store:
         assert len(store) == 10  # nothing lost
+
+
+def test_masked_variants_of_regressed_boxes_are_refused_before_writing(images, tmp_path):
+    with pytest.raises(JobError, match="box_source=proposals"):
+        run_extraction(images, tmp_path / "store", "tiny", overrides={"box_source": "regressed"},
+                       mask_variants=1, progress=False)
+    assert not (tmp_path / "store").exists()
 
 
 def test_given_boxes_keep_their_order(images, tmp_path):
