@@ -33,13 +33,14 @@ def parts(world):
 def test_regions_put_the_whole_image_first(parts, world):
     _, annotations, bank = parts
     image_id = annotations[0].image_id
-    regions = bank[image_id]
+    regions = bank.get(image_id, class_probs=True, variants=True)
     record = bank.store[image_id]
     assert regions.boxes[0].tolist() == [0, 0, record["image_w"], record["image_h"]]
     assert np.allclose(regions.appearance[0], record["image_feature"])
     assert np.allclose(regions.appearance[1:], record["features"])
     assert not regions.variant_masks[:, 0].any() and regions.variant_masks[:, 1:].any(axis=1).all()
     assert regions.class_probs[0].sum() == 0 and np.allclose(regions.class_probs[1:].sum(1), 1, atol=0.05)
+    assert regions.appearance.dtype == np.float32 and bank[image_id].variant_masks is None and bank[image_id].class_probs is None
 
 
 def test_pixel_masking_takes_one_cached_variant(parts):
@@ -47,7 +48,7 @@ def test_pixel_masking_takes_one_cached_variant(parts):
     dataset = CaptionPretraining(annotations, bank, tokenizer, 48, roi_masking="pixel", seed=1)
     for index in range(5):
         sample = dataset[index]
-        regions = bank[dataset.items[index][0]].truncated(len(sample.regions))
+        regions = bank.get(dataset.items[index][0], class_probs=True, variants=True).truncated(len(sample.regions))
         variant = [k for k in range(len(regions.variant_masks))
                    if np.array_equal(regions.variant_masks[k], sample.masked_regions)]
         assert variant, "the masked RoIs are one cached variant's"

@@ -91,7 +91,7 @@ class CaptionPretraining(SeededDataset):
                 caption, matched = self.items[other][2], 0
         pieces = word_pieces(self.tokenizer, caption)
         masked = mask_whole_words(self.tokenizer, pieces, rng) if matched else None
-        regions = self.regions[image_id]
+        regions = self.regions.get(image_id, class_probs=True, variants=self.roi_masking == "pixel")
         sequence = build_caption_sequence(self.tokenizer, masked.ids if masked else pieces.ids, len(regions),
                                           self.max_length, masked.labels if masked else None)
         regions = regions.truncated(sequence.num_regions)

@@ -47,7 +47,7 @@ class RegionBank:
     @property
     def store(self) -> FeatureStore:
         if self._store is None:
-            self._store = FeatureStore(self.root, float32=True)
+            self._store = FeatureStore(self.root)
         return self._store
 
     @property
@@ -67,25 +67,31 @@ class RegionBank:
         return image_id in self.store
 
     def __getitem__(self, image_id: str) -> Regions:
+        return self.get(image_id)
+
+    def get(self, image_id: str, class_probs: bool = False, variants: bool = False) -> Regions:
+        """The image's regions; pre-training asks for the class distributions (masked-RoI targets)
+        and, when pixel-masked, the variants, so fine-tuning never widens or copies those arrays."""
         record = self.store[image_id]
         n = min(len(record["boxes"]), self.max_regions)
         height, width = int(record["image_h"]), int(record["image_w"])
         whole_box = np.array([[0, 0, width, height]], dtype=np.float32)
-        class_probs = None
-        if self.num_classes is not None:
+        targets = None
+        if class_probs and self.num_classes is not None:
             dense = dense_class_probs(record, self.num_classes)[:n]
-            class_probs = np.concatenate([np.zeros((1, dense.shape[1]), np.float32), dense])
+            targets = np.concatenate([np.zeros((1, dense.shape[1]), np.float32), dense])
         masks = appearance = None
-        if "mask_boxes" in record:
+        if variants and "mask_boxes" in record:
             masks = np.concatenate([np.zeros((len(record["mask_boxes"]), 1), bool), record["mask_boxes"][:, :n]], 1)
-            appearance = np.concatenate([record["masked_image_feature"][:, None], record["masked_features"][:, :n]], 1)
+            appearance = np.concatenate([record["masked_image_feature"][:, None], record["masked_features"][:, :n]],
+                                        1, dtype=np.float32)
         return Regions(
-            appearance=np.concatenate([record["image_feature"][None], record["features"][:n]]).astype(np.float32),
+            appearance=np.concatenate([record["image_feature"][None], record["features"][:n]], dtype=np.float32),
             boxes=np.concatenate([whole_box, record["boxes"][:n]]).astype(np.float32),
             image_size=(width, height),
-            class_probs=class_probs,
+            class_probs=targets,
             variant_masks=masks,
-            variant_appearance=None if appearance is None else appearance.astype(np.float32),
+            variant_appearance=appearance,
         )
 
     def __getstate__(self) -> dict:
