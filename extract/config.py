@@ -214,13 +214,20 @@ def load_config(preset_or_file: str, overrides: Mapping[str, Any] | None = None)
     return apply_overrides(cfg, overrides or {})
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML syntax error in one line: where it is, and what."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + (getattr(exc, "problem", None) or str(exc).splitlines()[0])
+
+
 def _load_yaml(path: Path) -> DetectorConfig:
     if not path.is_file():
         raise ConfigError(f"detector config {path}: no such file")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"detector config {path}: invalid YAML ({exc})") from None
+        raise ConfigError(f"detector config {path}: invalid YAML, {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"detector config {path}: expected a mapping of field: value")
     base = data.pop("base", "butd-vg")

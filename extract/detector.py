@@ -18,6 +18,7 @@ from torch import nn
 
 from extract.checkpoint import check_recorded_buffers, fill_folded_norms, load_weights, read_state_dict
 from extract.config import DetectorConfig, load_config
+from extract.device import check_device
 from extract.modeling.boxes import apply_deltas, clip_boxes
 from extract.modeling.resnet import ConvNorm, ResNetC4
 from extract.modeling.roi_heads import BoxPredictions, Res5ROIHeads
@@ -68,6 +69,7 @@ class Detector(nn.Module):
     def build(cls, detector: str | DetectorConfig = "butd-vg", weights: str | Path | None = None,
               device: str | torch.device = "cpu", **overrides) -> "Detector":
         """A preset name, YAML file or config; detectron2-named weights if given, else seeded random ones."""
+        device = check_device(device)
         cfg = detector.replace(**overrides) if isinstance(detector, DetectorConfig) else load_config(detector, overrides)
         model = cls(cfg)
         if weights is not None:

@@ -7,6 +7,7 @@ they are, as OpenCV's imread does); 16- and 32-bit integer images are scaled to 
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -55,11 +56,39 @@ def _to_rgb(image: Image.Image) -> np.ndarray:
 
 
 def list_images(root: str | Path) -> list[Path]:
-    """Image files under `root`, recursively, in a stable order."""
+    """Image files under `root`, recursively, in a stable order. Symlinked folders are followed; a
+    folder met a second time (a symlink loop, or two links to one folder) is skipped with a
+    warning, so that no image is listed twice. A dangling link named like an image is listed (it
+    then fails as a missing file, in the failure log)."""
     root = Path(root)
     if not root.is_dir():
         raise ImageError(f"{root}: not a directory")
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+    seen = {_identity(root): root}
+    found = []
+    for folder, subfolders, files in os.walk(root, followlinks=True, onerror=_warn_unlistable):
+        subfolders.sort()  # the first of two links to one folder, by name, is the one listed
+        for name in list(subfolders):
+            path = Path(folder) / name
+            first = seen.setdefault(_identity(path), path)
+            if first != path:
+                warnings.warn(f"{path}: skipped, it is the folder {first} again (a symlink loop or a second link)",
+                              stacklevel=2)
+                subfolders.remove(name)
+        for name in files:
+            path = Path(folder) / name
+            # Regular files, and dangling links; not FIFOs or devices, which would block or never end.
+            if path.suffix.lower() in IMAGE_EXTENSIONS and (path.is_file() or not path.exists()):
+                found.append(path)
+    return sorted(found)
+
+
+def _identity(folder: Path) -> tuple[int, int]:
+    info = folder.stat()
+    return info.st_dev, info.st_ino
+
+
+def _warn_unlistable(error: OSError) -> None:
+    warnings.warn(f"{error.filename}: cannot be listed ({error.strerror}); its images are left out", stacklevel=2)
 
 
 def image_id(path: str | Path, root: str | Path) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import time
 import zlib
 from collections import deque
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from extract.checkpoint import file_sha256
 from extract.detector import Detector
-from extract.images import image_id, list_images, load_image
+from extract.images import IMAGE_EXTENSIONS, image_id, list_images, load_image
 from extract.masking import draw_masks
 from extract.store.layout import META
 from extract.store.reader import FeatureStore
@@ -102,16 +103,27 @@ def in_shard(image_id: str, shard: tuple[int, int]) -> bool:
 
 
 def work_items(images: Path, boxes_file: Path | None) -> tuple[list[WorkItem], list[tuple[WorkItem, str]]]:
-    """Every image of the job, by id, and the ones refused up front (an id used twice)."""
+    """Every image of the job, by id, and the ones refused up front (a boxes file key outside the
+    images folder, an id used twice)."""
     if boxes_file is None:
         paths = [p.relative_to(images).as_posix() for p in list_images(images)]
         given: Mapping[str, Any] = {}
+        if not paths:
+            raise JobError(f"{images}: no image files (looked for {', '.join(IMAGE_EXTENSIONS)} in it and its "
+                           "subfolders, following symlinked folders)")
     else:
         given = read_boxes_file(boxes_file)
         paths = sorted(given)
+        if not paths:
+            raise JobError(f"boxes file {boxes_file}: lists no images")
     items, refused, seen = [], [], {}
     for path in paths:
-        item = WorkItem(path, image_id(images / path, images), images / path, given.get(path))
+        inside = _inside(path)
+        if inside is None:
+            # Keyed by its path: it names no image of the job.
+            refused.append((WorkItem(path, path), f"boxes file key {path!r} is not a path inside --images {images}"))
+            continue
+        item = WorkItem(path, image_id(images / inside, images), images / inside, given.get(path))
         if item.image_id in seen:
             # Keyed by its path: the id belongs to the image that is stored.
             refused.append((WorkItem(path, path), f"image id {item.image_id!r} is also the id of {seen[item.image_id]}"))
@@ -119,6 +131,14 @@ def work_items(images: Path, boxes_file: Path | None) -> tuple[list[WorkItem], l
             seen[item.image_id] = path
             items.append(item)
     return items, refused
+
+
+def _inside(path: str) -> str | None:
+    """`path` without `.` and `..` steps, or None when it is absolute or climbs out of the root."""
+    normal = posixpath.normpath(path)
+    if posixpath.isabs(normal) or normal == ".." or normal.startswith("../") or normal == ".":
+        return None
+    return normal
 
 
 def read_boxes_file(path: Path) -> dict[str, Any]:

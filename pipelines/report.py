@@ -49,9 +49,14 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
                      f"{', '.join(r['stages'])} | {r['init_from'] or 'scratch'} |")
     report_md.write_text(
         "# Runs side by side\n\n" + "\n".join(lines) + "\n\n"
-        "`value` is the task metric on the evaluation split after the run's last stage; `chance` the\n"
-        "majority baseline measured on the same split. `wall s` and `samples/s` cover the stages the run\n"
-        "trained itself, not the checkpoint it started from.\n")
+        "`value` is the task metric on the evaluation split after the run's last stage. `chance` is the\n"
+        "trivial baseline measured on the same split, which depends on the task: the majority answer for\n"
+        "VQA, the most frequent right position for multiple choice, a uniformly random RoI for referring\n"
+        "expressions, the most common masked word for pre-training. `halfway to perfect` says whether\n"
+        "`value` closed at least half the gap between `chance` and 1 (value >= (chance + 1) / 2).\n"
+        "`wall s` and `samples/s` cover the stages the run trained itself, not the checkpoint it started\n"
+        "from. Figures from one seed vary with the CPU (float reductions differ): compare runs measured\n"
+        "on one machine.\n")
     curves = out / "loss_curves.png"
     _plot_losses([Path(d) for d in run_dirs], curves)
     return [report_json, report_md, curves]

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import yaml
 
+from extract.config import yaml_problem
 from pipelines import steps as step_kinds
 
 STEP_FILE = "step.json"
@@ -40,8 +41,10 @@ def load_pipeline(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
         pipeline = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise PipelineError(f"{path}: cannot read pipeline ({exc})") from None
+    except yaml.YAMLError as exc:
+        raise PipelineError(f"{path}: invalid YAML, {yaml_problem(exc)}") from None
+    except OSError as exc:
+        raise PipelineError(f"{path}: cannot read pipeline ({exc.strerror})") from None
     if not isinstance(pipeline, dict) or not isinstance(pipeline.get("steps"), list):
         raise PipelineError(f"{path}: expected a mapping with a list of `steps`")
     names = {"here"}

@@ -13,7 +13,7 @@ from extract.masking import draw_masks
 from extract.store import FeatureStore, StoreMismatchError
 from extract.store.audit import verify_store
 from extract.synthetic import write_synthetic_images
-from pipelines.commands.extract import extract_command
+from pipelines.cli import main
 
 MASKED = dict(mask_variants=2, mask_prob=0.3, mask_seed=7)
 
@@ -62,7 +62,7 @@ def test_run_writes_every_image_and_records_bad_files(images, reference):
     failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
     assert sorted(f["image"] for f in failures) == ["broken.png", "notes.jpg"]
     assert all("not an image" in f["error"] or "truncated" in f["error"] for f in failures)
-    assert verify_store(out) == []
+    assert verify_store(out).problems == []
 
 
 def test_stored_numbers_are_the_detectors(images, reference, tiny_detector):
@@ -156,13 +156,39 @@ def test_cli_extracts_and_refuses_mismatch(images, tmp_path):
     out = tmp_path / "store"
     args = ["--images", str(images), "--out", str(out), "--detector", "tiny", "--quiet",
             "--feature-dtype", "float32", "--top-k-classes", "all", "--batch-size", "5"]
-    result = CliRunner().invoke(extract_command, args)
+    result = CliRunner().invoke(main, ["extract", *args])
     assert result.exit_code == 0, result.output
     assert "10 written, 2 failed" in result.output
     with FeatureStore(out) as store:
         record = store["image0000"]
         assert record["features"].dtype == np.float32 and record["class_probs"].shape[1] == 7
-    strict = CliRunner().invoke(extract_command, args + ["--strict"])
+    strict = CliRunner().invoke(main, ["extract", *args, "--strict"])
     assert strict.exit_code == 1 and "2 image(s) failed" in strict.output
-    refused = CliRunner().invoke(extract_command, args + ["--set", "max_boxes=5"])
-    assert refused.exit_code == 1 and "max_boxes: store has 20, this run has 5" in refused.output
+    refused = CliRunner().invoke(main, ["extract", *args, "--set", "max_boxes=5"])
+    assert refused.exit_code == 2 and "max_boxes: store has 20, this run has 5" in refused.output
+    assert "Traceback" not in refused.output
+
+
+def test_boxes_file_keys_outside_the_images_folder_are_refused_per_image(images, tmp_path):
+    write_synthetic_images(tmp_path / "outside", 1)
+    secret = tmp_path / "outside" / "image0000.png"
+    boxes = {"../outside/image0000.png": [[0, 0, 5, 5]], str(secret): [[0, 0, 5, 5]],
+             "image0000.png": [[0, 0, 20, 20]], "nested/../image0001.png": [[0, 0, 20, 20]]}
+    (tmp_path / "boxes.json").write_text(json.dumps(boxes))
+    summary = run_extraction(images, tmp_path / "store", "tiny", boxes=tmp_path / "boxes.json", progress=False)
+    assert (summary.written, summary.failed) == (2, 2)
+    with FeatureStore(tmp_path / "store") as store:
+        assert store.keys() == ["image0000", "image0001"]
+    errors = {f["image"]: f["error"] for f in map(json.loads, (tmp_path / "store/failures.jsonl").open())}
+    assert sorted(errors) == sorted(["../outside/image0000.png", str(secret)])
+    assert all("is not a path inside --images" in error for error in errors.values())
+
+
+def test_an_empty_images_folder_is_an_error_naming_it(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no images here")
+    result = CliRunner().invoke(main, ["extract", "--images", str(tmp_path / "empty"), "--out",
+                                       str(tmp_path / "store"), "--detector", "tiny"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"Error: {tmp_path / 'empty'}: no image files (looked for .jpg, .jpeg, .png" in result.output
+    assert not (tmp_path / "store").exists()

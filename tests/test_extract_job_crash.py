@@ -40,7 +40,7 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
 
     survived = committed(out)
     assert 0 < survived < COUNT and survived % BATCH == 0  # whole batches only
-    assert verify_store(out) == []
+    assert verify_store(out).problems == []
 
     rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
@@ -51,4 +51,4 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
     with FeatureStore(out) as resumed, FeatureStore(reference) as uninterrupted:
         assert len(resumed) == COUNT and resumed.duplicates == []
         assert_same_records(resumed, uninterrupted)
-    assert verify_store(out) == []
+    assert verify_store(out).problems == []

@@ -75,3 +75,20 @@ def test_image_ids_are_relative_paths_without_extension(tmp_path):
         (tmp_path / name).write_bytes(b"")
     found = list_images(tmp_path)
     assert [image_id(p, tmp_path) for p in found] == ["b", "coco/val/1"]
+
+
+def test_symlinked_folders_are_followed_once_and_loops_skipped(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "a.jpg").write_bytes(b"")
+    (elsewhere / "loop").symlink_to(elsewhere)  # a loop back to its own folder
+    root = tmp_path / "images"
+    root.mkdir()
+    (root / "b.png").write_bytes(b"")
+    (root / "again").symlink_to(elsewhere)
+    (root / "linked").symlink_to(elsewhere)  # a second link to the same folder
+    (root / "gone.jpg").symlink_to(tmp_path / "missing.jpg")  # dangling: listed, then fails as missing
+    with pytest.warns(UserWarning) as caught:
+        found = list_images(root)
+    assert [image_id(p, root) for p in found] == ["again/a", "b", "gone"]
+    assert sorted(str(w.message).split(":")[0] for w in caught) == [str(root / "again" / "loop"), str(root / "linked")]

@@ -2,6 +2,7 @@
 
 import base64
 import json
+import warnings
 
 import h5py
 import numpy as np
@@ -12,8 +13,12 @@ from extract.job import run_extraction
 from extract.store import FeatureStore, FeatureStoreWriter
 from extract.store.interop import MEAN_IMAGE_FEATURE, export_store, import_store, spatial_features
 from extract.synthetic import write_synthetic_images
+from pipelines.cli import main
 from pipelines.commands.cache import cache_group
 from test_extract_job import assert_same_records
+
+# What a format drops is warned about; tested once, in the last test.
+QUIET_LOSSES = pytest.mark.filterwarnings("ignore:.*(imported without|not exported)")
 
 # What each format carries besides boxes, features and the image size.
 CARRIED = {
@@ -31,6 +36,7 @@ def store(tmp_path_factory):
     return root / "store"
 
 
+@QUIET_LOSSES
 @pytest.mark.parametrize("fmt", ["npz", "tsv", "h5"])
 def test_round_trip(store, tmp_path, fmt):
     exported, imported = tmp_path / f"out.{fmt}", tmp_path / "imported"
@@ -52,6 +58,7 @@ def test_round_trip(store, tmp_path, fmt):
         assert b.meta["features"]["image_feature"] == ("imported" if fmt == "h5" else MEAN_IMAGE_FEATURE)
 
 
+@QUIET_LOSSES
 def test_h5_layout_and_size_from_spatial_features(store, tmp_path):
     export_store(store, "h5", tmp_path / "f.h5")
     with FeatureStore(store) as a, h5py.File(tmp_path / "f.h5", "r+") as f:
@@ -71,6 +78,7 @@ def test_h5_layout_and_size_from_spatial_features(store, tmp_path):
             assert (b[key]["image_h"], b[key]["image_w"]) == (a[key]["image_h"], a[key]["image_w"])
 
 
+@QUIET_LOSSES
 def test_original_six_field_tsv(tmp_path):
     boxes = np.array([[0, 0, 10, 20], [5, 5, 30, 40]], dtype=np.float32)
     features = np.arange(2 * 8, dtype=np.float32).reshape(2, 8)
@@ -91,6 +99,7 @@ def test_malformed_tsv_names_the_line(tmp_path):
         import_store(tmp_path / "f.tsv", "tsv", tmp_path / "store")
 
 
+@QUIET_LOSSES
 def test_cache_commands(store, tmp_path):
     runner = CliRunner()
     info = runner.invoke(cache_group, ["info", str(store), "--json"])
@@ -114,3 +123,28 @@ def test_cache_commands(store, tmp_path):
         writer.commit({"image0000": record})
     failed = runner.invoke(cache_group, ["verify", str(tmp_path / "copy")])
     assert failed.exit_code == 1 and "image0000: features: 1 NaN or Inf value(s)" in failed.output
+
+
+def test_export_and_import_warn_field_by_field_what_the_format_cannot_carry(store, tmp_path):
+    with pytest.warns(UserWarning) as exported:
+        export_store(store, "tsv", tmp_path / "x.tsv")
+    assert sorted(str(w.message).split(": not exported: ")[1] for w in exported) == [
+        f"the {what}; the tsv format does not carry it"
+        for what in ("class distributions", "detector config", "masked-pixel variants", "whole-image feature")]
+    with pytest.warns(UserWarning) as imported:
+        import_store(tmp_path / "x.tsv", "tsv", tmp_path / "from-tsv")
+    assert len(imported) == 4 and all(str(w.message).endswith("the tsv format does not carry it") for w in imported)
+
+    with pytest.warns(UserWarning, match="the h5 format does not carry it"):
+        export_store(store, "h5", tmp_path / "x.h5")
+    result = CliRunner().invoke(main, ["cache", "import", str(tmp_path / "x.h5"), "--format", "h5",
+                                       "--out", str(tmp_path / "from-h5")])
+    shown = [line for line in result.output.splitlines() if line.startswith("Warning:")]
+    assert result.exit_code == 0 and len(shown) == 5, result.output
+    assert (f"Warning: {tmp_path / 'x.h5'}: imported without objects_id/objects_conf (no detected classes per box); "
+            "the h5 format does not carry it") in shown
+    with warnings.catch_warnings(record=True) as none:  # an npz export carries everything: nothing to warn about
+        warnings.simplefilter("always")
+        export_store(store, "npz", tmp_path / "npz")
+        import_store(tmp_path / "npz", "npz", tmp_path / "from-npz")
+    assert [str(w.message) for w in none] == []

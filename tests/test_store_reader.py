@@ -11,6 +11,7 @@ import torch
 
 from extract.store import FeatureStore, FeatureStoreWriter, StoreError, build_meta, decode_record, encode_record
 from extract.store.audit import verify_store
+from extract.store.records import widened
 from extract.store.layout import writer_active
 
 DIM = 32
@@ -43,21 +44,21 @@ def meta(variants: int = 0) -> dict:
 
 def test_record_round_trip_is_exact_and_unchanged_variant_rows_are_not_stored_twice():
     record = synthetic_record("a", num_boxes=6, variants=3)
-    encoded = encode_record(record)
-    decoded = decode_record(encoded)
+    encoded = encode_record(record, "a")
+    decoded = decode_record(encoded, "a")
     for name, value in record.items():
         if isinstance(value, np.ndarray):
             assert decoded[name].dtype == value.dtype and np.array_equal(decoded[name], value), name
         else:
             assert decoded[name] == value
     full = encode_record({k: v for k, v in record.items() if k not in ("mask_boxes", "masked_features",
-                                                                       "masked_image_feature")})
+                                                                       "masked_image_feature")}, "a")
     variant_bytes = len(encoded) - len(full)
     assert variant_bytes < 3 * 6 * DIM * 2  # only the 3 changed rows of 6 per variant, plus masks
-    widened = decode_record(encoded, float32=True)
-    assert widened["features"].dtype == np.float32 and widened["objects_id"].dtype == np.int64
+    wide = widened(decoded)
+    assert wide["features"].dtype == np.float32 and wide["objects_id"].dtype == np.int64
     with pytest.raises(StoreError, match="magic"):
-        decode_record(b"XXXX" + encoded[4:])
+        decode_record(b"XXXX" + encoded[4:], "a")
 
 
 def test_map_grows_and_shards_read_as_one_store(tmp_path):
@@ -75,7 +76,7 @@ def test_map_grows_and_shards_read_as_one_store(tmp_path):
             store["nope"]
         with FeatureStore(tmp_path) as second:  # two readers of the same shards in one process
             assert np.array_equal(second["s0/000"]["boxes"], store["s0/000"]["boxes"].numpy())
-    assert verify_store(tmp_path) == []
+    assert verify_store(tmp_path).problems == []
 
 
 def test_second_writer_of_a_shard_is_refused(tmp_path):
@@ -92,11 +93,11 @@ def test_verify_lists_what_is_wrong(tmp_path):
     del wrong["class_probs"]
     with FeatureStoreWriter(tmp_path, meta()) as writer:
         writer.commit({"good": synthetic_record("good"), "bad": bad, "wrong": wrong})
-    problems = verify_store(tmp_path)
+    problems = verify_store(tmp_path).problems
     assert problems == [
         "bad: features: 1 NaN or Inf value(s)",
         "wrong: missing field class_probs",
-        "wrong: image_feature: float32 (32,), expected float16 (32,)",
+        "wrong: image_feature: float32 values, expected float16 (meta.json features.dtype)",
     ]
 
 
@@ -148,7 +149,7 @@ def test_dataloader_workers_read_while_a_writer_commits_and_grows_the_map(tmp_pa
     assert len(store) == 120
     env, _ = store.shard_env(0)
     assert env.info()["map_size"] > 128 * 1024
-    assert verify_store(tmp_path) == []
+    assert verify_store(tmp_path).problems == []
 
 
 class BothStores(torch.utils.data.Dataset):

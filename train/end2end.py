@@ -34,16 +34,23 @@ class EndToEndVisual(nn.Module):
         trunk and res5 only, which is all this stage uses)."""
         from extract.config import config_from_dict
 
-        detector_meta = meta.get("detector") or {}
-        if "config" not in detector_meta:
-            raise ValueError("the FeatureStore records no detector config (imported?): end-to-end stages need one")
-        root = images_root or meta.get("images_root")
-        if root is None:
-            raise ValueError("no images root: give `images` in the run config")
+        problem = cls.store_problem(meta, images_root)
+        if problem is not None:
+            raise ValueError(problem)
+        detector_meta = meta["detector"]
         detector = Detector.build(config_from_dict(detector_meta["config"]))
         if weights or detector_meta.get("checkpoint"):
             detector.load_checkpoint(weights or detector_meta["checkpoint"], trunk_only=True)
-        return cls(detector, root)
+        return cls(detector, images_root or meta["images_root"])
+
+    @staticmethod
+    def store_problem(meta: dict, images_root: str | None) -> str | None:
+        """Why a FeatureStore with this meta.json cannot feed an end-to-end stage, or None."""
+        if "config" not in (meta.get("detector") or {}):
+            return "the FeatureStore records no detector config (imported?): end-to-end stages need one"
+        if (images_root or meta.get("images_root")) is None:
+            return "no images root: give `images` in the run config"
+        return None
 
     def forward(self, batch: dict) -> torch.Tensor:
         """(B, N, D) appearance features recomputed for every sample's boxes (whole-image box first)."""

@@ -2,15 +2,23 @@
 
 TSV (LXMERT's ten fields) and HDF5 carry no whole-image feature: exports drop it (HDF5 keeps it in
 an extra `whole_image_features` dataset), imports without one store the mean of the box features
-and say so in meta.json (`features.image_feature`).
+and say so in meta.json (`features.image_feature`). What a format cannot carry is named, field by
+field, in a warning on export and on import.
+
+Exports refuse a damaged record or a store whose records disagree with its meta.json, and write
+under a temporary name renamed into place at the end, so a refused export leaves no partial file.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -19,7 +27,6 @@ from extract.store.reader import FeatureStore
 from extract.store.schema import FIELDS, StoreError, build_meta
 from extract.store.writer import FeatureStoreWriter
 
-FORMATS = ("npz", "tsv", "h5")
 TSV_FIELDS = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
               "num_boxes", "boxes", "features")
 TSV_FIELDS_ORIGINAL = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
@@ -27,33 +34,88 @@ IMPORT_BATCH = 256
 MEAN_IMAGE_FEATURE = "mean of the box features (the source has no whole-image feature)"
 
 
-def _check_format(fmt: str) -> None:
-    if fmt not in FORMATS:
-        raise StoreError(f"format {fmt!r}: expected one of {', '.join(FORMATS)}")
+@dataclass(frozen=True)
+class Content:
+    """Something a store may hold beyond boxes and features, which a format may not carry."""
+
+    what: str
+    without: str  # what a store imported without it cannot do, or holds instead
+    present: Callable[[dict], bool]  # whether a meta.json records it
+
+
+CONTENTS = {
+    "image_feature": Content("the whole-image feature", "the mean of the box features stands in for it",
+                             lambda meta: meta["features"]["image_feature"] != MEAN_IMAGE_FEATURE),
+    "objects": Content("objects_id/objects_conf", "no detected classes per box", lambda meta: meta["objects"]),
+    "attributes": Content("attrs_id/attrs_conf", "no detected attributes per box", lambda meta: meta["attributes"]),
+    "class_probs": Content("the class distributions", "masked RoI classification cannot be trained from it",
+                           lambda meta: meta["class_probs"] is not None),
+    "mask_variants": Content("the masked-pixel variants", "pre-training from it needs roi_masking: feature",
+                             lambda meta: meta["mask_variants"]["count"] > 0),
+    "detector": Content("the detector config", "end-to-end stages cannot use it",
+                        lambda meta: bool((meta.get("detector") or {}).get("config"))),
+}
+
+
+@dataclass(frozen=True)
+class Format:
+    export: Callable[[FeatureStore, Path], None]
+    read: Callable[[Path, str], tuple[dict[str, Any], Iterator]]  # (source, feature dtype) → (meta, records)
+    carries: tuple[str, ...]  # the CONTENTS it can hold
 
 
 def export_store(root: str | Path, fmt: str, out: str | Path) -> int:
-    """Writes every record of the store at `root` to `out` in `fmt`; returns the record count."""
-    _check_format(fmt)
+    """Writes every record of the store at `root` to `out` in `fmt`; returns the record count.
+    A damaged record, or records that disagree with meta.json, stop it with nothing written."""
     out = Path(out)
-    with FeatureStore(root) as store:
-        {"npz": _export_npz, "tsv": _export_tsv, "h5": _export_h5}[fmt](store, out)
+    form = _format(fmt)
+    if fmt == "npz" and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise StoreError(f"{out}: exists and is not an empty directory; export npz files to a new one")
+    with FeatureStore(root, check_layout=True) as store:
+        store.check_agreement()
+        for name, content in CONTENTS.items():
+            if name not in form.carries and content.present(store.meta):
+                warnings.warn(f"{out}: not exported: {content.what}; the {fmt} format does not carry it", stacklevel=2)
+        partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+        try:
+            form.export(store, partial)
+            os.replace(partial, out)
+        finally:
+            _remove(partial)
         return len(store)
 
 
 def import_store(src: str | Path, fmt: str, out: str | Path, feature_dtype: str = "float16") -> int:
-    """Writes the records in `src` (a file, or for npz a directory) into a new FeatureStore `out`."""
-    _check_format(fmt)
+    """Writes the records in `src` (a file, or for npz a directory) into a new FeatureStore `out`;
+    warns, field by field, what the result lacks and why."""
+    form = _format(fmt)
     src = Path(src)
     if not src.exists():
         raise StoreError(f"{src}: no such {'directory' if fmt == 'npz' else 'file'}")
-    meta, records = {"npz": _import_npz, "tsv": _import_tsv, "h5": _import_h5}[fmt](src, feature_dtype)
+    meta, records = form.read(src, feature_dtype)
+    for name, content in CONTENTS.items():
+        if not content.present(meta):
+            reason = "not in the source" if name in form.carries else f"the {fmt} format does not carry it"
+            warnings.warn(f"{src}: imported without {content.what} ({content.without}); {reason}", stacklevel=2)
     count = 0
     with FeatureStoreWriter(out, meta) as writer:
         for batch in _chunks(records, IMPORT_BATCH):
             writer.commit(dict(batch))
             count += len(batch)
     return count
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _format(fmt: str) -> Format:
+    if fmt not in FORMATS:
+        raise StoreError(f"format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    return FORMATS[fmt]
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:
@@ -269,3 +331,10 @@ def _size_from_spatial(src: Path, image_id: str, boxes: np.ndarray, spatial: np.
     width = (boxes[i, 2] - boxes[i, 0]) / spatial[i, 4]
     height = (boxes[i, 3] - boxes[i, 1]) / spatial[i, 5]
     return int(round(float(height))), int(round(float(width)))
+
+
+FORMATS: dict[str, Format] = {
+    "npz": Format(_export_npz, _import_npz, carries=tuple(CONTENTS)),
+    "tsv": Format(_export_tsv, _import_tsv, carries=("objects", "attributes")),
+    "h5": Format(_export_h5, _import_h5, carries=("image_feature",)),
+}

@@ -6,11 +6,13 @@ import fcntl
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import lmdb
 
+from extract.store.lmdb_file import DamagedFileError, check_data_file
 from extract.store.schema import MAX_KEY_BYTES, StoreError, check_meta
 
 META = "meta.json"
@@ -48,10 +50,35 @@ def writer_active(shard: Path) -> bool:
     return False
 
 
+def data_file(shard: Path) -> Path:
+    return shard / "data.mdb"
+
+
+def check_shard(shard: Path) -> None:
+    """Refuses a shard whose data file LMDB cannot map safely (truncated, or damaged where LMDB
+    would follow it outside the file); see `lmdb_file`."""
+    try:
+        check_data_file(data_file(shard))
+    except DamagedFileError as exc:
+        raise StoreError(f"{data_file(shard)}: damaged: {exc}") from None
+    except OSError as exc:
+        raise StoreError(f"{data_file(shard)}: unreadable ({exc.strerror})") from None
+
+
+@contextmanager
+def lmdb_errors(shard: Path) -> Iterator[None]:
+    """LMDB's errors as one-line StoreErrors that name the shard's data file."""
+    try:
+        yield
+    except lmdb.Error as exc:
+        raise StoreError(f"{data_file(shard)}: LMDB error: {exc}") from None
+
+
 def open_shard(path: Path, *, readonly: bool, lock: bool = True, map_size: int = 1 << 20) -> lmdb.Environment:
     """No readahead: records are read at random, and readahead would pull in neighbours for nothing."""
-    return lmdb.open(str(path), readonly=readonly, lock=lock, readahead=False, meminit=False, max_dbs=2,
-                     map_size=map_size, create=not readonly)
+    with lmdb_errors(path):
+        return lmdb.open(str(path), readonly=readonly, lock=lock, readahead=False, meminit=False, max_dbs=2,
+                         map_size=map_size, create=not readonly)
 
 
 # LMDB allows one handle per environment and process, so readers in a process share them. This
@@ -60,15 +87,22 @@ _shared: dict[Path, list] = {}  # path → [environment, records db, users]
 _shared_pid = os.getpid()
 
 
-def acquire_shard(path: Path, lock: bool) -> tuple[lmdb.Environment, Any]:
-    """(read-only environment, records database), shared by this process's readers of the shard."""
+def acquire_shard(path: Path, lock: bool | None = None) -> tuple[lmdb.Environment, Any]:
+    """(read-only environment, records database), shared by this process's readers of the shard.
+    `lock`: None uses LMDB's lock table only while a writer is live; a shard without a live writer
+    is checked before it is mapped (a live writer checked it when it opened it)."""
     global _shared, _shared_pid
     if _shared_pid != os.getpid():  # forked: the parent's handles must not be used (nor closed) here
         _shared, _shared_pid = {}, os.getpid()
     entry = _shared.get(path)
     if entry is None:
-        env = open_shard(path, readonly=True, lock=lock)
-        entry = _shared[path] = [env, env.open_db(RECORDS_DB, create=False), 0]
+        live = writer_active(path)
+        if not live:
+            check_shard(path)
+        env = open_shard(path, readonly=True, lock=live if lock is None else lock)
+        with lmdb_errors(path):
+            records = env.open_db(RECORDS_DB, create=False)
+        entry = _shared[path] = [env, records, 0]
     entry[2] += 1
     return entry[0], entry[1]
 
@@ -95,7 +129,7 @@ def read_meta(root: Path) -> dict[str, Any]:
         raise StoreError(f"{root}: not a FeatureStore (no {META})")
     try:
         meta = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StoreError(f"{path}: unreadable ({exc})") from None
     check_meta(meta, str(path))
     return meta
@@ -117,14 +151,24 @@ def failures_in(envs: list[lmdb.Environment]) -> list[dict[str, Any]]:
     (the latest), sorted by image path."""
     latest: dict[str, dict[str, Any]] = {}
     for env in envs:
-        with env.begin(db=env.open_db(FAILURES_DB, create=False)) as txn:
-            for _, value in txn.cursor():
-                entry = json.loads(value)
+        with lmdb_errors(Path(env.path())), env.begin(db=env.open_db(FAILURES_DB, create=False)) as txn:
+            for key, value in txn.cursor():
+                entry = _failure_entry(Path(env.path()), key, value)
                 if entry["id"] not in latest or entry["time"] >= latest[entry["id"]]["time"]:
                     latest[entry["id"]] = entry
     committed = set()
     for env in envs:
-        with env.begin(db=env.open_db(RECORDS_DB, create=False)) as txn:
+        with lmdb_errors(Path(env.path())), env.begin(db=env.open_db(RECORDS_DB, create=False)) as txn:
             committed.update(i for i in latest if len(i.encode()) <= MAX_KEY_BYTES and txn.get(i.encode()) is not None)
     return sorted(({k: e[k] for k in ("image", "id", "error")} for i, e in latest.items() if i not in committed),
                   key=lambda e: e["image"])
+
+
+def _failure_entry(shard: Path, key: bytes, value: bytes) -> dict[str, Any]:
+    try:
+        entry = json.loads(value)
+        if not (isinstance(entry, dict) and {"image", "id", "error", "time"} <= set(entry)):
+            raise ValueError("expected an object with image, id, error and time")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{data_file(shard)}: failure entry {key.decode(errors='replace')} is damaged ({exc})") from None
+    return entry

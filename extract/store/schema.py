@@ -1,16 +1,12 @@
-"""The FeatureStore schema: meta.json, record fields, and the binary record encoding.
+"""The FeatureStore schema: meta.json and the fields of a record.
 
-This is the one place that defines what a record holds; the writer, reader, verifier and
-interop modules all go through it. A record is a dict of NumPy arrays plus `image_h`, `image_w`
-and `box_source`. Encoded, it is self-describing: magic, version, a JSON header naming every
-array's dtype, shape and offset, then the raw little-endian bytes.
+This is the one place that defines what a store records and what a record holds; the writer,
+reader, verifier and interop modules all go through it (`records` encodes a record as bytes).
+A record is a dict of NumPy arrays plus `image_h`, `image_w` and `box_source`.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import struct
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -19,8 +15,9 @@ import numpy as np
 from extract.config import SELECTION_FIELDS
 
 SCHEMA_NAME = "vlbert-feature-store"
-SCHEMA_VERSION = 1
-MAGIC = b"VLFS"
+SCHEMA_VERSION = 2  # 2: records carry checksums
+READABLE_SCHEMA_VERSIONS = (1, 2)
+MODES = ("detect", "given", "imported")
 FEATURE_DTYPES = ("float16", "float32")
 MAX_KEY_BYTES = 511  # LMDB's compiled-in key size limit
 
@@ -49,7 +46,7 @@ SCALAR_FIELDS = ("image_h", "image_w", "box_source")
 BOX_SOURCES = ("proposals", "regressed", "given", "imported")
 
 # meta.json entries that may differ between runs writing the same store (see `meta_mismatches`).
-VOLATILE_META = ("created", "detector.source", "detector.checkpoint", "images_root", "source")
+VOLATILE_META = ("created", "detector.source", "detector.checkpoint", "images_root", "source", "schema_version")
 
 
 class StoreError(ValueError):
@@ -60,8 +57,33 @@ class StoreMismatchError(StoreError):
     """A run whose detector, checkpoint or parameters differ from what the store's meta.json records."""
 
 
+class DamagedRecordError(StoreError):
+    """A record whose bytes fail their checksum, do not decode, or disagree with meta.json."""
+
+    def __init__(self, message: str, image_id: str) -> None:
+        super().__init__(message)
+        self.image_id = image_id
+
+    def __reduce__(self):  # keeps `image_id` when raised in a DataLoader worker
+        return type(self), (str(self), self.image_id)
+
+
+def stored_key(image_id: str) -> bytes:
+    """The LMDB key of an id read back from a store. A key that damage made invalid UTF-8 comes
+    back as a str with surrogate escapes, so it still names (and finds) its bytes."""
+    return image_id.encode("utf-8", "surrogateescape")
+
+
+def stored_id(key: bytes) -> str:
+    return key.decode("utf-8", "surrogateescape")
+
+
 def encode_key(image_id: str) -> bytes:
-    key = image_id.encode("utf-8")
+    """The LMDB key for a new record's id (which must be valid UTF-8)."""
+    try:
+        key = image_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StoreError(f"image id {image_id!r} is not valid UTF-8") from None
     if not key or len(key) > MAX_KEY_BYTES:
         raise StoreError(f"image id {image_id!r}: {len(key)} bytes, LMDB keys must have 1..{MAX_KEY_BYTES}")
     return key
@@ -98,11 +120,47 @@ def build_meta(*, feature_dim: int, feature_dtype: str = "float16", mode: str,
     }
 
 
-def check_meta(meta: Mapping[str, Any], where: str) -> None:
-    if meta.get("schema") != SCHEMA_NAME:
-        raise StoreError(f"{where}: not a FeatureStore meta.json (schema {meta.get('schema')!r})")
-    if meta.get("schema_version") != SCHEMA_VERSION:
-        raise StoreError(f"{where}: schema version {meta.get('schema_version')}, this code reads {SCHEMA_VERSION}")
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# meta.json entries every reader relies on: (dotted key, test, what is expected). An entry under a
+# key whose value is null (class_probs of a store without class distributions) is not looked at.
+META_ENTRIES = (
+    ("mode", lambda v: v in MODES, f"one of {', '.join(MODES)}"),
+    ("features", lambda v: isinstance(v, Mapping), "a mapping"),
+    ("features.dtype", lambda v: v in FEATURE_DTYPES, f"one of {', '.join(FEATURE_DTYPES)}"),
+    ("features.dim", lambda v: _is_count(v) and v > 0, "a positive integer"),
+    ("class_probs", lambda v: v is None or isinstance(v, Mapping), "null or a mapping"),
+    ("class_probs.num_classes", lambda v: _is_count(v) and v > 1, "an integer > 1"),
+    ("class_probs.top_k", lambda v: v is None or _is_count(v) and v > 0, "null or a positive integer"),
+    ("objects", lambda v: isinstance(v, bool), "true or false"),
+    ("attributes", lambda v: isinstance(v, bool), "true or false"),
+    ("mask_variants", lambda v: isinstance(v, Mapping), "a mapping"),
+    ("mask_variants.count", _is_count, "a non-negative integer"),
+)
+_ABSENT = object()
+
+
+def check_meta(meta: Any, where: str) -> None:
+    """Refuses a meta.json that is not a FeatureStore's, of a schema version this code cannot
+    read, or without an entry that readers rely on; the message names the entry."""
+    if not isinstance(meta, Mapping) or meta.get("schema") != SCHEMA_NAME:
+        found = meta.get("schema") if isinstance(meta, Mapping) else type(meta).__name__
+        raise StoreError(f"{where}: not a FeatureStore meta.json (schema {found!r})")
+    if meta.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
+        raise StoreError(f"{where}: schema version {meta.get('schema_version')!r}, this code reads "
+                         f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}")
+    for key, test, expected in META_ENTRIES:
+        parent, _, name = key.rpartition(".")
+        container = meta.get(parent) if parent else meta
+        if container is None:
+            continue
+        value = container.get(name, _ABSENT)
+        if value is _ABSENT:
+            raise StoreError(f"{where}: `{key}` is missing (expected {expected})")
+        if not test(value):
+            raise StoreError(f"{where}: `{key}` is {value!r}, expected {expected}")
 
 
 def meta_mismatches(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
@@ -124,27 +182,67 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def expected_shapes(meta: Mapping[str, Any], num_boxes: int) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """The dtype and shape of every field a record of this store must hold."""
-    sizes = {
-        "N": num_boxes, "D": meta["features"]["dim"], "K": meta["mask_variants"]["count"],
-        "C": (meta.get("class_probs") or {}).get("num_classes"), "k": (meta.get("class_probs") or {}).get("top_k"),
-    }
-    names = list(REQUIRED_FIELDS)
-    if meta.get("objects"):
-        names += OBJECT_FIELDS
-    if meta.get("attributes"):
-        names += ATTRIBUTE_FIELDS
-    if meta.get("class_probs"):
-        names += ["class_probs"] if sizes["k"] is None else ["class_topk_id", "class_topk_prob"]
-    if sizes["K"]:
-        names += VARIANT_FIELDS
-    out = {}
-    for name in names:
-        dtype, shape = FIELDS[name]
-        out[name] = (meta["features"]["dtype"] if dtype == "feature" else dtype,
-                     tuple(sizes[s] if isinstance(s, str) else s for s in shape))
-    return out
+# What each shape letter counts, for messages: (label, the meta.json entry that sets it).
+AXES = {"D": ("features per row", "features.dim"), "K": ("mask variants", "mask_variants.count"),
+        "C": ("classes", "class_probs.num_classes"), "k": ("top-k classes", "class_probs.top_k")}
+
+
+class RecordLayout:
+    """The fields, dtypes and shapes that meta.json says every record holds, computed once per
+    store so that checking a record costs a few comparisons."""
+
+    def __init__(self, meta: Mapping[str, Any]) -> None:
+        class_probs = meta.get("class_probs") or {}
+        self.sizes = {"D": meta["features"]["dim"], "K": meta["mask_variants"]["count"],
+                      "C": class_probs.get("num_classes"), "k": class_probs.get("top_k")}
+        names = list(REQUIRED_FIELDS)
+        if meta.get("objects"):
+            names += OBJECT_FIELDS
+        if meta.get("attributes"):
+            names += ATTRIBUTE_FIELDS
+        if class_probs:
+            names += ["class_probs"] if self.sizes["k"] is None else ["class_topk_id", "class_topk_prob"]
+        if self.sizes["K"]:
+            names += VARIANT_FIELDS
+        feature_dtype = meta["features"]["dtype"]
+        self.fields = {name: (np.dtype(feature_dtype if FIELDS[name][0] == "feature" else FIELDS[name][0]),
+                              FIELDS[name][0] == "feature", FIELDS[name][1]) for name in names}
+
+    def problems(self, record: Mapping[str, Any]) -> list[str]:
+        """What in `record` disagrees with meta.json and the schema, one message each; the
+        messages do not depend on the record's box count, so a systematic problem reads the same
+        in every record."""
+        problems = [f"missing field {name}" for name in self.fields if name not in record]
+        problems += [f"unexpected field {name}" for name in record
+                     if name not in self.fields and name not in SCALAR_FIELDS]
+        boxes = record.get("boxes")
+        num_boxes = len(boxes) if isinstance(boxes, np.ndarray) and boxes.ndim else None
+        for name, (dtype, is_feature, shape) in self.fields.items():
+            value = record.get(name)
+            if value is None:
+                continue
+            if value.dtype != dtype:
+                source = " (meta.json features.dtype)" if is_feature else ""
+                problems.append(f"{name}: {value.dtype} values, expected {dtype}{source}")
+            if value.ndim != len(shape):
+                problems.append(f"{name}: {value.ndim} axes, expected {len(shape)}")
+                continue
+            for axis, (letter, actual) in enumerate(zip(shape, value.shape)):
+                if letter == "N":
+                    if num_boxes is not None and actual != num_boxes:
+                        problems.append(f"{name}: {actual} rows for {num_boxes} boxes")
+                elif isinstance(letter, int):
+                    if actual != letter:
+                        problems.append(f"{name}: axis {axis} has {actual} entries, expected {letter}")
+                elif actual != self.sizes[letter]:
+                    label, key = AXES[letter]
+                    problems.append(f"{name}: {actual} {label}, expected {self.sizes[letter]} (meta.json {key})")
+        if not all(isinstance(record.get(k), int) and record[k] > 0 for k in ("image_h", "image_w")):
+            problems.append(f"image size {record.get('image_w')!r}x{record.get('image_h')!r}: "
+                            "expected positive integers")
+        if record.get("box_source") not in BOX_SOURCES:
+            problems.append(f"box_source {record.get('box_source')!r}: expected one of {', '.join(BOX_SOURCES)}")
+        return problems
 
 
 def record_from_regions(regions: Mapping[str, Any], feature_dtype: str, top_k_classes: int | None,
@@ -189,56 +287,3 @@ def dense_class_probs(record: Mapping[str, Any], num_classes: int) -> np.ndarray
     dense = np.zeros((len(ids), num_classes), dtype=np.float32)
     np.put_along_axis(dense, ids, np.asarray(record["class_topk_prob"], dtype=np.float32), axis=1)
     return dense
-
-
-def encode_record(record: Mapping[str, Any]) -> bytes:
-    """Bytes of a record. Masked-variant rows whose bits equal the unmasked feature row are not
-    stored again: `masked_rows` marks the rows that are, so decoding is exact."""
-    arrays = {name: np.ascontiguousarray(record[name]) for name in FIELDS if name in record}
-    unknown = set(record) - set(FIELDS) - set(SCALAR_FIELDS)
-    if unknown:
-        raise StoreError(f"record has unknown field(s) {', '.join(sorted(unknown))}")
-    if "masked_features" in arrays:
-        masked, base = arrays.pop("masked_features"), arrays["features"]
-        changed = (masked.view(np.uint8).reshape(*masked.shape[:2], -1)
-                   != base.view(np.uint8).reshape(1, base.shape[0], -1)).any(axis=2)
-        arrays["masked_rows"] = changed
-        arrays["masked_row_features"] = np.ascontiguousarray(masked[changed])
-    header: dict[str, Any] = {"version": SCHEMA_VERSION, **{k: record[k] for k in SCALAR_FIELDS}, "arrays": {}}
-    offset, chunks = 0, []
-    for name, array in arrays.items():
-        data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-        header["arrays"][name] = [array.dtype.str.lstrip("<>|="), list(array.shape), offset]
-        pad = -len(data) % 8  # keeps every array 8-byte aligned
-        chunks.append(data + b"\0" * pad)
-        offset += len(data) + pad
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-(len(head) + 8) % 8)
-    return MAGIC + struct.pack("<I", len(head)) + head + b"".join(chunks)
-
-
-def decode_record(data: bytes | bytearray | memoryview, float32: bool = False) -> dict[str, Any]:
-    """A record from its bytes; `float32` widens float16 fields. Arrays are writable views of
-    `data` when it is a bytearray (which the record then owns), else of a copy."""
-    buffer = data if isinstance(data, bytearray) else bytearray(data)
-    if buffer[:4] != MAGIC:
-        raise StoreError("record does not start with the FeatureStore magic bytes")
-    (head_len,) = struct.unpack_from("<I", buffer, 4)
-    header = json.loads(buffer[8 : 8 + head_len])
-    if header.get("version") != SCHEMA_VERSION:
-        raise StoreError(f"record schema version {header.get('version')}, this code reads {SCHEMA_VERSION}")
-    start = 8 + head_len
-    arrays = {}
-    for name, (dtype, shape, offset) in header["arrays"].items():
-        dt = np.dtype("<" + dtype) if dtype[0] in "fiu" else np.dtype(dtype)
-        arrays[name] = np.frombuffer(buffer, dtype=dt, count=math.prod(shape), offset=start + offset).reshape(shape)
-    if "masked_rows" in arrays:
-        changed = arrays.pop("masked_rows")
-        masked = np.repeat(arrays["features"][None], len(changed), axis=0)
-        masked[changed] = arrays.pop("masked_row_features")
-        arrays["masked_features"] = masked
-    record = {name: arrays[name] for name in FIELDS if name in arrays}
-    if float32:
-        record = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in record.items()}
-    record.update({k: header[k] for k in SCALAR_FIELDS})
-    return record

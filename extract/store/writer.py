@@ -12,10 +12,11 @@ from typing import Any, Mapping
 import lmdb
 
 from extract.store.layout import (
-    FAILURES, FAILURES_DB, META, RECORDS_DB, SHARDS, acquire_shard, failure_key, failures_in, open_shard,
-    read_meta, release_shard, shard_dirs, shard_name, write_text_atomic, writer_lock_path,
+    FAILURES, FAILURES_DB, META, RECORDS_DB, SHARDS, acquire_shard, check_shard, failure_key, failures_in,
+    lmdb_errors, open_shard, read_meta, release_shard, shard_dirs, shard_name, write_text_atomic, writer_lock_path,
 )
-from extract.store.schema import StoreError, StoreMismatchError, encode_key, encode_record, meta_mismatches
+from extract.store.records import encode_record
+from extract.store.schema import SCHEMA_VERSION, StoreError, StoreMismatchError, encode_key, meta_mismatches
 
 DEFAULT_MAP_SIZE = 1 << 30  # grows by doubling when full; LMDB only reserves address space
 
@@ -24,7 +25,8 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     """Creates meta.json, or checks that the existing one records the same run parameters.
 
     Creation is a link of a finished temporary file, so concurrent shard writers never see a
-    partial meta.json and exactly one of them creates it.
+    partial meta.json and exactly one of them creates it. A store of an older schema version
+    takes this version's records from now on, so its meta.json says this version.
     """
     root.mkdir(parents=True, exist_ok=True)
     path = root / META
@@ -43,6 +45,9 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
         raise StoreMismatchError(
             f"{root} was written with other settings; refusing to mix records "
             f"(use a new --out, or the original settings):\n  " + "\n  ".join(problems))
+    if recorded["schema_version"] != SCHEMA_VERSION:
+        recorded["schema_version"] = SCHEMA_VERSION
+        write_text_atomic(path, json.dumps(recorded, indent=2) + "\n")
     return recorded
 
 
@@ -61,7 +66,9 @@ class FeatureStoreWriter:
         except BlockingIOError:
             self._lock.close()
             raise StoreError(f"{self.path}: another process is writing this shard") from None
-        if not self.path.exists():
+        if self.path.exists():
+            check_shard(self.path)
+        else:
             _create_shard(self.path)
         self.env = open_shard(self.path, readonly=False, map_size=initial_map_size)
         self._records = self._growing(lambda: self.env.open_db(RECORDS_DB))
@@ -71,7 +78,7 @@ class FeatureStoreWriter:
         """Stores `records` (image id → record) and `failures` (image id → (image path, error)) in
         one transaction: after a crash either all of them are there or none. A record replaces a
         failure of the same image. Returns the bytes of the encoded records."""
-        encoded = [(encode_key(image_id), encode_record(record)) for image_id, record in records.items()]
+        encoded = [(encode_key(image_id), encode_record(record, image_id)) for image_id, record in records.items()]
         now = time.time()
         failed = [
             (failure_key(image_id), json.dumps({"image": image, "id": image_id, "error": error, "time": now}).encode())
@@ -86,11 +93,12 @@ class FeatureStoreWriter:
     def _growing(self, write):
         """Runs a write transaction, doubling the map size whenever it is full (the aborted
         transaction left nothing behind, so it is simply run again)."""
-        while True:
-            try:
-                return write()
-            except lmdb.MapFullError:
-                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+        with lmdb_errors(self.path):
+            while True:
+                try:
+                    return write()
+                except lmdb.MapFullError:
+                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
 
     def _put(self, encoded, failed, resolved) -> bool:
         """Returns whether a failure entry was cleared."""

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import click
 
-from extract.store import StoreError
 from extract.store.audit import store_info, verify_store
 from extract.store.interop import FORMATS, export_store, import_store
 
@@ -21,11 +20,9 @@ def cache_group() -> None:
 @click.argument("cache", type=_store_path)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (records, failures, bytes, meta, shards).")
 def info_command(cache: Path, as_json: bool) -> None:
-    """Record and failure counts, size on disk and meta.json of CACHE."""
-    try:
-        info = store_info(cache)
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+    """Record and failure counts, size on disk and meta.json of CACHE (damaged shards are listed,
+    not read)."""
+    info = store_info(cache)
     if as_json:
         click.echo(json.dumps(info))
         return
@@ -39,48 +36,49 @@ def info_command(cache: Path, as_json: bool) -> None:
                f"mask variants {meta['mask_variants']['count']}")
     for shard in info["shards"]:
         click.echo(f"  {shard['name']}: {shard['records']} records")
+    for damage in info["damaged_shards"]:
+        click.echo(f"  {damage}")
 
 
 @cache_group.command("verify")
 @click.argument("cache", type=_store_path)
 def verify_command(cache: Path) -> None:
-    """Check that every record of CACHE decodes and agrees with meta.json; exit 1 listing what is wrong."""
-    try:
-        problems = verify_store(cache)
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from exc
-    for problem in problems:
+    """Check every shard file, every record's checksum and its agreement with meta.json; exit 1
+    listing what is wrong (each damaged record by name)."""
+    result = verify_store(cache)
+    for problem in result.problems:
         click.echo(problem)
-    if problems:
-        raise click.ClickException(f"{len(problems)} problem(s) in {cache}")
-    click.echo(f"{cache}: OK")
+    if result.problems:
+        raise click.ClickException(f"{len(result.problems)} problem(s) in {cache}")
+    unchecked = (f", {result.unchecked} written before records had checksums (unchecked)"
+                 if result.unchecked else "")
+    click.echo(f"{cache}: OK ({result.records} records, {result.records - result.unchecked} checksums match"
+               f"{unchecked})")
 
 
 @cache_group.command("export")
 @click.argument("cache", type=_store_path)
-@click.option("--format", "fmt", required=True, type=click.Choice(FORMATS))
+@click.option("--format", "fmt", required=True, type=click.Choice(list(FORMATS)))
 @click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="npz: a directory (OUT/<id>.npz); tsv, h5: a file.")
+              help="npz: a new or empty directory (OUT/<id>.npz); tsv, h5: a file.")
 def export_command(cache: Path, fmt: str, out: Path) -> None:
-    """Write every record of CACHE as npz files, a bottom-up-attention TSV or a VQA-style HDF5 file."""
-    try:
-        count = export_store(cache, fmt, out)
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+    """Write every record of CACHE as npz files, a bottom-up-attention TSV or a VQA-style HDF5 file.
+
+    A damaged record, or records that disagree with meta.json, stop the export with nothing written.
+    """
+    count = export_store(cache, fmt, out)
     click.echo(f"{count} records → {out}")
 
 
 @cache_group.command("import")
 @click.argument("src", type=click.Path(exists=True, path_type=Path))
-@click.option("--format", "fmt", required=True, type=click.Choice(FORMATS))
+@click.option("--format", "fmt", required=True, type=click.Choice(list(FORMATS)))
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="New FeatureStore.")
 @click.option("--feature-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
 def import_command(src: Path, fmt: str, out: Path, feature_dtype: str) -> None:
-    """Build a FeatureStore from SRC (npz directory, TSV or HDF5 file)."""
-    try:
-        count = import_store(src, fmt, out, feature_dtype)
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+    """Build a FeatureStore from SRC (npz directory, TSV or HDF5 file); warns, field by field, what
+    the source format cannot carry."""
+    count = import_store(src, fmt, out, feature_dtype)
     click.echo(f"{count} records → {out}")
 
 

@@ -4,9 +4,8 @@ from pathlib import Path
 
 import click
 
-from extract.config import ConfigError, parse_override
-from extract.job import JobError, parse_shard, run_extraction
-from extract.store import StoreError
+from extract.config import parse_override
+from extract.job import parse_shard, run_extraction
 
 
 def _top_k(value: str) -> int | None:
@@ -53,16 +52,13 @@ def extract_command(images, out, detector, weights, overrides, boxes, batch_size
 
     Rerunning the same command resumes: stored images are skipped, failed ones retried.
     """
-    try:
-        summary = run_extraction(
-            images, out, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
-            boxes=boxes, batch_size=batch_size, device=device, feature_dtype=feature_dtype,
-            top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
-            mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
-            progress=not quiet,
-        )
-    except (ConfigError, JobError, StoreError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    summary = run_extraction(
+        images, out, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
+        boxes=boxes, batch_size=batch_size, device=device, feature_dtype=feature_dtype,
+        top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
+        mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
+        progress=not quiet,
+    )
     click.echo(summary.report())
     if strict and summary.failed:
         raise click.ClickException(f"{summary.failed} image(s) failed (--strict)")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from pipelines.runner import PipelineError, run_pipeline
+from pipelines.runner import run_pipeline
 
 
 @click.group("pipeline")
@@ -17,10 +17,7 @@ def pipeline_group() -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output folder (default: the file's `out`).")
 def run_command(file: Path, out: Path | None) -> None:
     """Run FILE's steps in order; rerunning skips done steps and resumes an interrupted one."""
-    try:
-        root = run_pipeline(file, out, log=click.echo)
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from None
+    root = run_pipeline(file, out, log=click.echo)
     click.echo(f"pipeline outputs: {root.resolve()}")
 
 

@@ -3,33 +3,36 @@
 from pathlib import Path
 
 import click
-import yaml
 
-from train.engine.config import RunConfig
+from train.engine.config import load_run_config
 from train.engine.trainer import Trainer
 
 
 @click.command("train")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--resume", is_flag=True, help="Continue the run in its `out` folder from its latest checkpoint.")
+@click.option("--resume", is_flag=True,
+              help="Continue the unfinished run in its `out` folder from its latest checkpoints.")
+@click.option("--restart", is_flag=True,
+              help="Discard the run in the `out` folder (stages, metrics, TensorBoard logs, run.json) and start over.")
+@click.option("--skip-damaged", is_flag=True,
+              help="Train and evaluate without samples whose FeatureStore record is damaged, counting them "
+                   "(damaged_records: skip).")
 @click.option("--out", type=click.Path(file_okay=False), help="Override the config's `out` folder.")
 @click.option("--device", help="Override the config's device (cpu, cuda, cuda:N).")
-def train_command(config: Path, resume: bool, out: str | None, device: str | None) -> None:
+def train_command(config: Path, resume: bool, restart: bool, skip_damaged: bool, out: str | None,
+                  device: str | None) -> None:
     """Train the stages of CONFIG (RunConfig fields in YAML); under torchrun, with DDP.
 
     Each stage ends with its task's metric on the evaluation split, printed and kept in
     OUT/stages/<i>-<name>/eval.json; metrics.jsonl and tensorboard/ hold the training curves.
+    OUT must hold this run or none: a run folder trained with another config is refused (the
+    differences are listed) unless --restart. Rerunning a finished run trains nothing.
     """
-    values = yaml.safe_load(config.read_text()) or {}
-    values.update({k: v for k, v in (("out", out), ("device", device)) if v})
-    try:
-        run = RunConfig.from_dict(values)
-    except (TypeError, ValueError) as exc:
-        raise click.ClickException(f"{config}: {exc}") from None
-    try:
-        Trainer(run, log=click.echo).fit(resume=resume)
-    except FileExistsError as exc:
-        raise click.ClickException(str(exc)) from None
+    if resume and restart:
+        raise click.UsageError("--resume continues the run in the out folder and --restart discards it: pass one")
+    options = {"out": out, "device": device, "damaged_records": "skip" if skip_damaged else None}
+    run = load_run_config(config, {name: value for name, value in options.items() if value is not None})
+    Trainer(run, log=click.echo).fit(resume=resume, restart=restart)
 
 
 COMMANDS = [train_command]

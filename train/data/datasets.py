@@ -3,6 +3,10 @@
 Every random choice of a sample (masked words, masked RoIs, the cached pixel-masked variant, a
 mismatched caption) is drawn from a generator seeded by (seed, epoch, index), so a sample is the
 same in every worker, process and resumed run.
+
+A sample whose FeatureStore record is damaged comes back as a DamagedSample marker instead of an
+exception: an error raised in a DataLoader worker would reach the trainer as a multi-line
+re-raise, and the trainer's policy decides whether the run fails or skips the sample.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.ops import box_iou
 
+from extract.store.schema import DamagedRecordError
 from train.data.annotations import AnswerVocabulary, ImageAnnotation
 from train.data.regions import RegionBank, Regions
 from vlbert.tokenization import (
@@ -42,10 +47,27 @@ class Sample:
     choices: list[TextSequence] | None = None  # multiple choice: one sequence per candidate
 
 
+@dataclass
+class DamagedSample:
+    """In place of a sample whose FeatureStore record is damaged."""
+
+    image_id: str
+    message: str
+
+
 class SeededDataset(Dataset):
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.epoch = 0
+
+    def __getitem__(self, index: int) -> Sample | DamagedSample:
+        try:
+            return self.sample(index)
+        except DamagedRecordError as exc:
+            return DamagedSample(exc.image_id, str(exc))
+
+    def sample(self, index: int) -> Sample:
+        raise NotImplementedError
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -69,19 +91,27 @@ class CaptionPretraining(SeededDataset):
         super().__init__(seed)
         if roi_masking not in ROI_MASKING_MODES:
             raise ValueError(f"roi_masking={roi_masking!r}: expected one of {ROI_MASKING_MODES}")
-        if roi_masking == "pixel" and regions.num_variants == 0:
-            raise ValueError(f"{regions.root} holds no masked-pixel variants: extract with --mask-variants "
-                             "or pre-train with roi_masking='feature'")
-        if regions.num_classes is None:
-            raise ValueError(f"{regions.root} stores no class distributions: masked RoI classification needs them")
+        problem = self.store_problem(regions, roi_masking)
+        if problem is not None:
+            raise ValueError(problem)
         self.items = [(a.image_id, a.file, c) for a in annotations if a.image_id in regions for c in a.captions]
         self.regions, self.tokenizer, self.max_length = regions, tokenizer, max_length
         self.roi_masking, self.relationship = roi_masking, relationship
 
+    @staticmethod
+    def store_problem(regions: RegionBank, roi_masking: str) -> str | None:
+        """Why `regions` cannot feed pre-training with `roi_masking`, or None."""
+        if roi_masking == "pixel" and regions.num_variants == 0:
+            return (f"{regions.root} holds no masked-pixel variants: extract with --mask-variants "
+                    "or pre-train with roi_masking: feature")
+        if regions.num_classes is None:
+            return f"{regions.root} stores no class distributions: masked RoI classification needs them"
+        return None
+
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> Sample:
+    def sample(self, index: int) -> Sample:
         rng = self.rng(index)
         image_id, image_file, caption = self.items[index]
         matched = 1
@@ -120,7 +150,7 @@ class TextOnlyCorpus(SeededDataset):
     def __len__(self) -> int:
         return len(self.sentences)
 
-    def __getitem__(self, index: int) -> Sample:
+    def sample(self, index: int) -> Sample:
         pieces = word_pieces(self.tokenizer, self.sentences[index])
         masked = mask_whole_words(self.tokenizer, pieces, self.rng(index))
         return Sample(build_caption_sequence(self.tokenizer, masked.ids, 0, self.max_length, masked.labels))
@@ -139,7 +169,7 @@ class QuestionAnswering(SeededDataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> Sample:
+    def sample(self, index: int) -> Sample:
         image_id, image_file, question, answers = self.items[index]
         regions = self.regions[image_id]
         sequence = build_vqa_sequence(self.tokenizer, word_pieces(self.tokenizer, question).ids, len(regions),
@@ -179,7 +209,7 @@ class MultipleChoice(SeededDataset):
         rng.shuffle(candidates)
         return candidates, candidates.index(answer)
 
-    def __getitem__(self, index: int) -> Sample:
+    def sample(self, index: int) -> Sample:
         image_id, image_file, question, _, _ = self.items[index]
         candidates, label = self.candidates(index)
         regions = self.regions[image_id]
@@ -203,7 +233,7 @@ class ReferringExpressions(SeededDataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> Sample:
+    def sample(self, index: int) -> Sample:
         image_id, image_file, text, box = self.items[index]
         regions = self.regions[image_id]
         sequence = build_caption_sequence(self.tokenizer, word_pieces(self.tokenizer, text).ids, len(regions),

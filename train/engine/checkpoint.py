@@ -1,7 +1,8 @@
 """Training checkpoints in safetensors: model weights, optimizer, scheduler and RNG state.
 
 A checkpoint is a directory written under a temporary name and renamed into place, so a crash
-never leaves a half-written one that a resume would pick up.
+never leaves a half-written one that a resume would pick up. A stage writes one every N steps,
+every M minutes of wall time, or both (`CheckpointSchedule`), and keeps the newest few.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from time import monotonic
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -19,11 +21,14 @@ STATE_JSON = "training_state.json"
 
 
 def save_checkpoint(directory: Path, model, optimizer: torch.optim.Optimizer, scheduler, step: int,
-                    progress: dict | None = None) -> None:
-    """`progress`: counters to carry over a resume (e.g. seconds and samples so far)."""
+                    progress: dict | None = None, extra: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+    """`progress`: counters to carry over a resume (e.g. seconds and samples so far); `extra`: more
+    safetensors files (name: tensors) that belong in the checkpoint, such as a tuned detector's."""
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
+    for name, extra_tensors in (extra or {}).items():
+        save_file(extra_tensors, tmp / name)
     tensors, scalars = _optimizer_state(optimizer)
     tensors["rng.cpu"] = torch.get_rng_state()
     if torch.cuda.is_available():
@@ -64,6 +69,35 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.
 
 
 def latest_checkpoint(stage_dir: Path) -> Path | None:
+    checkpoints = _checkpoints(stage_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def prune_checkpoints(stage_dir: Path, keep: int) -> None:
+    """Removes all but the newest `keep` checkpoints (0 keeps all), so a long run does not fill the disk."""
+    for old in _checkpoints(stage_dir)[:-keep] if keep else []:
+        shutil.rmtree(old)
+
+
+def _checkpoints(stage_dir: Path) -> list[Path]:
+    """The stage's complete checkpoints, oldest first."""
     steps = sorted((int(p.name.split("-")[1]), p) for p in stage_dir.glob("checkpoint-*")
                    if p.is_dir() and not p.name.endswith(".tmp"))
-    return steps[-1][1] if steps else None
+    return [path for _, path in steps]
+
+
+class CheckpointSchedule:
+    """When a stage writes a checkpoint: every `every_steps` steps or once `minutes` of wall time
+    have passed since the last one (or since the stage started), whichever comes first; 0 turns a
+    trigger off. Each process decides by its own clock: only rank 0 writes checkpoints."""
+
+    def __init__(self, every_steps: int, minutes: float) -> None:
+        self.every_steps, self.seconds = every_steps, minutes * 60
+        self.last = monotonic()
+
+    def due(self, step: int) -> bool:
+        by_steps = self.every_steps > 0 and step % self.every_steps == 0
+        return by_steps or (self.seconds > 0 and monotonic() - self.last >= self.seconds)
+
+    def written(self) -> None:
+        self.last = monotonic()

@@ -1,19 +1,58 @@
-"""A training run: data paths, model size, and a list of stages, each with its own schedule."""
+"""A training run: data paths, model size, and a list of stages, each with its own schedule.
+
+`load_run_config` reads a YAML file and `RunConfig.from_dict` a mapping; both check every field
+(unknown or missing names, types from the annotations, values), so a mistake is one
+RunConfigError naming the file and field before anything trains.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ClassVar, Iterator, Mapping
+
+import yaml
+
+from extract.config import yaml_problem
+from train.data.datasets import ROI_MASKING_MODES
+from vlbert import VLBertConfig
 
 TASKS = ("pretrain", "vqa", "choice", "refexp")
 VISUAL_MODES = ("cached", "end2end")
+DAMAGED_RECORD_POLICIES = ("fail", "skip")
+
+# Fields that do not change what a run computes: a rerun in the same run folder may change them
+# (and run.json then records the new values), any other difference is refused. They say where
+# outputs go, the device, evaluation batching, data-loading workers, checkpointing, and whether
+# damaged records are skipped (switching to "skip" after a failure is the point of the option).
+# `stages[]` stands for every stage.
+RESULT_NEUTRAL_FIELDS = frozenset({
+    "out", "device", "eval_batch_size", "damaged_records", "stages[].num_workers", "stages[].checkpoint_every",
+    "stages[].checkpoint_minutes", "stages[].keep_checkpoints",
+})
+
+EXISTING_PATH = {"must_exist": True}  # field metadata: an input the Trainer checks before training
+
+
+class RunConfigError(ValueError):
+    """A run config that cannot be used: YAML, unknown or mistyped fields, missing paths, a stage the
+    store cannot feed. The message names the file or field."""
+
+
+class RunMismatchError(RunConfigError):
+    """A run folder that holds a run with another config; the message lists every difference."""
 
 
 @dataclass
 class StageConfig:
+    SETTINGS: ClassVar[str] = "stage settings"
+
     name: str
     task: str  # "pretrain", "vqa", "choice" (multiple choice, VCR-style Q→A) or "refexp"
     steps: int
@@ -31,53 +70,242 @@ class StageConfig:
     relationship: bool = False
     text_only: bool = True
     num_choices: int = 4  # candidates per question in "choice" stages
-    checkpoint_every: int = 0  # steps; 0: only at the stage's end
+    # A checkpoint is written when either trigger fires, and at the stage's end.
+    checkpoint_every: int = 0  # steps; 0: no step trigger
+    checkpoint_minutes: float = 10.0  # wall time since the last checkpoint; 0: no time trigger
+    keep_checkpoints: int = 2  # the newest ones kept per stage; 0: all
     num_workers: int = 0
 
     def __post_init__(self) -> None:
+        problem = self._problem()
+        if problem is not None:
+            raise RunConfigError(f"stage {self.name!r}: {problem}")
+
+    def _problem(self) -> str | None:
         if self.task not in TASKS:
-            raise ValueError(f"stage {self.name!r}: task {self.task!r} is not one of {TASKS}")
+            return f"task {self.task!r} is not one of {TASKS}"
         if self.visual not in VISUAL_MODES:
-            raise ValueError(f"stage {self.name!r}: visual {self.visual!r} is not one of {VISUAL_MODES}")
+            return f"visual {self.visual!r} is not one of {VISUAL_MODES}"
+        if self.roi_masking not in ROI_MASKING_MODES:
+            return f"roi_masking {self.roi_masking!r} is not one of {ROI_MASKING_MODES}"
         if self.task == "pretrain" and not (self.masked_lm or self.masked_roi or self.relationship):
-            raise ValueError(f"stage {self.name!r}: pre-training needs at least one of masked_lm, masked_roi, relationship")
+            return "pre-training needs at least one of masked_lm, masked_roi, relationship"
         if self.steps < 1 or self.batch_size < 1 or self.grad_accumulation < 1:
-            raise ValueError(f"stage {self.name!r}: steps, batch_size and grad_accumulation must be positive")
+            return "steps, batch_size and grad_accumulation must be positive"
+        if min(self.checkpoint_every, self.checkpoint_minutes, self.keep_checkpoints, self.num_workers) < 0:
+            return "checkpoint_every, checkpoint_minutes, keep_checkpoints and num_workers must not be negative"
+        return None
 
 
 @dataclass
 class RunConfig:
+    SETTINGS: ClassVar[str] = "run settings"
+
     out: str
-    store: str  # FeatureStore directory
-    train_annotations: str
-    eval_annotations: str
-    vocabulary: str  # directory with the tokenizer's vocab.txt
+    store: str = field(metadata=EXISTING_PATH)  # FeatureStore directory
+    train_annotations: str = field(metadata=EXISTING_PATH)
+    eval_annotations: str = field(metadata=EXISTING_PATH)
+    vocabulary: str = field(metadata=EXISTING_PATH)  # directory with the tokenizer's vocab.txt
     stages: list[StageConfig]
-    corpus: str | None = None  # text-only corpus, one sentence per line
-    images: str | None = None  # images root, for end-to-end stages (default: the store's images_root)
-    detector_weights: str | None = None  # for end-to-end stages (default: the store's checkpoint)
-    model: dict[str, Any] = field(default_factory=dict)  # VLBertConfig fields
-    init_from: str | None = None  # a save_pretrained directory (e.g. converted official weights)
-    bert: str | None = None  # or a BERT checkpoint directory saved by transformers (text side, sizes)
+    corpus: str | None = field(default=None, metadata=EXISTING_PATH)  # text-only corpus, one sentence per line
+    # For end-to-end stages: the images root (default: the store's images_root) and detector
+    # weights (default: the store's checkpoint).
+    images: str | None = field(default=None, metadata=EXISTING_PATH)
+    detector_weights: str | None = field(default=None, metadata=EXISTING_PATH)
+    model: dict[str, Any] = field(default_factory=dict, metadata={"fields_of": VLBertConfig})
+    # A save_pretrained directory (e.g. converted official weights), or a BERT checkpoint
+    # directory saved by transformers (text side, sizes).
+    init_from: str | None = field(default=None, metadata=EXISTING_PATH)
+    bert: str | None = field(default=None, metadata=EXISTING_PATH)
     seed: int = 0
     max_length: int = 64  # text + RoIs + [END]
     max_regions: int = 100
     eval_batch_size: int = 64
     device: str = "cpu"
+    damaged_records: str = "fail"  # "skip": train and evaluate without samples whose record is damaged
+
+    def __post_init__(self) -> None:
+        if self.damaged_records not in DAMAGED_RECORD_POLICIES:
+            raise RunConfigError(f"damaged_records {self.damaged_records!r} is not one of {DAMAGED_RECORD_POLICIES}")
+        if not self.stages:
+            raise RunConfigError("stages: a run needs at least one stage")
+        names = [stage.name for stage in self.stages]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:  # metrics.jsonl tells stages apart by name
+            raise RunConfigError(f"stages: every stage needs its own name; repeated: {', '.join(repeated)}")
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
-        values = dict(values)
-        values["stages"] = [StageConfig(**stage) for stage in values.get("stages", [])]
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown run config field(s): {', '.join(unknown)}")
-        return cls(**values)
+    def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
+        """A run from a mapping (a YAML file's, a pipeline step's), checked field by field."""
+        return from_mapping(cls, values)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
+    def check_paths(self) -> None:
+        """RunConfigError naming the first input path that does not exist."""
+        for spec in dataclasses.fields(self):
+            path = getattr(self, spec.name)
+            if spec.metadata.get("must_exist") and path is not None and not Path(path).exists():
+                raise RunConfigError(f"{spec.name}: {path} does not exist")
+
     @property
     def out_dir(self) -> Path:
         return Path(self.out)
+
+
+def load_run_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """The run a YAML file describes, `overrides` (e.g. command-line options) replacing its values;
+    every problem is a RunConfigError starting with the file's name."""
+    values = _read_yaml(Path(path))
+    if isinstance(values, Mapping):
+        values = {**values, **(overrides or {})}
+    try:
+        return RunConfig.from_dict(values)
+    except RunConfigError as exc:
+        raise RunConfigError(f"{path}: {exc}") from None
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RunConfigError(f"{path}: invalid YAML, {yaml_problem(exc)}") from None
+
+
+# ---- dataclasses from mappings, with checks ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldType:
+    """How values of an annotated type are recognised, named in messages and normalised."""
+
+    accepts: Callable[[Any], bool]
+    expected: str
+    normalise: Callable[[Any], Any] = lambda value: value
+
+
+# PyYAML (YAML 1.1) reads `5e-5` as text: a float needs a dot and a signed exponent there. Such
+# text is taken as the number it spells, as a user writing a learning rate means it.
+_EXPONENT_AS_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, str):
+        return _EXPONENT_AS_TEXT.fullmatch(value.strip()) is not None
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+FIELD_TYPES: dict[type, FieldType] = {
+    bool: FieldType(lambda v: isinstance(v, bool), "true or false"),
+    int: FieldType(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    float: FieldType(_is_number, "a number", float),
+    str: FieldType(lambda v: isinstance(v, str), "a string"),
+    list: FieldType(lambda v: isinstance(v, list), "a list"),
+    dict: FieldType(lambda v: isinstance(v, Mapping), "a mapping", dict),
+}
+
+
+def from_mapping(cls: type, values: Any, where: str = "") -> Any:
+    """An instance of dataclass `cls` from a mapping, or a RunConfigError naming the field at fault;
+    `where` is the path of a nested one (`stages[0]`), `cls.SETTINGS` what such a mapping holds.
+    The class's own checks run as it is built."""
+    if not isinstance(values, Mapping):
+        raise RunConfigError(_at(where, f"expected a mapping of {cls.SETTINGS}, found {_describe(values)}"))
+    return cls(**checked_fields(cls, values, where))
+
+
+def checked_fields(cls: type, values: Mapping, where: str = "") -> dict[str, Any]:
+    """`values` checked against dataclass `cls`'s fields: names known, required ones present, types as
+    annotated (integers widened where a float is expected, nested dataclasses built)."""
+    specs = {spec.name: spec for spec in dataclasses.fields(cls)}
+    _check_names(specs, values, _named(where, values))
+    hints = typing.get_type_hints(cls)
+    return {name: _checked(value, hints[name], specs[name], _join(where, name)) for name, value in values.items()}
+
+
+def _check_names(specs: dict[str, dataclasses.Field], values: Mapping, where: str) -> None:
+    problems = [_unknown(str(name), list(specs)) for name in values if name not in specs]
+    problems += [f"missing required field {name!r}" for name, spec in specs.items()
+                 if name not in values and spec.default is dataclasses.MISSING
+                 and spec.default_factory is dataclasses.MISSING]
+    if problems:
+        raise RunConfigError(_at(where, "; ".join(problems)))
+
+
+def _unknown(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"unknown field {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def _checked(value: Any, hint: Any, spec: dataclasses.Field, where: str) -> Any:
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))  # `X | None` only
+    base, args = typing.get_origin(hint) or hint, typing.get_args(hint)
+    field_type = FIELD_TYPES[base]
+    if not field_type.accepts(value):
+        raise RunConfigError(f"{where}: expected {field_type.expected}, found {_describe(value)}")
+    if base is list and args and dataclasses.is_dataclass(args[0]):
+        return [from_mapping(args[0], item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if "fields_of" in spec.metadata:
+        return checked_fields(spec.metadata["fields_of"], value, where)
+    return field_type.normalise(value)
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    return repr(value)
+
+
+def _named(where: str, values: Mapping) -> str:
+    """`where`, with the entry's name when it has one: `stages[0] ('pretrain')`."""
+    name = values.get("name") if where else None
+    return f"{where} ({name!r})" if isinstance(name, str) else where
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def _at(where: str, message: str) -> str:
+    return f"{where}: {message}" if where else message
+
+
+# ---- comparing a run with the one a run folder holds -----------------------------------------
+
+_ABSENT = object()  # a field or stage one side of a comparison does not have
+
+
+def run_differences(recorded: Mapping[str, Any], run: RunConfig) -> list[str]:
+    """Every way `run` differs from the run a run folder recorded (its run.json), one line each,
+    leaving out RESULT_NEUTRAL_FIELDS."""
+    return [f"{path}: the run folder has {_shown(old)}, this config has {_shown(new)}"
+            for path, old, new in _differences(recorded, run.to_dict(), "")
+            if re.sub(r"\[\d+\]", "[]", path) not in RESULT_NEUTRAL_FIELDS]
+
+
+def _differences(old: Any, new: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in dict.fromkeys([*old, *new]):
+            yield from _differences(old.get(key, _ABSENT), new.get(key, _ABSENT), _join(path, key))
+    elif isinstance(old, list) and isinstance(new, list):
+        for i in range(max(len(old), len(new))):
+            yield from _differences(old[i] if i < len(old) else _ABSENT, new[i] if i < len(new) else _ABSENT,
+                                    f"{path}[{i}]")
+    elif old != new:
+        yield path, old, new
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "nothing"
+    if isinstance(value, dict) and "name" in value:  # a stage only one side has
+        return f"the stage {value['name']!r}"
+    return json.dumps(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Callable
 
 import torch
 from torch.utils.data import DataLoader
@@ -11,16 +12,19 @@ from train.data.collate import collate
 
 
 @torch.no_grad()
-def evaluate(task: str, model, visual, dataset, batch_size: int, device: torch.device, pad_token_id: int) -> dict:
+def evaluate(task: str, model, visual, dataset, batch_size: int, device: torch.device, pad_token_id: int,
+             usable: Callable[[list], list]) -> dict:
     """{"metric", "value", "chance", "samples"}: VQA accuracy (soft score of the top answer) against
     the majority answer; multiple-choice accuracy against always picking the most frequent right
     position; referring-expression accuracy (top RoI with IoU ≥ 0.5) against a uniformly random RoI;
-    pre-training: masked-word accuracy against always predicting the most common word."""
-    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=lambda s: collate(s, pad_token_id))
+    pre-training: masked-word accuracy against always predicting the most common word.
+    `usable` takes each batch's samples and returns those to evaluate (the damaged-record policy)."""
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=list)
     correct, chance, count = 0.0, 0.0, 0
     answer_scores = None
     words, positions = Counter(), Counter()
-    for batch in loader:
+    for samples in loader:
+        batch = collate(usable(samples), pad_token_id)
         inputs = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
         if visual is not None:
             inputs["appearance"] = visual({**inputs, "image_files": batch["image_files"]})

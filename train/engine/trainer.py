@@ -1,21 +1,26 @@
 """Runs the stages of a training run from the FeatureStore: data, optimisation, checkpoints, evaluation.
 
 Layout of `run.out`:
-    run.json                       the resolved run config
+    run.json                       the resolved run config; another config is refused in this folder
     metrics.jsonl                  one JSON object per optimiser step and per evaluation
+    tensorboard/<i>-<name>/        the stage's TensorBoard scalars
     stages/<i>-<name>/checkpoint-<step>/   model (save_pretrained), optimizer, scheduler, RNG state
     stages/<i>-<name>/final/       the stage's model; its presence marks the stage done
     stages/<i>-<name>/eval.json    the stage's evaluation
-Resuming finds the first unfinished stage and its latest checkpoint; data order and dropout
-continue exactly, so a resumed run logs the same losses as an uninterrupted one.
+Before anything trains, the config's paths, the device, and the store's arrays for every stage are
+checked. Resuming finds the first unfinished stage and its latest checkpoint (or starts it again
+at step 0, and says which); data order and dropout continue exactly, so a resumed run logs the
+same losses as an uninterrupted one, each step once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -25,9 +30,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from extract.device import check_device
 from train.data.annotations import AnswerVocabulary, answers_by_type, read_annotations
 from train.data.collate import collate
 from train.data.datasets import (
@@ -40,9 +45,17 @@ from train.data.datasets import (
 )
 from train.data.regions import RegionBank
 from train.end2end import EndToEndVisual
-from train.engine.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
-from train.engine.config import RunConfig, StageConfig
+from train.engine.checkpoint import (
+    CheckpointSchedule,
+    latest_checkpoint,
+    load_training_state,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
+from train.engine.damaged import DamagedRecords
 from train.engine.evaluate import evaluate
+from train.engine.stage_log import METRICS, TENSORBOARD, MutedStageLog, StageLog
 from vlbert import VLBertConfig
 from vlbert.modeling import (
     VLBertForMultipleChoice,
@@ -55,6 +68,10 @@ from vlbert.tokenization import load_tokenizer
 TASK_MODELS = {"pretrain": VLBertForPreTraining, "vqa": VLBertForQuestionAnswering,
                "choice": VLBertForMultipleChoice, "refexp": VLBertForReferringExpressions}
 DETECTOR_WEIGHTS = "detector.safetensors"
+RUN_FILE = "run.json"
+STAGES = "stages"
+# What `restart` removes from a run folder; anything else there (a pipeline's step.json) stays.
+RUN_OUTPUTS = (STAGES, METRICS, TENSORBOARD, RUN_FILE)
 
 
 def world() -> tuple[int, int]:
@@ -92,14 +109,52 @@ def _loader(dataset: SeededDataset, batches: EpochBatches, step: int, workers: i
                               generator=torch.Generator().manual_seed(epoch))
 
 
+@dataclass
+class StageParts:
+    """What a stage trains and how: the model, the end-to-end visual side (or None), the optimiser."""
+
+    model: nn.Module
+    visual: EndToEndVisual | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    parameters: list[nn.Parameter]  # the trained ones, for gradient clipping
+
+
+@dataclass
+class StageProgress:
+    """Counters a stage carries over a resume in its checkpoints."""
+
+    started: float  # time.perf_counter() at which the stage would have started, had it never stopped
+    samples: int
+    damaged: DamagedRecords
+
+    @classmethod
+    def from_saved(cls, saved: dict, skip_damaged: bool) -> StageProgress:
+        """With the counters a checkpoint saved (`saved()`; {} for a stage starting afresh)."""
+        return cls(time.perf_counter() - saved.get("seconds", 0.0), saved.get("samples", 0),
+                   DamagedRecords.from_saved(skip_damaged, saved))
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    def saved(self) -> dict:
+        return {"seconds": self.seconds, "samples": self.samples, **self.damaged.saved()}
+
+
 class Trainer:
     def __init__(self, run: RunConfig, log: Callable[[str], None] = print) -> None:
-        self.run, self.log = run, log
+        """Checks what would otherwise fail later: the config's paths (RunConfigError), the device
+        (DeviceError), the store (StoreError when it is none) and that it can feed every stage."""
+        self.run = run
         self.rank, self.world_size = world()
-        self.device = torch.device(run.device)
+        self.log = log if self.rank == 0 else _silent
+        run.check_paths()
+        self.device = check_device(run.device)
         self.out = run.out_dir
-        self.tokenizer = load_tokenizer(run.vocabulary)
         self.regions = RegionBank(run.store, run.max_regions)
+        self._check_store_feeds_every_stage()
+        self.tokenizer = load_tokenizer(run.vocabulary)
         self.train_annotations = read_annotations(run.train_annotations)
         self.eval_annotations = read_annotations(run.eval_annotations)
         self.answers = AnswerVocabulary.from_annotations(self.train_annotations)
@@ -107,30 +162,164 @@ class Trainer:
 
     # ---- public ----------------------------------------------------------------------------
 
-    def fit(self, resume: bool = False) -> list[dict]:
-        """Runs (or, with `resume`, continues) every stage; returns each stage's evaluation."""
+    def fit(self, resume: bool = False, restart: bool = False) -> list[dict]:
+        """Runs (or, with `resume`, continues) every stage not done yet; returns each stage's evaluation.
+
+        `out` must hold this run or none: a run.json that differs beyond RESULT_NEUTRAL_FIELDS is
+        refused (RunMismatchError) unless `restart`, which removes the previous run's outputs first."""
         if self.world_size > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
-        self.out.mkdir(parents=True, exist_ok=True)
-        if self.rank == 0:
-            (self.out / "run.json").write_text(json.dumps(self.run.to_dict(), indent=1))
+        self._claim_run_folder(restart)
         results = []
         previous: Path | None = Path(self.run.init_from) if self.run.init_from else None
         for index, stage in enumerate(self.run.stages):
-            stage_dir = self.out / "stages" / f"{index}-{stage.name}"
-            if not (stage_dir / "final").is_dir():
+            stage_dir = self.out / STAGES / f"{index}-{stage.name}"
+            if (stage_dir / "final").is_dir():
+                self.log(f"stage {stage.name}: done ({stage_dir / 'final'}), nothing to train")
+            else:
                 if not resume and latest_checkpoint(stage_dir) is not None:
                     raise FileExistsError(f"{stage_dir} holds checkpoints of an earlier run: pass resume=True "
-                                          "(--resume) to continue it, or use another output folder")
+                                          "(--resume) to continue it, restart=True (--restart) to start over, "
+                                          "or use another output folder")
                 self._train_stage(stage, stage_dir, previous)
             results.append(json.loads((stage_dir / "eval.json").read_text()))
             previous = stage_dir / "final"
         return results
 
+    # ---- before training -------------------------------------------------------------------
+
+    def _check_store_feeds_every_stage(self) -> None:
+        meta = self.regions.store.meta  # opening the store: StoreError when `store` is no FeatureStore
+        self.regions.store.check_agreement()  # StoreError for records that disagree with meta.json
+        for stage in self.run.stages:
+            problem = self._store_problem(stage, meta)
+            if problem is not None:
+                raise RunConfigError(f"stage {stage.name!r}: {problem}")
+
+    def _store_problem(self, stage: StageConfig, meta: dict) -> str | None:
+        """Why the store cannot feed `stage`, or None."""
+        problems = []
+        if stage.task == "pretrain":
+            problems.append(CaptionPretraining.store_problem(self.regions, stage.roi_masking))
+        if stage.visual == "end2end":
+            problems.append(EndToEndVisual.store_problem(meta, self.run.images))
+        return next((problem for problem in problems if problem), None)
+
+    def _claim_run_folder(self, restart: bool) -> None:
+        """Refuses a run folder holding a run with another config unless `restart`, then records this
+        config in run.json (its result-neutral fields may have changed)."""
+        recorded = self.out / RUN_FILE
+        differences = run_differences(json.loads(recorded.read_text()), self.run) if recorded.is_file() else []
+        if differences and not restart:
+            raise RunMismatchError(f"{self.out} holds a run with another config; pass restart=True (--restart) to "
+                                   "discard it, or use another output folder:\n"
+                                   + "\n".join(f"  {difference}" for difference in differences))
+        self._barrier()  # every process has read run.json before rank 0 replaces it
+        if self.rank == 0:
+            if restart:
+                self._remove_outputs()
+            self.out.mkdir(parents=True, exist_ok=True)
+            recorded.write_text(json.dumps(self.run.to_dict(), indent=1))
+        self._barrier()
+
+    def _remove_outputs(self) -> None:
+        previous = [self.out / name for name in RUN_OUTPUTS if (self.out / name).exists()]
+        for path in previous:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        if previous:
+            self.log(f"restart: removed the previous run's {', '.join(p.name for p in previous)} from {self.out}")
+
     # ---- one stage -------------------------------------------------------------------------
 
     def _train_stage(self, stage: StageConfig, stage_dir: Path, previous: Path | None) -> None:
         torch.manual_seed(self.run.seed)
+        parts = self._parts(stage, previous)
+        step, saved = self._start(stage, stage_dir, parts)
+        progress = StageProgress.from_saved(saved, skip_damaged=self.run.damaged_records == "skip")
+        objective = self._objective(stage, parts)
+        with self._stage_log(stage, stage_dir, step) as log:
+            self._optimise(stage, stage_dir, parts, objective, step, progress, log)
+            seconds = progress.seconds
+            self._save(stage, stage_dir / f"checkpoint-{stage.steps}", parts, stage.steps, progress)
+            if self.rank == 0:
+                self._finish(stage, stage_dir, parts, seconds, progress, log)
+        self._barrier()
+
+    def _start(self, stage: StageConfig, stage_dir: Path, parts: StageParts) -> tuple[int, dict]:
+        """Loads the stage's latest checkpoint, if any: (the step to start from, the saved progress)."""
+        checkpoint = latest_checkpoint(stage_dir)
+        if checkpoint is None:
+            attempted = (self.out / TENSORBOARD / stage_dir.name).exists()  # an interrupted attempt logged there
+            self.log(f"stage {stage.name}: " + ("no checkpoint, starting again at step 0" if attempted
+                                               else "starting at step 0"))
+            return 0, {}
+        parts.model.load_state_dict(load_file(checkpoint / "model.safetensors"))
+        if parts.visual is not None:
+            parts.visual.detector.load_state_dict(load_file(checkpoint / DETECTOR_WEIGHTS))
+        step, saved = load_training_state(checkpoint, parts.optimizer, parts.scheduler)
+        self.log(f"stage {stage.name}: resuming from {checkpoint} (step {step})")
+        return step, saved
+
+    def _optimise(self, stage: StageConfig, stage_dir: Path, parts: StageParts, objective: nn.Module, step: int,
+                  progress: StageProgress, log: StageLog | MutedStageLog) -> None:
+        """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule."""
+        streams = self._streams(stage, step)
+        schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
+        with tqdm(total=stage.steps, initial=step, desc=stage.name, disable=self.rank != 0, dynamic_ncols=True) as bar:
+            while step < stage.steps:
+                skipped_before = progress.damaged.skipped
+                losses = self._optimiser_step(stage, parts, objective, streams, progress)
+                step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses['loss']:.3f}")
+                log.step(step, parts.scheduler.get_last_lr()[0], losses, progress.damaged.skipped - skipped_before)
+                if step < stage.steps and schedule.due(step):
+                    self._save(stage, stage_dir / f"checkpoint-{step}", parts, step, progress)
+                    schedule.written()
+
+    def _optimiser_step(self, stage: StageConfig, parts: StageParts, objective: nn.Module,
+                        streams: list[Iterator[list]], progress: StageProgress) -> dict[str, float]:
+        """One step over `grad_accumulation` batches; returns the losses averaged over them."""
+        parts.optimizer.zero_grad(set_to_none=True)
+        logged: dict[str, float] = {}
+        for _ in range(stage.grad_accumulation):
+            samples = [s for stream in streams for s in progress.damaged.usable(next(stream))]
+            progress.samples += len(samples)
+            batch = collate(samples, self.tokenizer.pad_token_id)
+            inputs = {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
+            with _autocast(self.device):
+                losses = objective(inputs, batch["image_files"])
+            (losses["loss"] / stage.grad_accumulation).backward()
+            for name, value in losses.items():
+                logged[name] = logged.get(name, 0.0) + value.item() / stage.grad_accumulation
+        if stage.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(parts.parameters, stage.clip_grad_norm)
+        parts.optimizer.step()
+        parts.scheduler.step()
+        return logged
+
+    def _finish(self, stage: StageConfig, stage_dir: Path, parts: StageParts, seconds: float,
+                progress: StageProgress, log: StageLog) -> None:
+        """Evaluates the stage, logs the result and writes its final model (rank 0)."""
+        eval_data = self._dataset(stage, self.eval_annotations, self.run.seed)
+        scores = evaluate(stage.task, parts.model.eval(), parts.visual, eval_data, self.run.eval_batch_size,
+                          self.device, self.tokenizer.pad_token_id, progress.damaged.usable)
+        result = {"stage": stage.name, "task": stage.task, "visual": stage.visual, "steps": stage.steps,
+                  "wall_s": round(seconds, 2), "samples_per_s": round(progress.samples * self.world_size / seconds, 2),
+                  **scores, "damaged_skipped": progress.damaged.skipped}
+        # Logged before the final model marks the stage done: a crash in between evaluates again.
+        log.evaluation(result, stage.steps)
+        self._save_final(stage_dir, parts, result)
+        self.log(f"stage {stage.name}: " + ", ".join(f"{k} {v}" for k, v in result.items()))
+        if progress.damaged.skipped:
+            self.log(f"stage {stage.name}: {progress.damaged.summary()}")
+
+    # ---- pieces ----------------------------------------------------------------------------
+
+    def _parts(self, stage: StageConfig, previous: Path | None) -> StageParts:
         model = self._model(stage, previous)
         visual = self._visual(stage, previous)
         parameters = [p for m in (model, visual) if m is not None for p in m.parameters() if p.requires_grad]
@@ -138,76 +327,20 @@ class Trainer:
         optimizer = torch.optim.AdamW(_parameter_groups(model, visual, stage.weight_decay),
                                       lr=stage.base_lr * total_batch)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_linear_decay(stage))
-        step, progress = 0, {"seconds": 0.0, "samples": 0}
-        checkpoint = latest_checkpoint(stage_dir)
-        if checkpoint is not None:
-            model.load_state_dict(load_file(checkpoint / "model.safetensors"))
-            if visual is not None:
-                visual.detector.load_state_dict(load_file(checkpoint / DETECTOR_WEIGHTS))
-            step, progress = load_training_state(checkpoint, optimizer, scheduler)
-            self._forget_metrics_after(stage.name, step)
-            self.log(f"stage {stage.name}: resuming from {checkpoint} (step {step})")
-        model.to(self.device).train()
-        if visual is not None:
-            visual.to(self.device).train()
-        objective = Objective(model, visual, stage)
+        return StageParts(model, visual, optimizer, scheduler, parameters)
+
+    def _objective(self, stage: StageConfig, parts: StageParts) -> nn.Module:
+        parts.model.to(self.device).train()
+        if parts.visual is not None:
+            parts.visual.to(self.device).train()
+        objective = Objective(parts.model, parts.visual, stage)
         if self.world_size > 1:
             # Heads a task leaves unused (the pooler in VQA, say) get no gradient: DDP must allow that.
             objective = DistributedDataParallel(objective, find_unused_parameters=True)
+        return objective
 
-        streams = self._streams(stage, step)
-        metrics = (self.out / "metrics.jsonl").open("a") if self.rank == 0 else None
-        board = SummaryWriter(str(self.out / "tensorboard")) if self.rank == 0 else None
-        bar = tqdm(total=stage.steps, initial=step, desc=stage.name, disable=self.rank != 0, dynamic_ncols=True)
-        started, samples = time.perf_counter() - progress["seconds"], progress["samples"]
-        while step < stage.steps:
-            optimizer.zero_grad(set_to_none=True)
-            logged: dict[str, float] = {}
-            for _ in range(stage.grad_accumulation):
-                batch = collate([s for stream in streams for s in next(stream)], self.tokenizer.pad_token_id)
-                samples += len(batch["input_ids"])
-                inputs = {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
-                with _autocast(self.device):
-                    losses = objective(inputs, batch["image_files"])
-                (losses["loss"] / stage.grad_accumulation).backward()
-                for name, value in losses.items():
-                    logged[name] = logged.get(name, 0.0) + value.item() / stage.grad_accumulation
-            if stage.clip_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(parameters, stage.clip_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{logged['loss']:.3f}")
-            if metrics is not None:
-                metrics.write(json.dumps({"stage": stage.name, "step": step, "lr": scheduler.get_last_lr()[0],
-                                          **logged}) + "\n")
-                metrics.flush()
-                for name, value in logged.items():
-                    board.add_scalar(f"{stage.name}/{name}", value, step)
-            if step < stage.steps and stage.checkpoint_every and step % stage.checkpoint_every == 0:
-                self._save(stage_dir / f"checkpoint-{step}", model, visual, optimizer, scheduler, step,
-                           {"seconds": time.perf_counter() - started, "samples": samples})
-        bar.close()
-        seconds = time.perf_counter() - started
-        self._save(stage_dir / f"checkpoint-{step}", model, visual, optimizer, scheduler, step,
-                   {"seconds": seconds, "samples": samples})
-        if self.rank == 0:
-            eval_data = self._dataset(stage, self.eval_annotations, self.run.seed)
-            result = {"stage": stage.name, "task": stage.task, "visual": stage.visual, "steps": stage.steps,
-                      "wall_s": round(seconds, 2), "samples_per_s": round(samples * self.world_size / seconds, 2),
-                      **evaluate(stage.task, model.eval(), visual, eval_data, self.run.eval_batch_size, self.device,
-                                 self.tokenizer.pad_token_id)}
-            self._save_final(stage_dir, model, visual, result)
-            metrics.write(json.dumps({"stage": stage.name, "eval": result}) + "\n")
-            metrics.close()
-            board.add_scalar(f"{stage.name}/eval_{result['metric']}", result["value"], step)
-            board.close()
-            self.log(f"stage {stage.name}: " + ", ".join(f"{k} {v}" for k, v in result.items()))
-        if self.world_size > 1:
-            dist.barrier()
-
-    # ---- pieces ----------------------------------------------------------------------------
+    def _stage_log(self, stage: StageConfig, stage_dir: Path, start: int) -> StageLog | MutedStageLog:
+        return StageLog(self.out, stage_dir.name, stage.name, start) if self.rank == 0 else MutedStageLog()
 
     def _model(self, stage: StageConfig, previous: Path | None):
         overrides = dict(self.run.model)
@@ -252,33 +385,27 @@ class Trainer:
                                   seed=seed)
         return ReferringExpressions(*common, seed=seed)
 
-    def _forget_metrics_after(self, stage: str, step: int) -> None:
-        """Drops what a crashed run logged past the checkpoint it resumes from: those steps run again."""
-        path = self.out / "metrics.jsonl"
-        if self.rank != 0 or not path.is_file():
-            return
-        kept = []
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("stage") != stage or record.get("step", 0) <= step:
-                kept.append(line + "\n")
-        path.write_text("".join(kept))
-
-    def _save(self, directory: Path, model, visual, optimizer, scheduler, step: int, progress: dict) -> None:
+    def _save(self, stage: StageConfig, directory: Path, parts: StageParts, step: int,
+              progress: StageProgress) -> None:
+        """A checkpoint (rank 0 only), then the stage's oldest beyond `keep_checkpoints` removed."""
         if self.rank != 0:
             return
-        save_checkpoint(directory, model, optimizer, scheduler, step, progress)
-        if visual is not None:
-            save_file({k: v.contiguous() for k, v in visual.detector.state_dict().items()}, directory / DETECTOR_WEIGHTS)
+        extra = {DETECTOR_WEIGHTS: _detector_state(parts.visual)} if parts.visual is not None else None
+        save_checkpoint(directory, parts.model, parts.optimizer, parts.scheduler, step, progress.saved(), extra)
+        prune_checkpoints(directory.parent, stage.keep_checkpoints)
 
-    def _save_final(self, stage_dir: Path, model, visual, result: dict) -> None:
+    def _save_final(self, stage_dir: Path, parts: StageParts, result: dict) -> None:
         final = stage_dir / "final"
         tmp = stage_dir / "final.tmp"
-        model.save_pretrained(tmp)
-        if visual is not None:
-            save_file({k: v.contiguous() for k, v in visual.detector.state_dict().items()}, tmp / DETECTOR_WEIGHTS)
+        parts.model.save_pretrained(tmp)
+        if parts.visual is not None:
+            save_file(_detector_state(parts.visual), tmp / DETECTOR_WEIGHTS)
         (stage_dir / "eval.json").write_text(json.dumps(result, indent=1))
         os.replace(tmp, final)
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
 
 
 class Objective(nn.Module):
@@ -326,6 +453,14 @@ def _warmup_linear_decay(stage: StageConfig) -> Callable[[int], float]:
             return (step + 1) / stage.warmup_steps
         return max(0.0, (stage.steps - step) / max(1, stage.steps - stage.warmup_steps))
     return factor
+
+
+def _detector_state(visual: EndToEndVisual) -> dict[str, torch.Tensor]:
+    return {k: v.contiguous() for k, v in visual.detector.state_dict().items()}
+
+
+def _silent(message: str) -> None:
+    """The log of processes other than rank 0."""
 
 
 def _autocast(device: torch.device):

@@ -1,0 +1,119 @@
+"""The bytes of one FeatureStore record, and the checksum that guards them.
+
+A record (see `schema.FIELDS`) is encoded self-describing: magic, header length (u32), a JSON
+header naming every array's dtype, shape and offset and the scalar fields, then the arrays'
+little-endian bytes, 8-byte aligned. Since version 2 the last 8 bytes are an XXH3-64 checksum of
+everything before them, seeded by the record's key, so that a record is refused both when its
+bytes change and when it is read under a damaged key. Version 1 records (stores written before
+checksums) are still read; they are reported as unchecked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from typing import Any, Mapping
+
+import numpy as np
+import xxhash
+
+from extract.store.schema import FIELDS, SCALAR_FIELDS, StoreError, encode_key, stored_key
+
+RECORD_VERSION = 2
+MAGICS = {b"VLFS": 1, b"VLF2": 2}  # version by magic; the two differ in three bits
+MAGIC = {version: magic for magic, version in MAGICS.items()}
+HEADER_LENGTH = struct.Struct("<I")
+CHECKSUM = struct.Struct("<Q")
+PREFIX = 4 + HEADER_LENGTH.size
+
+
+def record_checksum(key: bytes, body: bytes | bytearray | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(body, seed=xxhash.xxh3_64_intdigest(key))
+
+
+def record_version(data: bytes | bytearray | memoryview) -> int:
+    version = MAGICS.get(bytes(data[:4]))
+    if version is None:
+        raise StoreError("does not start with a FeatureStore record's magic bytes")
+    return version
+
+
+def encode_record(record: Mapping[str, Any], image_id: str) -> bytes:
+    """Bytes of the record stored under `image_id`. Masked-variant rows whose bits equal the
+    unmasked feature row are not stored again: `masked_rows` marks the rows that are, so decoding
+    is exact."""
+    arrays = {name: np.ascontiguousarray(record[name]) for name in FIELDS if name in record}
+    unknown = set(record) - set(FIELDS) - set(SCALAR_FIELDS)
+    if unknown:
+        raise StoreError(f"record has unknown field(s) {', '.join(sorted(unknown))}")
+    if "masked_features" in arrays:
+        masked, base = arrays.pop("masked_features"), arrays["features"]
+        changed = (masked.view(np.uint8).reshape(*masked.shape[:2], -1)
+                   != base.view(np.uint8).reshape(1, base.shape[0], -1)).any(axis=2)
+        arrays["masked_rows"] = changed
+        arrays["masked_row_features"] = np.ascontiguousarray(masked[changed])
+    header: dict[str, Any] = {"version": RECORD_VERSION, **{k: record[k] for k in SCALAR_FIELDS}, "arrays": {}}
+    offset, chunks = 0, []
+    for name, array in arrays.items():
+        data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        header["arrays"][name] = [array.dtype.str.lstrip("<>|="), list(array.shape), offset]
+        pad = -len(data) % 8  # keeps every array 8-byte aligned
+        chunks.append(data + b"\0" * pad)
+        offset += len(data) + pad
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-(len(head) + PREFIX) % 8)
+    body = MAGIC[RECORD_VERSION] + HEADER_LENGTH.pack(len(head)) + head + b"".join(chunks)
+    return body + CHECKSUM.pack(record_checksum(encode_key(image_id), body))
+
+
+def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum: bool = True) -> dict[str, Any]:
+    """The record stored under `image_id` from its bytes, after checking its checksum (unless
+    `checksum` is False). Arrays are writable views of `data` when it is a bytearray (which the
+    record then owns), else of a copy. Raises StoreError saying what is wrong when the bytes are
+    damaged."""
+    buffer = data if isinstance(data, bytearray) else bytearray(data)
+    version = record_version(buffer)
+    end = len(buffer)
+    if version >= 2:
+        end -= CHECKSUM.size
+        if end < PREFIX:
+            raise StoreError(f"{len(buffer)} bytes, too short for a record")
+        if checksum and CHECKSUM.unpack_from(buffer, end)[0] != record_checksum(
+                stored_key(image_id), memoryview(buffer)[:end]):
+            raise StoreError("checksum mismatch: its bytes changed after it was written")
+    try:
+        return _decode_body(buffer, end, version)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError, struct.error) as exc:
+        raise StoreError(f"does not decode ({type(exc).__name__}: {exc})") from None
+
+
+def _decode_body(buffer: bytearray, end: int, version: int) -> dict[str, Any]:
+    (head_len,) = HEADER_LENGTH.unpack_from(buffer, 4)
+    if PREFIX + head_len > end:
+        raise ValueError(f"header of {head_len} bytes in a record of {end}")
+    header = json.loads(buffer[PREFIX : PREFIX + head_len])
+    if header.get("version") != version:
+        raise ValueError(f"header says version {header.get('version')}, the magic bytes {version}")
+    start = PREFIX + head_len
+    arrays = {}
+    for name, (dtype, shape, offset) in header["arrays"].items():
+        dt = np.dtype("<" + dtype) if dtype[0] in "fiu" else np.dtype(dtype)
+        count = math.prod(shape)
+        if start + offset + count * dt.itemsize > end:
+            raise ValueError(f"array {name} runs past the record")
+        arrays[name] = np.frombuffer(buffer, dtype=dt, count=count, offset=start + offset).reshape(shape)
+    if "masked_rows" in arrays:
+        changed = arrays.pop("masked_rows")
+        masked = np.repeat(arrays["features"][None], len(changed), axis=0)
+        masked[changed] = arrays.pop("masked_row_features")
+        arrays["masked_features"] = masked
+    record = {name: arrays[name] for name in FIELDS if name in arrays}
+    record.update({k: header[k] for k in SCALAR_FIELDS})
+    return record
+
+
+def widened(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with its float16 arrays as float32."""
+    return {k: v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype == np.float16 else v
+            for k, v in record.items()}

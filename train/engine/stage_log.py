@@ -1,0 +1,83 @@
+"""A stage's training curves: a JSON line per optimiser step and one for its evaluation in
+OUT/metrics.jsonl, TensorBoard scalars in OUT/tensorboard/<i>-<name>/.
+
+A stage that starts at step S (from a checkpoint, or at 0 after an interruption without one)
+first drops what an interrupted attempt logged past S, so every step is logged exactly once: its
+metrics.jsonl lines (and evaluation line) go, and its TensorBoard events are purged by opening
+the writer with purge_step=S+1. TensorBoard purges per log directory, hence one per stage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch.utils.tensorboard import SummaryWriter
+
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+
+
+class StageLog:
+    def __init__(self, out: Path, stage_key: str, stage: str, start: int) -> None:
+        """`stage_key`: the stage's folder name (`<i>-<name>`); `start`: the step it starts from."""
+        self.stage = stage
+        path = out / METRICS
+        _drop_entries_after(path, stage, start)
+        board = out / TENSORBOARD / stage_key
+        self.board = SummaryWriter(str(board), purge_step=start + 1 if board.exists() else None)
+        self.metrics = path.open("a")
+
+    def step(self, step: int, lr: float, losses: dict[str, float], damaged_skipped: int) -> None:
+        skipped = {"damaged_skipped": damaged_skipped} if damaged_skipped else {}
+        self._write({"stage": self.stage, "step": step, "lr": lr, **losses, **skipped})
+        for name, value in losses.items():
+            self.board.add_scalar(f"{self.stage}/{name}", value, step)
+
+    def evaluation(self, result: dict, step: int) -> None:
+        self._write({"stage": self.stage, "eval": result})
+        self.board.add_scalar(f"{self.stage}/eval_{result['metric']}", result["value"], step)
+
+    def _write(self, record: dict) -> None:
+        self.metrics.write(json.dumps(record) + "\n")
+        self.metrics.flush()
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.board.close()
+
+    def __enter__(self) -> StageLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class MutedStageLog:
+    """The log of processes other than rank 0: rank 0 logs for the run."""
+
+    def step(self, step: int, lr: float, losses: dict[str, float], damaged_skipped: int) -> None:
+        pass
+
+    def evaluation(self, result: dict, step: int) -> None:
+        pass
+
+    def __enter__(self) -> MutedStageLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _drop_entries_after(path: Path, stage: str, start: int) -> None:
+    """Removes `stage`'s step lines past `start`, and its evaluation line, from metrics.jsonl."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if not _stale(json.loads(line), stage, start)]
+    if len(kept) < len(lines):
+        path.write_text("".join(kept))
+
+
+def _stale(record: dict, stage: str, start: int) -> bool:
+    return record.get("stage") == stage and ("eval" in record or record.get("step", 0) > start)
