@@ -136,6 +136,22 @@ def test_truncated_and_damaged_shard_files_give_one_line_errors(tmp_path):
         assert info.exit_code == 0 and f"{data_file(root)}: damaged: {why}" in info.output
 
 
+def test_verify_reports_a_damaged_shard_and_still_checks_the_others(tmp_path):
+    root = tmp_path / "store"
+    records = {f"s{shard}-{i}": synthetic_record(f"s{shard}-{i}", num_boxes=30) for shard in range(2) for i in range(4)}
+    for shard in range(2):
+        with FeatureStoreWriter(root, meta(), shard=(shard, 2)) as writer:
+            writer.commit({k: v for k, v in records.items() if k.startswith(f"s{shard}-")})
+    first, second = (root / "shards" / f"shard-0000{i}-of-00002" / "data.mdb" for i in range(2))
+    with first.open("r+b") as f:
+        f.truncate(first.stat().st_size // 2)
+    flip_bit_in(second, records["s1-2"]["features"].tobytes())
+    result = verify_store(root)
+    assert result.records == 4 and len(result.problems) == 2
+    assert result.problems[0].startswith(f"{first}: damaged: truncated")
+    assert result.problems[1] == "s1-2: damaged: checksum mismatch: its bytes changed after it was written"
+
+
 def damage_plan(data: bytes, rng: np.random.Generator, tree: int, overflow: int) -> list:
     """Truncations at several points, and byte damage in the meta pages, in branch and leaf pages
     (what LMDB follows) and in overflow pages (the record bytes)."""
