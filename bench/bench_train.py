@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from train.data.annotations import AnswerVocabulary, read_annotations  # noqa: E402
+from train.data.annotations import AnnotationFile, AnswerVocabulary  # noqa: E402
 from train.data.collate import collate  # noqa: E402
 from train.data.datasets import QuestionAnswering  # noqa: E402
 from train.data.regions import RegionBank  # noqa: E402
@@ -73,8 +73,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = make_world(Path(tmp), images=args.images)
         tokenizer = load_tokenizer(root / "vocab")
-        annotations = read_annotations(root / "world" / "train.jsonl")
         bank = RegionBank(str(root / "cache"))
+        annotations = AnnotationFile(root / "world" / "train.jsonl", keep=bank.__contains__)
         dataset = QuestionAnswering(annotations, bank, tokenizer, 40, AnswerVocabulary.from_annotations(annotations))
         config = VLBertConfig(**MODEL, vocab_size=len(tokenizer), visual_feature_size=bank.feature_dim,
                               num_answers=len(dataset.answers))

@@ -102,26 +102,30 @@ def in_shard(image_id: str, shard: tuple[int, int]) -> bool:
     return zlib.crc32(image_id.encode("utf-8")) % shard[1] == shard[0]
 
 
-def work_items(images: Path, boxes_file: Path | None) -> tuple[list[WorkItem], list[tuple[WorkItem, str]]]:
-    """Every image of the job, by id, and the ones refused up front (a boxes file key outside the
-    images folder, an id used twice)."""
-    if boxes_file is None:
+def work_items(images: Path, boxes_file: Path | None,
+               image_list: Path | None = None) -> tuple[list[WorkItem], list[tuple[WorkItem, str]]]:
+    """Every image of the job, by id: those under `images`, those the boxes file names, or those
+    the image list names; and the ones refused up front (a listed path outside the images folder,
+    an id used twice)."""
+    given: Mapping[str, Any] = {}
+    if boxes_file is not None:
+        given = read_boxes_file(boxes_file)
+        paths, source = sorted(given), f"boxes file {boxes_file}"
+    elif image_list is not None:
+        paths, source = read_image_list(image_list), f"image list {image_list}"
+    else:
         paths = [p.relative_to(images).as_posix() for p in list_images(images)]
-        given: Mapping[str, Any] = {}
         if not paths:
             raise JobError(f"{images}: no image files (looked for {', '.join(IMAGE_EXTENSIONS)} in it and its "
                            "subfolders, following symlinked folders)")
-    else:
-        given = read_boxes_file(boxes_file)
-        paths = sorted(given)
-        if not paths:
-            raise JobError(f"boxes file {boxes_file}: lists no images")
+    if not paths:
+        raise JobError(f"{source}: lists no images")
     items, refused, seen = [], [], {}
     for path in paths:
         inside = _inside(path)
         if inside is None:
             # Keyed by its path: it names no image of the job.
-            refused.append((WorkItem(path, path), f"boxes file key {path!r} is not a path inside --images {images}"))
+            refused.append((WorkItem(path, path), f"listed path {path!r} is not a path inside --images {images}"))
             continue
         item = WorkItem(path, image_id(images / inside, images), images / inside, given.get(path))
         if item.image_id in seen:
@@ -131,6 +135,15 @@ def work_items(images: Path, boxes_file: Path | None) -> tuple[list[WorkItem], l
             seen[item.image_id] = path
             items.append(item)
     return items, refused
+
+
+def read_image_list(path: Path) -> list[str]:
+    """The paths a text file lists, one a line, each once (`images.txt` of `vlbert data prepare`)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JobError(f"image list {path}: unreadable ({exc})") from None
+    return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
 
 
 def _inside(path: str) -> str | None:
@@ -163,20 +176,24 @@ def given_boxes(item: WorkItem) -> np.ndarray:
 
 def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg", *,
                    weights: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
-                   boxes: str | Path | None = None, batch_size: int = 8, device: str = "cpu",
+                   boxes: str | Path | None = None, image_list: str | Path | None = None,
+                   batch_size: int = 8, device: str = "cpu",
                    feature_dtype: str = "float16", top_k_classes: int | None = 10,
                    mask_variants: int = 0, mask_prob: float = 0.15, mask_seed: int = 0,
                    shard: tuple[int, int] | None = None, decode_workers: int = 2, progress: bool = True,
                    initial_map_size: int = DEFAULT_MAP_SIZE) -> ExtractionSummary:
-    """Extracts every image under `images` (or every image named in the `boxes` file) that `out`
-    does not hold yet into the FeatureStore `out`. `top_k_classes=None` stores full class
+    """Extracts every image under `images` (or every image named in the `boxes` file or in
+    `image_list`) that `out` does not hold yet into the FeatureStore `out`. `top_k_classes=None` stores full class
     distributions. Raises StoreMismatchError when `out` was written with other settings."""
     start = time.perf_counter()
     images, out = Path(images).resolve(), Path(out)
     if batch_size < 1 or mask_variants < 0:
         raise JobError(f"batch size {batch_size}, mask variants {mask_variants}: expected >= 1 and >= 0")
     shard, device = resolve_shard_and_device(shard, device)
-    items, refused = work_items(images, Path(boxes) if boxes is not None else None)
+    if boxes is not None and image_list is not None:
+        raise JobError("give a boxes file or an image list, not both: the boxes file lists its images")
+    items, refused = work_items(images, Path(boxes) if boxes is not None else None,
+                                Path(image_list) if image_list is not None else None)
     model = Detector.build(detector, weights=weights, device=device, **dict(overrides or {}))
     if mask_variants and boxes is None and model.cfg.box_source == "regressed":
         # Variants re-pool the stored boxes; with regressed boxes those are not the pooled proposals,

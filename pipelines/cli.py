@@ -21,7 +21,8 @@ from extract.images import ImageError
 from extract.job import JobError
 from extract.store.schema import StoreError, StoreMismatchError
 from pipelines.commands import register
-from pipelines.runner import PipelineError
+from pipelines.runner import PipelineError, StepFailed
+from train.data.files import DataError
 from train.engine.config import RunConfigError
 
 USAGE = 2  # the command could not start as given; nothing was done
@@ -45,6 +46,7 @@ EXPECTED_ERRORS = (
     ExpectedError(JobError, USAGE),
     ExpectedError(PipelineError, USAGE),
     ExpectedError(CheckpointError, USAGE),
+    ExpectedError(DataError, USAGE),
     ExpectedError(StoreError, FAILED),
     ExpectedError(ImageError, FAILED),
     ExpectedError(BoxError, FAILED),
@@ -53,11 +55,16 @@ EXPECTED_ERRORS = (
 
 
 def exit_status(exc: BaseException) -> int | None:
-    """The exit status for an expected error; None for anything else (a bug)."""
+    """The exit status for an expected error; None for anything else (a bug). A failed pipeline
+    step ends as its error would have."""
+    if isinstance(exc, StepFailed):
+        return exit_status(exc.cause)
     return next((e.status for e in EXPECTED_ERRORS if isinstance(exc, e.kind)), None)
 
 
 def error_line(exc: BaseException) -> str:
+    if isinstance(exc, StepFailed):
+        return f"pipeline {exc.pipeline}, step {exc.step!r}: {error_line(exc.cause)}"
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)

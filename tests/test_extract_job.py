@@ -192,3 +192,18 @@ def test_an_empty_images_folder_is_an_error_naming_it(tmp_path):
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert f"Error: {tmp_path / 'empty'}: no image files (looked for .jpg, .jpeg, .png" in result.output
     assert not (tmp_path / "store").exists()
+
+
+def test_an_image_list_extracts_only_the_images_it_names_once_each(images, tmp_path):
+    (tmp_path / "images.txt").write_text("image0001.png\nimage0000.png\n\nimage0001.png\n../outside.png\n")
+    result = CliRunner().invoke(main, ["extract", "--images", str(images), "--out", str(tmp_path / "store"),
+                                       "--detector", "tiny", "--list", str(tmp_path / "images.txt"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    with FeatureStore(tmp_path / "store") as store:
+        assert store.keys() == ["image0000", "image0001"]
+    errors = [json.loads(line) for line in (tmp_path / "store" / "failures.jsonl").open()]
+    assert [(e["image"], "is not a path inside --images" in e["error"]) for e in errors] == [("../outside.png", True)]
+    (tmp_path / "empty.txt").write_text("\n")
+    empty = CliRunner().invoke(main, ["extract", "--images", str(images), "--out", str(tmp_path / "store2"),
+                                      "--detector", "tiny", "--list", str(tmp_path / "empty.txt")])
+    assert empty.exit_code == 2 and f"Error: image list {tmp_path / 'empty.txt'}: lists no images" in empty.output

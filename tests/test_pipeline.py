@@ -6,7 +6,7 @@ import pytest
 import torch
 import yaml
 
-from pipelines.runner import PipelineError, run_pipeline
+from pipelines.runner import PipelineError, StepFailed, load_pipeline, parse_setting, run_pipeline
 from training_world import TINY_MODEL
 
 COMMON = {"store": "${cache}", "train_annotations": "${world}/train.jsonl", "eval_annotations": "${world}/val.jsonl",
@@ -48,8 +48,9 @@ def test_pipeline_runs_skips_resumes_and_reports(tmp_path, monkeypatch):
         return original_step(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim.AdamW, "step", crash_in_tuned_run)
-    with pytest.raises(RuntimeError, match="simulated crash"):
+    with pytest.raises(StepFailed, match="step 'vqa-tuned': simulated crash") as failed:
         run_pipeline(path, log=lambda _: None)
+    assert isinstance(failed.value.cause, RuntimeError)
     monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
 
     messages = []
@@ -79,6 +80,11 @@ def test_pipeline_runs_skips_resumes_and_reports(tmp_path, monkeypatch):
     ([{"name": "a", "kind": "bake"}], "unknown kind 'bake'"),
     ([{"name": "a", "kind": "world", "x": "${b}"}], r"refers to \$\{b\}, not an earlier step"),
     ([{"kind": "world"}], "needs a `name` and a `kind`"),
+    ([{"name": "a", "kind": "world", "images": "${inputs.n}"}], r"refers to \$\{inputs.n\}, not a declared input"),
+    ([{"name": "a", "kind": "world"}, {"name": "a", "kind": "world"}], r"step 'a' \(world\): the name 'a' is taken"),
+    ([{"name": "a", "kind": "world", "imgs": 4}],
+     r"step 'a' \(world\): unknown field 'imgs' \(did you mean 'images'\?\)"),
+    ([{"name": "a", "kind": "world", "images": "4"}], r"images: expected an integer, found '4'"),
 ])
 def test_bad_pipelines_are_named(tmp_path, steps, message):
     path = tmp_path / "bad.yaml"
@@ -113,14 +119,170 @@ def test_train_command_runs_a_yaml_config_and_names_bad_ones(tmp_path):
 def test_shipped_pipelines_are_well_formed(name):
     from pathlib import Path
 
-    from pipelines.runner import load_pipeline
-    from train.engine.config import RunConfig
+    pipeline = load_pipeline(Path(__file__).parents[1] / "pipelines" / "configs" / f"{name}.yaml")  # checks every step
+    assert [s.kind for s in pipeline.steps].count("train") >= 2
+    report = [s for s in pipeline.steps if s.kind == "report"]
+    assert len(report) == 1 and len(report[0].params["runs"]) >= 2
+    assert set(report[0].reads) == {s.name for s in pipeline.steps if s.kind == "train" and str(s.folder) in
+                                    report[0].params["runs"]}
 
-    pipeline = load_pipeline(Path(__file__).parents[1] / "pipelines" / "configs" / f"{name}.yaml")
-    trains = [s for s in pipeline["steps"] if s["kind"] == "train"]
-    assert trains
-    for step in trains:
-        values = {k: v for k, v in step.items() if k not in ("name", "kind", "detector")}
-        RunConfig.from_dict({**values, "out": "unused"})  # every field known, every stage valid
-    report = [s for s in pipeline["steps"] if s["kind"] == "report"]
-    assert len(report) == 1 and len(report[0]["runs"]) >= 2
+
+# ---- inputs, checks at load, step errors, the prepare step -----------------------------------------
+
+def write_pipeline(tmp_path, steps, inputs=None, name="inputs.yaml"):
+    path = tmp_path / name
+    document = {"out": str(tmp_path / "out"), "steps": steps} | ({"inputs": inputs} if inputs is not None else {})
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def train_step(name="finetune", **stage):
+    return {"name": name, "kind": "train", **COMMON, "stages": [{"name": "vqa", "task": "vqa", "steps": 2, **stage}]}
+
+
+def test_set_values_fill_inputs_as_yaml_and_changes_redo_the_steps_using_them(tmp_path):
+    inputs = {"images": None, "seed": 0, "lr": None, "corpus": "${here}/corpus.txt"}
+    steps = [{"name": "world", "kind": "world", "images": "${inputs.images}", "seed": "${inputs.seed}"},
+             {"name": "cache", "kind": "extract", "images": "${world}", "detector": "tiny", "progress": False},
+             {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"},
+             {**train_step(base_lr="${inputs.lr}"), "corpus": "${inputs.corpus}",
+              "max_length": "${inputs.images}"}]
+    path = write_pipeline(tmp_path, steps, inputs)
+    settings = dict(parse_setting(text) for text in ["images=3", "lr=1e-5", "seed=7"])
+    assert settings == {"images": 3, "lr": "1e-5", "seed": 7}  # YAML 1.1 reads 1e-5 as text
+    assert parse_setting("day=2020-01-31") == ("day", "2020-01-31") and parse_setting("a=b=c") == ("a", "b=c")
+    pipeline = load_pipeline(path, settings)
+    world, train = pipeline.steps[0], pipeline.steps[3]
+    assert world.params == {"images": 3, "seed": 7}
+    assert train.params["corpus"] == f"{tmp_path}/corpus.txt" and train.params["max_length"] == 3
+    from train.engine.config import RunConfig
+    assert RunConfig.from_dict({**train.params, "out": "x"}).stages[0].base_lr == 1e-5  # the train rule reads it
+    assert train.reads == ("cache", "world", "vocabulary")
+
+    only_world = write_pipeline(tmp_path, steps[:1], inputs | {"lr": 0}, name="world.yaml")
+    messages = []
+    out = run_pipeline(only_world, log=messages.append, settings={"images": 3})
+    assert json.loads((out / "world" / "step.json").read_text())["params"] == {"images": 3, "seed": 0}
+    messages.clear()
+    run_pipeline(only_world, log=messages.append, settings={"images": 3, "lr": 2})  # lr: used by no step
+    assert messages == ["[world] up to date"]
+    run_pipeline(only_world, log=messages.append, settings={"images": 3, "seed": 1, "out": str(out)})
+    assert "[world] parameters or inputs changed: starting again" in messages
+    assert json.loads((out / "world" / "step.json").read_text())["params"]["seed"] == 1
+
+
+def test_missing_inputs_are_listed_together_and_unknown_set_names_refused(tmp_path):
+    path = write_pipeline(tmp_path, [{"name": "world", "kind": "world", "images": "${inputs.images}",
+                                      "seed": "${inputs.seed}"}], {"images": None, "seed": None, "lr": 1})
+    with pytest.raises(PipelineError) as missing:
+        load_pipeline(path, {"lr": 2})
+    assert str(missing.value) == f"{path}: no value for inputs images, seed; pass --set images=... --set seed=..."
+    with pytest.raises(PipelineError) as unknown:
+        load_pipeline(path, {"imgaes": 3, "seed": 1})
+    assert str(unknown.value) == (f"{path}: --set imgaes: not an input of this pipeline (did you mean 'images'?); "
+                                  "its inputs: images, seed, lr, out")
+    with pytest.raises(PipelineError, match="expected NAME=VALUE"):
+        parse_setting("images")
+
+
+def test_every_step_is_checked_at_load_before_anything_runs(tmp_path):
+    steps = [{"name": "world", "kind": "world", "images": 4},
+             {"name": "cache", "kind": "extract", "images": "${world}", "detector": "tiny", "mask_variant": 2},
+             {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"},
+             train_step("typo", base_Lr=1e-5),
+             train_step("text-number", base_lr="1,5e-5"),
+             train_step("wrong-type", batch_size=[4]),
+             {**train_step("ok", base_lr="1e-5"), "detector": "frozen"},
+             {"name": "report", "kind": "report", "runs": "${ok}"}]
+    path = write_pipeline(tmp_path, steps)
+    with pytest.raises(PipelineError) as error:
+        run_pipeline(path, log=lambda _: None)
+    assert str(error.value).splitlines() == [
+        f"{path}: step 'cache' (extract): unknown field 'mask_variant' (did you mean 'mask_variants'?)",
+        f"{path}: step 'typo' (train): stages[0] ('vqa'): unknown field 'base_Lr' (did you mean 'base_lr'?)",
+        f"{path}: step 'text-number' (train): stages[0].base_lr: expected a number, found '1,5e-5'",
+        f"{path}: step 'wrong-type' (train): stages[0].batch_size: expected an integer, found a list",
+        f"{path}: step 'report' (report): runs: expected a list, found '{tmp_path / 'out' / 'ok'}'",
+    ]
+    assert not (tmp_path / "out").exists()  # no step ran, no folder was made
+
+
+def toy_source(calls):
+    """A fake published dataset: `toy_<split>.json` under the root, {"items": [{"id", "image", "text"}]}."""
+    from train.data.files import read_json
+    from train.data.prepare import Source
+
+    def prepare(preparation):
+        calls.append(dict(preparation.options))
+        files = {split: preparation.root / f"toy_{split}.json" for split in ("train", "val")}
+        for split in preparation.present(files):
+            with preparation.split(split) as writer:
+                for item in read_json(files[split])["items"]:
+                    if len(item["text"]) < preparation.options["min_length"]:
+                        writer.skip(item["id"], "too short")
+                    elif preparation.image_exists(item["image"]):
+                        writer.add({"file": item["image"], "captions": [item["text"]]}, items=1)
+                    else:
+                        writer.skip_missing_image(item["id"], item["image"])
+
+    return Source("toy", ("train", "val"), prepare, "a test source")
+
+
+@pytest.fixture
+def toy_dataset(tmp_path, monkeypatch):
+    import train.data.sources
+
+    calls = []
+    # Into the module's namespace: its SOURCES attribute would import every real source.
+    monkeypatch.setitem(vars(train.data.sources), "SOURCES", {"toy": toy_source(calls)})
+    root = tmp_path / "toy"
+    (root / "images").mkdir(parents=True)
+    (root / "images" / "a.jpg").write_bytes(b"jpeg")
+    items = [{"id": 1, "image": "a.jpg", "text": "a red ball"}, {"id": 2, "image": "b.jpg", "text": "a cube"},
+             {"id": 3, "image": "a.jpg", "text": "ok"}]
+    (root / "toy_train.json").write_text(json.dumps({"items": items}))
+    steps = [{"name": "data", "kind": "prepare", "source": "${inputs.source}", "root": "${inputs.root}",
+              "images": "${inputs.root}/images", "max_missing": "${inputs.max_missing}", "min_length": 3}]
+    path = write_pipeline(tmp_path, steps, {"source": "toy", "root": None, "max_missing": 1})
+    return path, root, calls
+
+
+def test_prepare_step_runs_a_source_and_is_skipped_when_rerun(toy_dataset):
+    path, root, calls = toy_dataset
+    messages = []
+    out = run_pipeline(path, log=messages.append, settings={"root": str(root)})
+    assert calls == [{"min_length": 3}]
+    assert [json.loads(line) for line in (out / "data" / "train.jsonl").read_text().splitlines()] == [
+        {"file": "a.jpg", "captions": ["a red ball"]}]
+    summary = json.loads((out / "data" / "summary.json").read_text())
+    assert summary["splits"] == {"train": {"items": 1, "skipped": 2, "missing_images": 1}}
+    assert summary["absent"] == ["val"]
+    messages.clear()
+    run_pipeline(path, log=messages.append, settings={"root": str(root)})
+    assert messages == ["[data] up to date"] and len(calls) == 1
+    with pytest.raises(PipelineError, match=r"step 'data' \(prepare\): source: 'tyo' is not a known source "
+                                            r"\(did you mean 'toy'\?\); known: toy"):
+        load_pipeline(path, {"root": str(root), "source": "tyo"})
+
+
+def test_a_failing_step_ends_the_command_with_one_line_naming_it(toy_dataset):
+    from click.testing import CliRunner
+
+    from pipelines.cli import main
+
+    path, root, calls = toy_dataset
+    command = ["pipeline", "run", str(path), "--set", f"root={root}", "--set", "max_missing=0.2"]
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 2  # a DataError's status
+    assert result.output.splitlines()[-1] == (
+        f"Error: pipeline {path}, step 'data': toy train: 1 of 3 items (33.3%) have no image under "
+        f"{root / 'images'}, more than --max-missing 20.0%; the reasons are in {root.parent / 'out' / 'data'}"
+        "/skipped.jsonl")
+    debug = CliRunner().invoke(main, ["--debug", *command])
+    assert isinstance(debug.exception, StepFailed) and type(debug.exception.__cause__).__name__ == "DataError"
+
+    (root / "toy_train.json").write_text(json.dumps({"items": [{"id": 1}]}))  # the toy reader then fails: a bug
+    bug = CliRunner().invoke(main, command[:5])
+    assert bug.exit_code == 1 and isinstance(bug.exception, StepFailed) and isinstance(bug.exception.cause, KeyError)
+    missing = CliRunner().invoke(main, command[:3])
+    assert missing.exit_code == 2 and f"Error: {path}: no value for input root; pass --set root=..." in missing.output

@@ -7,10 +7,11 @@ import pytest
 import torch
 from torchvision.ops import box_iou
 
-from train.data.annotations import AnswerVocabulary, read_annotations
+from train.data.annotations import AnnotationFile, AnswerVocabulary
 from train.data.collate import collate
 from train.data.datasets import CaptionPretraining, QuestionAnswering, ReferringExpressions, TextOnlyCorpus
 from train.data.regions import RegionBank
+from train.data.sources.text import TextCorpus
 from train.end2end import EndToEndVisual
 from train.engine.config import StageConfig
 from train.engine.trainer import Trainer
@@ -26,8 +27,8 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def parts(world):
     tokenizer = load_tokenizer(world / "vocab")
-    annotations = read_annotations(world / "world" / "train.jsonl")
-    return tokenizer, annotations, RegionBank(str(world / "cache"))
+    bank = RegionBank(str(world / "cache"))
+    return tokenizer, AnnotationFile(world / "world" / "train.jsonl", keep=bank.__contains__), bank
 
 
 def test_regions_put_the_whole_image_first(parts, world):
@@ -48,7 +49,7 @@ def test_pixel_masking_takes_one_cached_variant(parts):
     dataset = CaptionPretraining(annotations, bank, tokenizer, 48, roi_masking="pixel", seed=1)
     for index in range(5):
         sample = dataset[index]
-        regions = bank.get(dataset.items[index][0], class_probs=True, variants=True).truncated(len(sample.regions))
+        regions = bank.get(dataset.item(index)[0].image_id, class_probs=True, variants=True).truncated(len(sample.regions))
         variant = [k for k in range(len(regions.variant_masks))
                    if np.array_equal(regions.variant_masks[k], sample.masked_regions)]
         assert variant, "the masked RoIs are one cached variant's"
@@ -69,10 +70,12 @@ def test_samples_depend_on_seed_epoch_and_index_only(parts):
     assert not sample.masked_regions[0]  # never the whole-image box
 
 
-def test_mixed_batches_hold_text_only_samples(parts):
+def test_mixed_batches_hold_text_only_samples(parts, tmp_path):
     tokenizer, annotations, bank = parts
     captions = CaptionPretraining(annotations, bank, tokenizer, 48, relationship=True, seed=0)
-    text = TextOnlyCorpus(["a long sentence about a red circle and a blue square"], tokenizer, 48)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a long sentence about a red circle and a blue square\n")
+    text = TextOnlyCorpus(TextCorpus(corpus), tokenizer, 48)
     batch = collate([captions[0], captions[1], text[0]], tokenizer.pad_token_id)
     assert batch["box_mask"][2].sum() == 0 and batch["box_mask"][0, 0]
     assert batch["relationship_labels"][2] == -100 and batch["relationship_labels"][0] in (0, 1)
@@ -88,13 +91,16 @@ def test_vqa_and_referring_expression_targets(parts):
     answers = AnswerVocabulary.from_annotations(annotations)
     vqa = QuestionAnswering(annotations, bank, tokenizer, 48, answers)
     sample = vqa[0]
-    assert sample.targets["labels"].sum() == 1 and answers.answers[int(sample.targets["labels"].argmax())] == vqa.items[0][3][0]
+    answer = vqa.item(0)[1].answers[0]
+    assert sample.targets["labels"].sum() == 1 and answers.answers[int(sample.targets["labels"].argmax())] == answer
     assert sample.sequence.input_ids[sample.sequence.answer_position] == tokenizer.mask_token_id
-    assert np.allclose(AnswerVocabulary(["a", "b"]).scores(["a", "a", "b", "a", "a"]), [1.0, 1 / 3])
+    # The official soft score: the mean over the ten leave-one-out subsets of min(1, matches / 3).
+    ten = ["cat"] * 2 + ["Dog."] * 8  # answers are compared after the official normalisation
+    assert np.allclose(AnswerVocabulary(["cat", "dog", "cow"]).scores(ten), [(8 * 2 / 3 + 2 * 1 / 3) / 10, 1.0, 0.0])
 
     refs = ReferringExpressions(annotations, bank, tokenizer, 48)
     sample = refs[0]
-    target = np.asarray(refs.items[0][3], np.float32)
+    target = np.asarray(refs.item(0)[1].box, np.float32)
     expected = box_iou(torch.from_numpy(sample.regions.boxes), torch.from_numpy(target)[None])[:, 0].numpy() >= 0.5
     expected[0] = False
     assert np.array_equal(sample.region_targets["labels"] > 0, expected)
@@ -195,7 +201,7 @@ def test_multiple_choice_samples_and_a_stage(parts, world):
     tokenizer, annotations, bank = parts
     dataset = MultipleChoice(annotations, bank, tokenizer, 48, answers_by_type(annotations), num_choices=3)
     candidates, label = dataset.candidates(0)
-    assert len(candidates) == 3 and len(set(candidates)) == 3 and candidates[label] == dataset.items[0][3]
+    assert len(candidates) == 3 and len(set(candidates)) == 3 and candidates[label] == dataset.item(0)[1].answers[0]
     assert dataset.candidates(0) == (candidates, label)  # fixed per item
     batch = collate([dataset[0], dataset[1]], tokenizer.pad_token_id)
     assert batch["input_ids"].shape[:2] == (2, 3) and batch["appearance"].shape[0] == 2

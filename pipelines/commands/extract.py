@@ -31,6 +31,9 @@ def _top_k(value: str) -> int | None:
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Detector config override (repeatable).")
 @click.option("--boxes", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="JSON object: image path relative to --images → list of [x1, y1, x2, y2] in original pixels.")
+@click.option("--list", "image_list", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Text file of image paths relative to --images, one a line (images.txt of `vlbert data "
+                   "prepare`): only these are extracted.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1))
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--feature-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
@@ -46,7 +49,7 @@ def _top_k(value: str) -> int | None:
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Image decoding threads.")
 @click.option("--strict", is_flag=True, help="Exit with status 1 when any image failed.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def extract_command(images, out, detector, weights, overrides, boxes, batch_size, device, feature_dtype, top_k_classes,
+def extract_command(images, out, detector, weights, overrides, boxes, image_list, batch_size, device, feature_dtype, top_k_classes,
                     mask_variants, mask_prob, mask_seed, shard, workers, strict, quiet) -> None:
     """Extract RoI features for every image under --images into the FeatureStore --out.
 
@@ -54,7 +57,7 @@ def extract_command(images, out, detector, weights, overrides, boxes, batch_size
     """
     summary = run_extraction(
         images, out, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
-        boxes=boxes, batch_size=batch_size, device=device, feature_dtype=feature_dtype,
+        boxes=boxes, image_list=image_list, batch_size=batch_size, device=device, feature_dtype=feature_dtype,
         top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
         mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
         progress=not quiet,

@@ -1,18 +1,69 @@
-"""Task annotations: one JSON object per image (the demo world's format, documented in the README).
+"""The project's one annotation schema: JSON lines, one image each (`vlbert data prepare` writes it
+from the benchmarks' published files; the demo world writes it too).
 
-`file` is the image's path relative to the images root the FeatureStore was extracted from, so its
-path without extension is the store key. `captions`, `vqa` ({question, answer} or {question,
-answers}, optionally with an `answer_type`) and `refs` ({text, box}) are each optional.
+    {"file": "val2014/COCO_val2014_000000000042.jpg",   # relative to the images root; without its
+                                                         # extension it is the FeatureStore key
+     "image_id": 42,                                     # the dataset's own id (optional)
+     "captions": ["a man riding a horse", ...],
+     "vqa": [{"question_id": 420, "question": "...", "answers": [ten answers as published],
+              "answer_type": "yes/no", "question_type": "is the"}],   # answers [] on test splits
+     "refs": [{"sent_id": 7, "ref_id": 3, "text": "left horse", "box": [x1, y1, x2, y2]}],
+     "vcr": [{"annot_id": "val-0", "question": TAGGED, "answer_choices": [TAGGED x4],
+              "rationale_choices": [TAGGED x4], "answer_label": 1, "rationale_label": 2}],
+     "objects": ["person", "horse", ...]}                # VCR: the category of each given box
+
+Every key but `file` is optional; `{"question", "answer"}` is read as one answer. TAGGED is a list
+of tokens, each a word or [word, object] where `object` indexes the image's boxes (the boxes file
+of given-box extraction, in its order): that word's visual feature is the object's RoI feature.
+
+`AnnotationFile` indexes a file in one streaming pass into NumPy arrays (the offset of each line,
+and each item's line and position) and parses a line when a sample needs it, so datasets of
+millions of items cost a few bytes per item, shared by DataLoader workers rather than copied.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import numpy as np
+
+from train.data.files import DataError, parse_json_line
+
+ITEM_KINDS = ("captions", "vqa", "refs", "vcr")
+
+Token = str | tuple[str, int]  # a word, or a word tagged with the index of the object it names
+
+
+@dataclass
+class Question:
+    question: str
+    answers: list[str]  # as published (VQA v2: ten); empty on test splits
+    question_id: int | None = None
+    answer_type: str | None = None
+    question_type: str | None = None
+
+
+@dataclass
+class Reference:
+    text: str
+    box: list[float]  # xyxy, pixels
+    sent_id: int | None = None
+    ref_id: int | None = None
+
+
+@dataclass
+class CommonsenseQuestion:
+    """A VCR annotation: a question, four answers and four rationales, with their labels."""
+
+    annot_id: str
+    question: list[Token]
+    answer_choices: list[list[Token]]
+    rationale_choices: list[list[Token]]
+    answer_label: int | None = None  # None on the test split
+    rationale_label: int | None = None
 
 
 @dataclass
@@ -20,66 +71,196 @@ class ImageAnnotation:
     image_id: str  # the FeatureStore key
     file: str
     captions: list[str] = field(default_factory=list)
-    questions: list[tuple[str, list[str], str | None]] = field(default_factory=list)  # (question, answers, type)
-    refs: list[tuple[str, list[float]]] = field(default_factory=list)  # (expression, xyxy box)
+    questions: list[Question] = field(default_factory=list)
+    refs: list[Reference] = field(default_factory=list)
+    vcr: list[CommonsenseQuestion] = field(default_factory=list)
+    objects: list[str] = field(default_factory=list)
+
+    def items(self, kind: str) -> list:
+        return {"captions": self.captions, "vqa": self.questions, "refs": self.refs, "vcr": self.vcr}[kind]
+
+
+def parse_annotation(record: Any) -> ImageAnnotation:
+    """An ImageAnnotation from one line's JSON value; KeyError, TypeError or ValueError if malformed."""
+    if not isinstance(record, dict):
+        raise TypeError(f"expected a JSON object, found {type(record).__name__}")
+    file = record["file"]
+    if not isinstance(file, str):
+        raise TypeError("`file` must be a string")
+    objects = [str(name) for name in record.get("objects", [])]
+    return ImageAnnotation(
+        image_id=Path(file).with_suffix("").as_posix(),
+        file=file,
+        captions=[_text(c) for c in record.get("captions", [])],
+        questions=[_question(q) for q in record.get("vqa", [])],
+        refs=[Reference(_text(r["text"]), _box(r["box"]), r.get("sent_id"), r.get("ref_id"))
+              for r in record.get("refs", [])],
+        vcr=[_commonsense(v, len(objects)) for v in record.get("vcr", [])],
+        objects=objects,
+    )
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a text, found {value!r}")
+    return value
+
+
+def _box(value: Any) -> list[float]:
+    box = [float(v) for v in value]
+    if len(box) != 4:
+        raise ValueError(f"a box is [x1, y1, x2, y2], found {value!r}")
+    return box
+
+
+def _question(q: dict) -> Question:
+    answers = [_text(a) for a in q["answers"]] if "answers" in q else [_text(q["answer"])] if "answer" in q else []
+    return Question(_text(q["question"]), answers, q.get("question_id"), q.get("answer_type"), q.get("question_type"))
+
+
+def _commonsense(v: dict, num_objects: int) -> CommonsenseQuestion:
+    def tagged(tokens: Any) -> list[Token]:
+        if not isinstance(tokens, list):
+            raise TypeError(f"annotation {v.get('annot_id')!r}: expected a list of tokens, found {tokens!r}")
+        result: list[Token] = []
+        for token in tokens:
+            if isinstance(token, list) and len(token) == 2 and isinstance(token[1], int):
+                if not 0 <= token[1] < num_objects:
+                    raise ValueError(f"annotation {v.get('annot_id')!r}: token {token!r} names object {token[1]}, "
+                                     f"but the image has {num_objects} objects")
+                result.append((_text(token[0]), token[1]))
+            else:
+                result.append(_text(token))
+        return result
+
+    def choices(name: str) -> list[list[Token]]:
+        return [tagged(choice) for choice in v[name]]
+
+    return CommonsenseQuestion(str(v["annot_id"]), tagged(v["question"]), choices("answer_choices"),
+                               choices("rationale_choices"), v.get("answer_label"), v.get("rationale_label"))
+
+
+class AnnotationFile:
+    """An annotation file, indexed: `file[i]` parses the i-th kept line, `items(kind)` lists (line,
+    position) of every item of a kind. `keep(image_id)` drops images (those the store lacks) while
+    indexing; `dropped` counts them."""
+
+    def __init__(self, path: str | Path, keep: Callable[[str], bool] | None = None) -> None:
+        self.path = Path(path)
+        offsets: list[int] = []
+        counts: dict[str, list[int]] = {kind: [] for kind in ITEM_KINDS}
+        self.dropped = 0
+        for offset, annotation in self._scan():
+            if keep is not None and not keep(annotation.image_id):
+                self.dropped += 1
+                continue
+            offsets.append(offset)
+            for kind in ITEM_KINDS:
+                counts[kind].append(len(annotation.items(kind)))
+        self.offsets = np.asarray(offsets, np.int64)
+        self._counts = {kind: np.asarray(c, np.int32) for kind, c in counts.items()}
+        self._handle = None
+
+    def _scan(self) -> Iterator[tuple[int, ImageAnnotation]]:
+        try:
+            with self.path.open("rb") as f:
+                offset = 0
+                for number, line in enumerate(f, 1):
+                    if line.strip():
+                        yield offset, self._parse(line, number)
+                    offset += len(line)
+        except OSError as exc:
+            raise DataError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
+
+    def _parse(self, line: bytes, number: int) -> ImageAnnotation:
+        try:
+            return parse_annotation(parse_json_line(line, self.path, number))
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, DataError):
+                raise
+            what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise DataError(f"{self.path}:{number}: not an annotation record ({what})") from None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, index: int) -> ImageAnnotation:
+        if self._handle is None:
+            self._handle = self.path.open("rb")
+        self._handle.seek(int(self.offsets[index]))
+        return parse_annotation(parse_json_line(self._handle.readline(), self.path, 0))
+
+    def __iter__(self) -> Iterator[ImageAnnotation]:
+        return (self[i] for i in range(len(self)))
+
+    def items(self, kind: str) -> np.ndarray:
+        """(M, 2) int: the line (index among kept lines) and position of each item of `kind`."""
+        counts = self._counts[kind]
+        lines = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        starts = np.repeat(np.cumsum(counts, dtype=np.int64) - counts, counts)
+        return np.stack([lines, np.arange(len(lines), dtype=np.int64) - starts], 1)
+
+    def item(self, line_and_position: np.ndarray, kind: str):
+        line, position = (int(v) for v in line_and_position)
+        annotation = self[line]
+        return annotation, annotation.items(kind)[position]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_handle": None}
 
 
 def read_annotations(path: str | Path) -> list[ImageAnnotation]:
-    path = Path(path)
-    annotations = []
-    with path.open() as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                annotations.append(ImageAnnotation(
-                    image_id=Path(record["file"]).with_suffix("").as_posix(),
-                    file=record["file"],
-                    captions=list(record.get("captions", [])),
-                    questions=[(q["question"], list(q["answers"]) if "answers" in q else [q["answer"]],
-                                q.get("answer_type")) for q in record.get("vqa", [])],
-                    refs=[(r["text"], [float(v) for v in r["box"]]) for r in record.get("refs", [])],
-                ))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{number}: not an annotation record ({type(exc).__name__}: {exc})") from None
-    return annotations
+    """Every record of a (small) annotation file, parsed."""
+    return list(AnnotationFile(path))
 
 
 class AnswerVocabulary:
-    """Answers seen in training, most frequent first; VQA soft score of an answer = min(1, votes / 3)."""
+    """The answers a VQA head scores, most frequent first; targets are the official soft scores."""
 
     def __init__(self, answers: list[str]) -> None:
         self.answers = list(answers)
         self.index = {a: i for i, a in enumerate(self.answers)}
 
     @classmethod
-    def from_annotations(cls, annotations: list[ImageAnnotation]) -> "AnswerVocabulary":
-        counts = Counter(a for ann in annotations for _, answers, _ in ann.questions for a in answers)
+    def from_annotations(cls, annotations) -> AnswerVocabulary:
+        """Every normalised answer of the annotations' questions."""
+        from train.data.sources.vqa2 import normalize_answer
+
+        counts = Counter(normalize_answer(a) for ann in annotations for q in ann.questions for a in q.answers)
         return cls([a for a, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))])
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> AnswerVocabulary:
+        """An answers.txt written by `vlbert data prepare vqa2`: one answer a line."""
+        answers = [line for line in Path(path).read_text().splitlines() if line]
+        if not answers:
+            raise DataError(f"{path}: lists no answers")
+        return cls(answers)
 
     def __len__(self) -> int:
         return len(self.answers)
 
     def scores(self, answers: list[str]) -> np.ndarray:
+        from train.data.sources.vqa2 import answer_scores
+
         scores = np.zeros(len(self.answers), np.float32)
-        for answer, votes in Counter(answers).items():
+        for answer, score in answer_scores(answers).items():
             if answer in self.index:
-                scores[self.index[answer]] = min(1.0, votes / 3.0) if len(answers) > 1 else 1.0
+                scores[self.index[answer]] = score
         return scores
 
 
-def annotation_texts(annotations: list[ImageAnnotation]) -> list[str]:
+def annotation_texts(annotations) -> list[str]:
     """Every text of the annotations: captions, questions, answers and referring expressions."""
     return [text for a in annotations for text in (
-        a.captions + [q for q, _, _ in a.questions] + [x for _, answers, _ in a.questions for x in answers]
-        + [t for t, _ in a.refs])]
+        a.captions + [q.question for q in a.questions] + [x for q in a.questions for x in q.answers]
+        + [r.text for r in a.refs])]
 
 
-def answers_by_type(annotations: list[ImageAnnotation]) -> dict[str | None, list[str]]:
+def answers_by_type(annotations) -> dict[str | None, list[str]]:
     """The distinct answers of each answer type, in a stable order (multiple-choice distractors)."""
     groups: dict[str | None, set[str]] = {}
     for a in annotations:
-        for _, answers, kind in a.questions:
-            groups.setdefault(kind, set()).update(answers)
+        for q in a.questions:
+            groups.setdefault(q.answer_type, set()).update(q.answers)
     return {kind: sorted(answers) for kind, answers in groups.items()}

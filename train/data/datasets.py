@@ -1,4 +1,8 @@
-"""Training samples: caption–image pre-training, text-only corpus, VQA, referring expressions.
+"""Training samples: caption–image pre-training, text-only corpus, VQA, multiple choice (the demo
+world's and VCR's), referring expressions.
+
+Datasets hold an AnnotationFile's item index (NumPy arrays) and parse an annotation line when a
+sample needs it, so forked DataLoader workers share the index instead of copying Python objects.
 
 Every random choice of a sample (masked words, masked RoIs, the cached pixel-masked variant, a
 mismatched caption) is drawn from a generator seeded by (seed, epoch, index), so a sample is the
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,7 +25,7 @@ from torch.utils.data import Dataset
 from torchvision.ops import box_iou
 
 from extract.store.schema import DamagedRecordError
-from train.data.annotations import AnswerVocabulary, ImageAnnotation
+from train.data.annotations import AnnotationFile, AnswerVocabulary, Token
 from train.data.regions import RegionBank, Regions
 from vlbert.tokenization import (
     Segment,
@@ -32,6 +37,9 @@ from vlbert.tokenization import (
     mask_whole_words,
     word_pieces,
 )
+
+if TYPE_CHECKING:
+    from train.data.sources.text import TextCorpus
 
 ROI_MASKING_MODES = ("pixel", "feature")
 
@@ -45,6 +53,7 @@ class Sample:
     targets: dict[str, np.ndarray | int] = field(default_factory=dict)  # one value per sample
     region_targets: dict[str, np.ndarray] = field(default_factory=dict)  # (N, ...) per RoI
     choices: list[TextSequence] | None = None  # multiple choice: one sequence per candidate
+    item_id: Any = None  # the annotation item's id (question_id, sent_id, ...) for prediction files
 
 
 @dataclass
@@ -76,7 +85,26 @@ class SeededDataset(Dataset):
         return random.Random(f"{self.seed}/{self.epoch}/{index}")
 
 
-class CaptionPretraining(SeededDataset):
+class AnnotatedDataset(SeededDataset):
+    """Samples from the items of one kind (`KIND`) of an annotation file, whose images the store holds."""
+
+    KIND = ""
+
+    def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
+                 seed: int = 0) -> None:
+        super().__init__(seed)
+        self.annotations, self.regions, self.tokenizer, self.max_length = annotations, regions, tokenizer, max_length
+        self.items = annotations.items(self.KIND)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def item(self, index: int):
+        """(the image's annotation, the item) of sample `index`."""
+        return self.annotations.item(self.items[index], self.KIND)
+
+
+class CaptionPretraining(AnnotatedDataset):
     """Masked language modelling with visual clues and masked RoI classification with linguistic clues.
 
     `roi_masking="pixel"`: one cached masked-pixel variant per sample and epoch; its masked RoIs are
@@ -86,16 +114,16 @@ class CaptionPretraining(SeededDataset):
     MLM or RoI targets, as in the paper's ablation (c).
     """
 
-    def __init__(self, annotations: list[ImageAnnotation], regions: RegionBank, tokenizer, max_length: int,
+    KIND = "captions"
+
+    def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
                  roi_masking: str = "pixel", relationship: bool = False, seed: int = 0) -> None:
-        super().__init__(seed)
         if roi_masking not in ROI_MASKING_MODES:
             raise ValueError(f"roi_masking={roi_masking!r}: expected one of {ROI_MASKING_MODES}")
         problem = self.store_problem(regions, roi_masking)
         if problem is not None:
             raise ValueError(problem)
-        self.items = [(a.image_id, a.file, c) for a in annotations if a.image_id in regions for c in a.captions]
-        self.regions, self.tokenizer, self.max_length = regions, tokenizer, max_length
+        super().__init__(annotations, regions, tokenizer, max_length, seed)
         self.roi_masking, self.relationship = roi_masking, relationship
 
     @staticmethod
@@ -108,20 +136,17 @@ class CaptionPretraining(SeededDataset):
             return f"{regions.root} stores no class distributions: masked RoI classification needs them"
         return None
 
-    def __len__(self) -> int:
-        return len(self.items)
-
     def sample(self, index: int) -> Sample:
         rng = self.rng(index)
-        image_id, image_file, caption = self.items[index]
+        annotation, caption = self.item(index)
         matched = 1
         if self.relationship and rng.random() < 0.5:
-            other = rng.randrange(len(self.items))
-            if self.items[other][0] != image_id:
-                caption, matched = self.items[other][2], 0
+            other, other_caption = self.item(rng.randrange(len(self.items)))
+            if other.image_id != annotation.image_id:
+                caption, matched = other_caption, 0
         pieces = word_pieces(self.tokenizer, caption)
         masked = mask_whole_words(self.tokenizer, pieces, rng) if matched else None
-        regions = self.regions.get(image_id, class_probs=True, variants=self.roi_masking == "pixel")
+        regions = self.regions.get(annotation.image_id, class_probs=True, variants=self.roi_masking == "pixel")
         sequence = build_caption_sequence(self.tokenizer, masked.ids if masked else pieces.ids, len(regions),
                                           self.max_length, masked.labels if masked else None)
         regions = regions.truncated(sequence.num_regions)
@@ -136,68 +161,64 @@ class CaptionPretraining(SeededDataset):
         if not matched:
             predicted = np.zeros(len(regions), bool)
         targets = {"relationship_labels": matched} if self.relationship else {}
-        return Sample(sequence, regions, image_file, np.asarray(replaced, bool), targets,
+        return Sample(sequence, regions, annotation.file, np.asarray(replaced, bool), targets,
                       region_targets={"region_labels": regions.class_probs * predicted[:, None]})
 
 
 class TextOnlyCorpus(SeededDataset):
-    """Masked language modelling on plain sentences (no image): the paper's text-only corpus."""
+    """Masked language modelling on text without an image: the paper's text-only corpus. Each
+    sample is a line of the corpus and the lines after it in its document, up to `max_length` words."""
 
-    def __init__(self, sentences: list[str], tokenizer, max_length: int, seed: int = 0) -> None:
+    def __init__(self, corpus: TextCorpus, tokenizer, max_length: int, seed: int = 0) -> None:
         super().__init__(seed)
-        self.sentences, self.tokenizer, self.max_length = sentences, tokenizer, max_length
+        self.corpus, self.tokenizer, self.max_length = corpus, tokenizer, max_length
 
     def __len__(self) -> int:
-        return len(self.sentences)
+        return len(self.corpus)
 
     def sample(self, index: int) -> Sample:
-        pieces = word_pieces(self.tokenizer, self.sentences[index])
+        pieces = word_pieces(self.tokenizer, self.corpus.text(index, self.max_length))
         masked = mask_whole_words(self.tokenizer, pieces, self.rng(index))
         return Sample(build_caption_sequence(self.tokenizer, masked.ids, 0, self.max_length, masked.labels))
 
 
-class QuestionAnswering(SeededDataset):
-    """`[CLS] question [SEP] [MASK] [SEP]` with VQA soft scores over the answer vocabulary."""
+class QuestionAnswering(AnnotatedDataset):
+    """`[CLS] question [SEP] [MASK] [SEP]` with the official VQA soft scores over the answer vocabulary."""
 
-    def __init__(self, annotations: list[ImageAnnotation], regions: RegionBank, tokenizer, max_length: int,
+    KIND = "vqa"
+
+    def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
                  answers: AnswerVocabulary, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.items = [(a.image_id, a.file, q, ans) for a in annotations if a.image_id in regions
-                      for q, ans, _ in a.questions]
-        self.regions, self.tokenizer, self.max_length, self.answers = regions, tokenizer, max_length, answers
-
-    def __len__(self) -> int:
-        return len(self.items)
+        super().__init__(annotations, regions, tokenizer, max_length, seed)
+        self.answers = answers
 
     def sample(self, index: int) -> Sample:
-        image_id, image_file, question, answers = self.items[index]
-        regions = self.regions[image_id]
-        sequence = build_vqa_sequence(self.tokenizer, word_pieces(self.tokenizer, question).ids, len(regions),
-                                      self.max_length)
-        return Sample(sequence, regions.truncated(sequence.num_regions), image_file,
-                      targets={"labels": self.answers.scores(answers)})
+        annotation, question = self.item(index)
+        regions = self.regions[annotation.image_id]
+        sequence = build_vqa_sequence(self.tokenizer, word_pieces(self.tokenizer, question.question).ids,
+                                      len(regions), self.max_length)
+        return Sample(sequence, regions.truncated(sequence.num_regions), annotation.file,
+                      targets={"labels": self.answers.scores(question.answers)},
+                      item_id=_item_id(question.question_id, index))
 
 
-class MultipleChoice(SeededDataset):
-    """VCR-style Q→A: `[CLS] question [SEP] candidate [SEP]` for each candidate, one of them right.
+class MultipleChoice(AnnotatedDataset):
+    """The demo world's Q→A: `[CLS] question [SEP] candidate [SEP]` for each candidate, one right.
 
     Candidates are the annotated answer and `num_choices - 1` other training answers of the same
     answer type (any type where too few), drawn once per item, so evaluation is stable.
     """
 
-    def __init__(self, annotations: list[ImageAnnotation], regions: RegionBank, tokenizer, max_length: int,
+    KIND = "vqa"
+
+    def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
                  answers_by_type: dict[str | None, list[str]], num_choices: int = 4, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.items = [(a.image_id, a.file, q, answers[0], kind) for a in annotations if a.image_id in regions
-                      for q, answers, kind in a.questions]
-        self.regions, self.tokenizer, self.max_length = regions, tokenizer, max_length
+        super().__init__(annotations, regions, tokenizer, max_length, seed)
         self.answers_by_type, self.num_choices = answers_by_type, num_choices
 
-    def __len__(self) -> int:
-        return len(self.items)
-
     def candidates(self, index: int) -> tuple[list[str], int]:
-        _, _, _, answer, kind = self.items[index]
+        _, question = self.item(index)
+        answer, kind = question.answers[0], question.answer_type
         rng = random.Random(f"{self.seed}/choices/{index}")
         same_type = [a for a in self.answers_by_type.get(kind, []) if a != answer]
         others = [a for a in sorted({a for group in self.answers_by_type.values() for a in group})
@@ -210,36 +231,89 @@ class MultipleChoice(SeededDataset):
         return candidates, candidates.index(answer)
 
     def sample(self, index: int) -> Sample:
-        image_id, image_file, question, _, _ = self.items[index]
+        annotation, question = self.item(index)
         candidates, label = self.candidates(index)
-        regions = self.regions[image_id]
+        regions = self.regions[annotation.image_id]
         pieces = [word_pieces(self.tokenizer, text).ids for text in candidates]
-        sequences = build_choice_sequences(self.tokenizer, Segment(word_pieces(self.tokenizer, question).ids),
+        sequences = build_choice_sequences(self.tokenizer, Segment(word_pieces(self.tokenizer, question.question).ids),
                                            [Segment(ids) for ids in pieces], len(regions), self.max_length)
-        return Sample(sequences[0], regions.truncated(sequences[0].num_regions), image_file,
-                      targets={"labels": label}, choices=sequences)
+        return Sample(sequences[0], regions.truncated(sequences[0].num_regions), annotation.file,
+                      targets={"labels": label}, choices=sequences, item_id=_item_id(question.question_id, index))
 
 
-class ReferringExpressions(SeededDataset):
-    """An expression and every RoI scored; RoIs with IoU ≥ 0.5 to the referred box are positives."""
+class VisualCommonsense(AnnotatedDataset):
+    """VCR, as VL-BERT fine-tunes it: Q→A scores `[CLS] question [SEP] answer [SEP]` for the four
+    answers; QA→R scores `[CLS] question answer [SEP] rationale [SEP]` for the four rationales,
+    the answer being the right one in training. Words tagged with an object take that object's RoI
+    feature (its given box, after the whole-image box).
 
-    def __init__(self, annotations: list[ImageAnnotation], regions: RegionBank, tokenizer, max_length: int,
-                 seed: int = 0) -> None:
-        super().__init__(seed)
-        self.items = [(a.image_id, a.file, text, box) for a in annotations if a.image_id in regions
-                      for text, box in a.refs]
-        self.regions, self.tokenizer, self.max_length = regions, tokenizer, max_length
+    `conditioned_on_every_answer` (QA→R evaluation): four samples per annotation, one per answer,
+    as the leaderboard's Q→AR needs the rationale chosen given the predicted answer.
+    """
+
+    KIND = "vcr"
+    STEPS = ("q2a", "qa2r")
+
+    def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
+                 step: str, conditioned_on_every_answer: bool = False, seed: int = 0) -> None:
+        if step not in self.STEPS:
+            raise ValueError(f"step={step!r}: expected one of {self.STEPS}")
+        super().__init__(annotations, regions, tokenizer, max_length, seed)
+        self.step, self.every_answer = step, conditioned_on_every_answer and step == "qa2r"
+        self.answers_per_item = 4 if self.every_answer else 1
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.items) * self.answers_per_item
 
     def sample(self, index: int) -> Sample:
-        image_id, image_file, text, box = self.items[index]
-        regions = self.regions[image_id]
-        sequence = build_caption_sequence(self.tokenizer, word_pieces(self.tokenizer, text).ids, len(regions),
+        annotation, item = self.item(index // self.answers_per_item)
+        regions = self.regions[annotation.image_id]
+        context = _tagged_pieces(self.tokenizer, item.question)
+        if self.step == "q2a":
+            conditioned, candidates, label = None, item.answer_choices, item.answer_label
+        else:
+            conditioned = index % 4 if self.every_answer else item.answer_label
+            context = _joined(context, _tagged_pieces(self.tokenizer, item.answer_choices[conditioned]))
+            candidates, label = item.rationale_choices, item.rationale_label
+        sequences = build_choice_sequences(self.tokenizer, context,
+                                           [_tagged_pieces(self.tokenizer, c) for c in candidates], len(regions),
+                                           self.max_length)
+        return Sample(sequences[0], regions.truncated(sequences[0].num_regions), annotation.file,
+                      targets={"labels": -100 if label is None else label}, choices=sequences,
+                      item_id=(item.annot_id, conditioned))
+
+
+def _tagged_pieces(tokenizer, tokens: list[Token]) -> Segment:
+    """Word pieces of tagged tokens; a tagged word's pieces point at its object's RoI (index + 1:
+    the whole-image box comes first), other words at the whole image."""
+    words = [token if isinstance(token, str) else token[0] for token in tokens]
+    boxes = [0 if isinstance(token, str) else token[1] + 1 for token in tokens]
+    encoding = tokenizer(words, is_split_into_words=True, add_special_tokens=False)
+    return Segment(list(encoding["input_ids"]), box_index=[boxes[w] for w in encoding.word_ids()])
+
+
+def _joined(first: Segment, second: Segment) -> Segment:
+    return Segment(first.ids + second.ids, box_index=first.box_index + second.box_index)
+
+
+class ReferringExpressions(AnnotatedDataset):
+    """An expression and every RoI scored; RoIs with IoU ≥ 0.5 to the referred box are positives."""
+
+    KIND = "refs"
+
+    def sample(self, index: int) -> Sample:
+        annotation, ref = self.item(index)
+        regions = self.regions[annotation.image_id]
+        sequence = build_caption_sequence(self.tokenizer, word_pieces(self.tokenizer, ref.text).ids, len(regions),
                                           self.max_length)
         regions = regions.truncated(sequence.num_regions)
-        iou = box_iou(torch.from_numpy(regions.boxes), torch.tensor([box], dtype=torch.float32))[:, 0].numpy()
+        iou = box_iou(torch.from_numpy(regions.boxes), torch.tensor([ref.box], dtype=torch.float32))[:, 0].numpy()
         iou[0] = 0.0  # the whole-image box is never the answer
-        return Sample(sequence, regions, image_file,
-                      region_targets={"labels": (iou >= 0.5).astype(np.float32), "iou": iou})
+        return Sample(sequence, regions, annotation.file,
+                      region_targets={"labels": (iou >= 0.5).astype(np.float32), "iou": iou},
+                      item_id=_item_id(ref.sent_id, index))
+
+
+def _item_id(published: int | None, index: int) -> int:
+    """The item's published id; the demo world's items go by their position."""
+    return index if published is None else published

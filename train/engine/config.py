@@ -21,9 +21,10 @@ import yaml
 
 from extract.config import yaml_problem
 from train.data.datasets import ROI_MASKING_MODES
+from train.engine.optimization import OPTIMIZERS
+from train.tasks import TASKS
 from vlbert import VLBertConfig
 
-TASKS = ("pretrain", "vqa", "choice", "refexp")
 VISUAL_MODES = ("cached", "end2end")
 DAMAGED_RECORD_POLICIES = ("fail", "skip")
 
@@ -54,11 +55,13 @@ class StageConfig:
     SETTINGS: ClassVar[str] = "stage settings"
 
     name: str
-    task: str  # "pretrain", "vqa", "choice" (multiple choice, VCR-style Q→A) or "refexp"
+    task: str  # a name in train.tasks.TASKS: pretrain, vqa, choice, vcr_q2a, vcr_qa2r, refexp
     steps: int
     batch_size: int = 16  # per process; pre-training adds as many text-only samples when `text_only`
     base_lr: float = 1e-5  # per sample: the learning rate is base_lr × total batch, as in the reference code
     warmup_steps: int = 0
+    optimizer: str = "adamw"  # or "sgd" (momentum 0.9)
+    lr_milestones: list[int] = field(default_factory=list)  # steps dividing the LR by 10; none: linear decay
     weight_decay: float = 1e-4
     grad_accumulation: int = 1
     clip_grad_norm: float = 1.0
@@ -69,7 +72,7 @@ class StageConfig:
     roi_masking: str = "pixel"  # "pixel": cached masked-pixel variants; "feature": appearance zeroed
     relationship: bool = False
     text_only: bool = True
-    num_choices: int = 4  # candidates per question in "choice" stages
+    num_choices: int = 4  # candidates per question in the demo world's "choice" stages
     # A checkpoint is written when either trigger fires, and at the stage's end.
     checkpoint_every: int = 0  # steps; 0: no step trigger
     checkpoint_minutes: float = 10.0  # wall time since the last checkpoint; 0: no time trigger
@@ -83,9 +86,11 @@ class StageConfig:
 
     def _problem(self) -> str | None:
         if self.task not in TASKS:
-            return f"task {self.task!r} is not one of {TASKS}"
+            return f"task {self.task!r} is not one of {', '.join(TASKS)}"
         if self.visual not in VISUAL_MODES:
             return f"visual {self.visual!r} is not one of {VISUAL_MODES}"
+        if self.optimizer not in tuple(OPTIMIZERS):
+            return f"optimizer {self.optimizer!r} is not one of {tuple(OPTIMIZERS)}"
         if self.roi_masking not in ROI_MASKING_MODES:
             return f"roi_masking {self.roi_masking!r} is not one of {ROI_MASKING_MODES}"
         if self.task == "pretrain" and not (self.masked_lm or self.masked_roi or self.relationship):
@@ -107,7 +112,13 @@ class RunConfig:
     eval_annotations: str = field(metadata=EXISTING_PATH)
     vocabulary: str = field(metadata=EXISTING_PATH)  # directory with the tokenizer's vocab.txt
     stages: list[StageConfig]
-    corpus: str | None = field(default=None, metadata=EXISTING_PATH)  # text-only corpus, one sentence per line
+    # Text-only corpus: a text file or a folder of them, one sentence or paragraph a line, documents
+    # separated by blank lines (BookCorpus, Wikipedia after extraction).
+    corpus: str | None = field(default=None, metadata=EXISTING_PATH)
+    # VQA: the answer vocabulary (answers.txt of `vlbert data prepare vqa2`); default: every training answer.
+    answers: str | None = field(default=None, metadata=EXISTING_PATH)
+    # Further annotation files (test splits) whose predictions each stage writes.
+    predict: list[str] = field(default_factory=list, metadata=EXISTING_PATH)
     # For end-to-end stages: the images root (default: the store's images_root) and detector
     # weights (default: the store's checkpoint).
     images: str | None = field(default=None, metadata=EXISTING_PATH)
@@ -145,9 +156,10 @@ class RunConfig:
     def check_paths(self) -> None:
         """RunConfigError naming the first input path that does not exist."""
         for spec in dataclasses.fields(self):
-            path = getattr(self, spec.name)
-            if spec.metadata.get("must_exist") and path is not None and not Path(path).exists():
-                raise RunConfigError(f"{spec.name}: {path} does not exist")
+            value = getattr(self, spec.name)
+            for path in value if isinstance(value, list) else [value]:
+                if spec.metadata.get("must_exist") and path is not None and not Path(path).exists():
+                    raise RunConfigError(f"{spec.name}: {path} does not exist")
 
     @property
     def out_dir(self) -> Path:

@@ -7,6 +7,8 @@ Layout of `run.out`:
     stages/<i>-<name>/checkpoint-<step>/   model (save_pretrained), optimizer, scheduler, RNG state
     stages/<i>-<name>/final/       the stage's model; its presence marks the stage done
     stages/<i>-<name>/eval.json    the stage's evaluation
+    stages/<i>-<name>/predictions/<split>.<ext>   its predictions on the evaluation split (and on
+                                   each `predict` split) in the benchmark's format
 Before anything trains, the config's paths, the device, and the store's arrays for every stage are
 checked. Resuming finds the first unfinished stage and its latest checkpoint (or starts it again
 at step 0, and says which); data order and dropout continue exactly, so a resumed run logs the
@@ -33,17 +35,11 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from extract.device import check_device
-from train.data.annotations import AnswerVocabulary, answers_by_type, read_annotations
+from train.data.annotations import AnnotationFile
 from train.data.collate import collate
-from train.data.datasets import (
-    CaptionPretraining,
-    MultipleChoice,
-    QuestionAnswering,
-    ReferringExpressions,
-    SeededDataset,
-    TextOnlyCorpus,
-)
+from train.data.datasets import CaptionPretraining, SeededDataset, TextOnlyCorpus
 from train.data.regions import RegionBank
+from train.data.sources.text import TextCorpus
 from train.end2end import EndToEndVisual
 from train.engine.checkpoint import (
     CheckpointSchedule,
@@ -55,18 +51,12 @@ from train.engine.checkpoint import (
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
 from train.engine.damaged import DamagedRecords
 from train.engine.evaluate import evaluate
+from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.stage_log import METRICS, TENSORBOARD, MutedStageLog, StageLog
+from train.tasks import TASKS, TaskData, model_inputs
 from vlbert import VLBertConfig
-from vlbert.modeling import (
-    VLBertForMultipleChoice,
-    VLBertForPreTraining,
-    VLBertForQuestionAnswering,
-    VLBertForReferringExpressions,
-)
 from vlbert.tokenization import load_tokenizer
 
-TASK_MODELS = {"pretrain": VLBertForPreTraining, "vqa": VLBertForQuestionAnswering,
-               "choice": VLBertForMultipleChoice, "refexp": VLBertForReferringExpressions}
 DETECTOR_WEIGHTS = "detector.safetensors"
 RUN_FILE = "run.json"
 STAGES = "stages"
@@ -155,10 +145,11 @@ class Trainer:
         self.regions = RegionBank(run.store, run.max_regions)
         self._check_store_feeds_every_stage()
         self.tokenizer = load_tokenizer(run.vocabulary)
-        self.train_annotations = read_annotations(run.train_annotations)
-        self.eval_annotations = read_annotations(run.eval_annotations)
-        self.answers = AnswerVocabulary.from_annotations(self.train_annotations)
-        self.corpus = Path(run.corpus).read_text().splitlines() if run.corpus else []
+        self.data = TaskData(self.regions, self.tokenizer, run.max_length, self._annotations(run.train_annotations),
+                             run.answers)
+        self.eval_annotations = self._annotations(run.eval_annotations)
+        self.predict_annotations = [self._annotations(path) for path in run.predict]
+        self.corpus = TextCorpus(run.corpus) if run.corpus else None
 
     # ---- public ----------------------------------------------------------------------------
 
@@ -204,6 +195,14 @@ class Trainer:
         if stage.visual == "end2end":
             problems.append(EndToEndVisual.store_problem(meta, self.run.images))
         return next((problem for problem in problems if problem), None)
+
+    def _annotations(self, path: str) -> AnnotationFile:
+        """The annotations of `path` whose images the store holds (says how many it lacks)."""
+        annotations = AnnotationFile(path, keep=self.regions.__contains__)
+        if annotations.dropped:
+            self.log(f"{path}: {annotations.dropped} of {annotations.dropped + len(annotations)} images are not in "
+                     f"the store {self.run.store}; their items are left out")
+        return annotations
 
     def _claim_run_folder(self, restart: bool) -> None:
         """Refuses a run folder holding a run with another config unless `restart`, then records this
@@ -303,10 +302,11 @@ class Trainer:
 
     def _finish(self, stage: StageConfig, stage_dir: Path, parts: StageParts, seconds: float,
                 progress: StageProgress, log: StageLog) -> None:
-        """Evaluates the stage, logs the result and writes its final model (rank 0)."""
-        eval_data = self._dataset(stage, self.eval_annotations, self.run.seed)
-        scores = evaluate(stage.task, parts.model.eval(), parts.visual, eval_data, self.run.eval_batch_size,
-                          self.device, self.tokenizer.pad_token_id, progress.damaged.usable)
+        """Evaluates the stage (writing its predictions), logs the result and writes its final model (rank 0)."""
+        parts.model.eval()
+        scores = self._evaluate(stage, stage_dir, parts, self.eval_annotations, progress)
+        for annotations in self.predict_annotations:
+            self._evaluate(stage, stage_dir, parts, annotations, progress)
         result = {"stage": stage.name, "task": stage.task, "visual": stage.visual, "steps": stage.steps,
                   "wall_s": round(seconds, 2), "samples_per_s": round(progress.samples * self.world_size / seconds, 2),
                   **scores, "damaged_skipped": progress.damaged.skipped}
@@ -317,6 +317,17 @@ class Trainer:
         if progress.damaged.skipped:
             self.log(f"stage {stage.name}: {progress.damaged.summary()}")
 
+    def _evaluate(self, stage: StageConfig, stage_dir: Path, parts: StageParts, annotations: AnnotationFile,
+                  progress: StageProgress) -> dict:
+        task = TASKS[stage.task]
+        dataset = task.dataset(self.data, stage, annotations, self.run.seed, False)
+        predictions = None
+        if task.prediction_suffix is not None:
+            predictions = stage_dir / "predictions" / (annotations.path.stem + task.prediction_suffix)
+        return evaluate(task.evaluator(self.data, dataset), parts.model, parts.visual, dataset,
+                        self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id, progress.damaged.usable,
+                        predictions)
+
     # ---- pieces ----------------------------------------------------------------------------
 
     def _parts(self, stage: StageConfig, previous: Path | None) -> StageParts:
@@ -324,9 +335,9 @@ class Trainer:
         visual = self._visual(stage, previous)
         parameters = [p for m in (model, visual) if m is not None for p in m.parameters() if p.requires_grad]
         total_batch = stage.batch_size * self.world_size * stage.grad_accumulation
-        optimizer = torch.optim.AdamW(_parameter_groups(model, visual, stage.weight_decay),
-                                      lr=stage.base_lr * total_batch)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_linear_decay(stage))
+        optimizer = OPTIMIZERS[stage.optimizer](parameter_groups(model, visual, stage.weight_decay),
+                                                stage.base_lr * total_batch)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(stage))
         return StageParts(model, visual, optimizer, scheduler, parameters)
 
     def _objective(self, stage: StageConfig, parts: StageParts) -> nn.Module:
@@ -343,11 +354,13 @@ class Trainer:
         return StageLog(self.out, stage_dir.name, stage.name, start) if self.rank == 0 else MutedStageLog()
 
     def _model(self, stage: StageConfig, previous: Path | None):
+        task = TASKS[stage.task]
         overrides = dict(self.run.model)
         overrides.update(vocab_size=len(self.tokenizer), visual_feature_size=self.regions.feature_dim,
-                         num_detector_classes=self.regions.num_classes or 1, num_answers=max(len(self.answers), 1),
+                         num_detector_classes=self.regions.num_classes or 1,
+                         num_answers=len(self.data.answers) if task.uses_answers() else 1,
                          with_relationship_head=stage.relationship)
-        cls = TASK_MODELS[stage.task]
+        cls = task.model
         if previous is not None:
             return cls.from_pretrained(previous, **{k: overrides[k] for k in ("num_answers", "with_relationship_head")})
         if self.run.bert:
@@ -366,24 +379,12 @@ class Trainer:
 
     def _streams(self, stage: StageConfig, step: int) -> list[Iterator[list]]:
         seed = self.run.seed * 1000 + self.run.stages.index(stage)
-        main = self._dataset(stage, self.train_annotations, seed)
+        main = TASKS[stage.task].dataset(self.data, stage, self.data.train, seed, True)
         streams = [_loader(main, EpochBatches(len(main), stage.batch_size, seed), step, stage.num_workers)]
-        if stage.task == "pretrain" and stage.text_only and stage.masked_lm and self.corpus:
+        if stage.task == "pretrain" and stage.text_only and stage.masked_lm and self.corpus is not None:
             text = TextOnlyCorpus(self.corpus, self.tokenizer, self.run.max_length, seed)
             streams.append(_loader(text, EpochBatches(len(text), stage.batch_size, seed + 1), step, 0))
         return streams
-
-    def _dataset(self, stage: StageConfig, annotations, seed: int):
-        common = (annotations, self.regions, self.tokenizer, self.run.max_length)
-        if stage.task == "pretrain":
-            return CaptionPretraining(*common, roi_masking=stage.roi_masking, relationship=stage.relationship,
-                                      seed=seed)
-        if stage.task == "vqa":
-            return QuestionAnswering(*common, answers=self.answers, seed=seed)
-        if stage.task == "choice":
-            return MultipleChoice(*common, answers_by_type(self.train_annotations), num_choices=stage.num_choices,
-                                  seed=seed)
-        return ReferringExpressions(*common, seed=seed)
 
     def _save(self, stage: StageConfig, directory: Path, parts: StageParts, step: int,
               progress: StageProgress) -> None:
@@ -422,9 +423,7 @@ class Objective(nn.Module):
             inputs["appearance"] = self.visual({**inputs, "image_files": image_files})
         stage = self.stage
         if stage.task != "pretrain":
-            for name in ("mlm_labels", "masked_regions", "iou"):
-                inputs.pop(name, None)
-            return {"loss": self.model(**inputs).loss}
+            return {"loss": self.model(**model_inputs(self.model, inputs)).loss}
         if not stage.masked_lm:
             inputs.pop("mlm_labels")
         if not stage.masked_roi:
@@ -433,26 +432,6 @@ class Objective(nn.Module):
         output = self.model(feature_masking=stage.masked_roi and stage.roi_masking == "feature", **inputs)
         return {name: getattr(output, name) for name in ("loss", "mlm_loss", "region_loss", "relationship_loss")
                 if getattr(output, name) is not None}
-
-
-def _parameter_groups(model, visual, weight_decay: float) -> list[dict]:
-    """No weight decay on biases and LayerNorm gains, as BERT trains."""
-    decay, no_decay = [], []
-    for module in (model, visual):
-        if module is None:
-            continue
-        for name, parameter in module.named_parameters():
-            if parameter.requires_grad:
-                (no_decay if name.endswith("bias") or "norm" in name.lower() else decay).append(parameter)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _warmup_linear_decay(stage: StageConfig) -> Callable[[int], float]:
-    def factor(step: int) -> float:
-        if step < stage.warmup_steps:
-            return (step + 1) / stage.warmup_steps
-        return max(0.0, (stage.steps - step) / max(1, stage.steps - stage.warmup_steps))
-    return factor
 
 
 def _detector_state(visual: EndToEndVisual) -> dict[str, torch.Tensor]:

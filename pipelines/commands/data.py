@@ -1,0 +1,48 @@
+"""`vlbert data prepare SOURCE`: a benchmark's published files → the project's annotation files."""
+
+from pathlib import Path
+
+import click
+
+from train.data.prepare import prepare_dataset
+from train.data.sources import SOURCES
+
+
+@click.group("data")
+def data_group() -> None:
+    """Prepare published datasets for extraction and training."""
+
+
+def _help() -> str:
+    sources = "\n".join(f"  {name}: {source.about}" for name, source in SOURCES.items())
+    return f"""Read SOURCE's published files under --root into --out: a JSON-lines annotation file per
+split found, images.txt (the images to extract), boxes.json (given-box sources: `vlbert extract
+--boxes`), answers.txt (vqa2), skipped.jsonl (items left out, with the reason) and summary.json.
+
+\b
+{sources}
+"""
+
+
+@data_group.command("prepare", help=_help())
+@click.argument("source", type=click.Choice(list(SOURCES)))
+@click.option("--root", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The folder holding the published annotation files.")
+@click.option("--images", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The images root (default: --root; vcr: --root/vcr1images).")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
+@click.option("--max-missing", type=click.FloatRange(0, 1),
+              help="Fail when a split misses a larger share of its items' images (0-1; default: never).")
+@click.option("--min-answer-count", type=click.IntRange(1), help="vqa2: answers kept in the vocabulary (default 9).")
+@click.option("--split-by", help="refcoco*: the refs file's split provider (unc, umd, google).")
+@click.option("--detections", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="refcoco*: candidate boxes from a detections file instead of the ground-truth boxes.")
+def prepare_command(source: str, root: Path, images: Path | None, out: Path, max_missing: float | None,
+                    **options) -> None:
+    options = {name: value for name, value in options.items() if value is not None}
+    summary = prepare_dataset(SOURCES[source], root, out, images, max_missing, log=click.echo, **options)
+    total = sum(split["items"] for split in summary["splits"].values())
+    click.echo(f"{total} items in {len(summary['splits'])} splits: {out.resolve() / 'summary.json'}")
+
+
+COMMANDS = [data_group]

@@ -1,0 +1,69 @@
+"""The one annotation schema: indexing, lazy reading, and malformed lines named by file and line."""
+
+import json
+
+import pytest
+import torch
+
+from train.data.annotations import AnnotationFile
+from train.data.files import DataError
+from train.tasks import TASKS, model_inputs
+from vlbert import VLBertConfig
+from vlbert.modeling import VLBertForQuestionAnswering
+
+RECORDS = [
+    {"file": "a/1.jpg", "captions": ["one", "two"], "vqa": [{"question_id": 7, "question": "what?", "answers": ["x"]}]},
+    {"file": "a/2.jpg", "refs": [{"sent_id": 3, "text": "left", "box": [0, 0, 4, 4]}]},
+    {"file": "b/3.jpg", "objects": ["person", "dog"],
+     "vcr": [{"annot_id": "val-0", "question": ["is", ["Casey", 0], "near", ["dog", 1], "?"],
+              "answer_choices": [["yes"]] * 4, "rationale_choices": [["no"]] * 4, "answer_label": 1,
+              "rationale_label": 2}]},
+    {"file": "b/4.jpg", "captions": ["three"]},
+]
+
+
+def write(path, records):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+def test_items_are_indexed_by_line_and_position_and_read_lazily(tmp_path):
+    annotations = AnnotationFile(write(tmp_path / "train.jsonl", RECORDS), keep=lambda key: key != "a/2")
+    assert len(annotations) == 3 and annotations.dropped == 1
+    assert annotations.items("captions").tolist() == [[0, 0], [0, 1], [2, 0]]
+    assert annotations.items("refs").tolist() == []
+    image, caption = annotations.item(annotations.items("captions")[2], "captions")
+    assert (image.image_id, image.file, caption) == ("b/4", "b/4.jpg", "three")
+    commonsense = annotations[1].vcr[0]
+    assert commonsense.question == ["is", ("Casey", 0), "near", ("dog", 1), "?"] and commonsense.answer_label == 1
+    assert annotations[0].questions[0].question_id == 7
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('{"file": "x.jpg", "captions": [', "invalid JSON at column"),
+    ('{"captions": []}', "not an annotation record (missing key 'file')"),
+    ('{"file": "x.jpg", "refs": [{"text": "a", "box": [1, 2]}]}', "a box is [x1, y1, x2, y2]"),
+    ('{"file": "x.jpg", "objects": ["dog"], "vcr": [{"annot_id": "v", "question": [["dog", 3]], '
+     '"answer_choices": [], "rationale_choices": []}]}', "token ['dog', 3] names object 3, but the image has 1"),
+])
+def test_a_malformed_line_is_an_error_naming_file_and_line(tmp_path, line, problem):
+    path = write(tmp_path / "val.jsonl", [RECORDS[0], line])
+    with pytest.raises(DataError) as caught:
+        AnnotationFile(path)
+    assert str(caught.value).startswith(f"{path}:2: ") and problem in str(caught.value)
+
+
+def test_a_model_is_given_only_the_batch_entries_its_forward_takes():
+    model = VLBertForQuestionAnswering(VLBertConfig(vocab_size=20, hidden_size=16, num_hidden_layers=1,
+                                                    num_attention_heads=2, intermediate_size=32,
+                                                    visual_feature_size=8, geometry_frequencies=4, num_answers=3))
+    batch = {"input_ids": torch.zeros(1, 3), "answer_positions": torch.zeros(1), "labels": torch.zeros(1, 3),
+             "mlm_labels": torch.zeros(1, 3), "iou": torch.zeros(1, 2), "boxes": torch.zeros(1, 2, 4)}
+    assert set(model_inputs(model, batch)) == {"input_ids", "answer_positions", "labels", "boxes"}
+    assert set(model_inputs(model, batch, targets=False)) == {"input_ids", "answer_positions", "boxes"}
+
+
+def test_every_task_names_a_model_dataset_and_evaluation():
+    assert set(TASKS) == {"pretrain", "vqa", "choice", "vcr_q2a", "vcr_qa2r", "refexp"}
+    for task in TASKS.values():
+        assert callable(task.dataset) and callable(task.evaluator) and task.about

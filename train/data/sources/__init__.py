@@ -1,0 +1,17 @@
+"""Readers of the benchmarks' published files, one module per source; each fills a Preparation
+(train/data/prepare.py) with annotations in the project's one schema. `SOURCES` (name → Source)
+lists them all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    # Built on first use, so that importing one reader (the trainer needs vqa2's answer
+    # normalisation) does not import every other.
+    if name == "SOURCES":
+        from train.data.sources import captions, refer, vcr, vqa2
+
+        return {source.name: source for source in (vqa2.SOURCE, vcr.SOURCE, *refer.SOURCES, *captions.SOURCES)}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

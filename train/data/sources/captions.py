@@ -1,0 +1,166 @@
+"""Caption datasets as published: COCO Captions and Conceptual Captions.
+
+`coco-captions` reads the COCO 2014 caption files, `captions_train2014.json` and
+`captions_val2014.json`, from `--root` or from `--root/annotations/` (where the
+`annotations_trainval2014.zip` archive unpacks them); the first of the two that holds the file is
+read. Their format: {"images": [{"id": int, "file_name": str, ...}], "annotations": [{"id": int,
+"image_id": int, "caption": str}], ...}. Images are `{split}/{file_name}` under `--images` (the
+COCO root holding `train2014/` and `val2014/`). Splits: `train2014`, `val2014`. One record per
+image, in the order of "images", with its `image_id` and its captions (surrounding whitespace
+removed: some published captions end in spaces or a newline); an item is an image-caption pair.
+skipped.jsonl names an image by its COCO image id.
+
+`cc` reads Conceptual Captions' `Train_GCC-training.tsv` (3,318,333 rows) and
+`Validation_GCC-1.1.0-Validation.tsv` (15,840 rows) from `--root`: UTF-8, no header, a row per line,
+`caption<TAB>url`. Splits: `training` and `validation`, after the file names. The images are the
+ones img2dataset (github.com/rom1504/img2dataset) writes with its default `--output_format files`,
+10,000 samples a shard, run once per split with `--output_folder <images>/training` (resp.
+`validation`) on the published TSV given its column names (img2dataset's CC3M example adds the
+header line `caption<TAB>url`; the row numbers below do not count it). The image of the row with
+0-based number `i` (its line number minus 1 in the published file) is then
+
+    {split}/{i // 10000:05d}/{i:09d}.{jpg | png | webp | jpeg}
+
+(img2dataset's key is 10**4 * shard + index in the shard, zero-padded to 9 digits; its encoder
+writes .jpg unless `--encode_format` says otherwise). A row without a downloaded image (img2dataset
+writes no image for a failed download) is skipped and counted as a missing image. A line that is
+not `caption<TAB>url` is skipped with its line number as the reason; the run goes on. skipped.jsonl
+names a row by its 0-based number. No `image_id` is written: the dataset has none. The TSV is
+streamed: memory does not grow with the number of rows. Each row costs one stat for its `.jpg` (the
+default encoding), and the other extensions are tried only when that is absent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from train.data.files import DataError, read_json
+from train.data.prepare import Preparation, SplitWriter, Source
+
+COCO_SPLITS = ("train2014", "val2014")
+CC_FILES = {"training": "Train_GCC-training.tsv", "validation": "Validation_GCC-1.1.0-Validation.tsv"}
+CC_SHARD_SIZE = 10_000  # img2dataset's --number_sample_per_shard default
+CC_EXTENSIONS = (".jpg", ".png", ".webp", ".jpeg")  # most likely first: one stat for most rows
+
+
+@dataclass
+class CaptionedImage:
+    file: str  # relative to the images root
+    image_id: int
+    captions: list[str]
+
+
+def coco_caption_file(root: Path, split: str) -> Path:
+    """`captions_{split}.json` under `root`, or under `root/annotations/` where the zip unpacks it."""
+    name = f"captions_{split}.json"
+    direct = root / name
+    return direct if direct.is_file() else root / "annotations" / name
+
+
+def read_coco_captions(path: Path, split: str) -> list[CaptionedImage]:
+    """The images of a COCO caption file with their captions, in the file's image order; DataError
+    naming the file and the entry for anything that is not the published format."""
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
+            or not isinstance(data.get("annotations"), list):
+        raise DataError(f"{path}: not a COCO caption file (expected an object with lists 'images' and 'annotations')")
+    images: dict[int, CaptionedImage] = {}
+    for index, image in enumerate(data["images"]):
+        image_id, file_name = _fields(image, {"id": int, "file_name": str}, path, f"images[{index}]")
+        if image_id in images:
+            raise DataError(f"{path}: images[{index}]: image id {image_id} appears twice")
+        images[image_id] = CaptionedImage(f"{split}/{file_name}", image_id, [])
+    for index, annotation in enumerate(data["annotations"]):
+        image_id, caption = _fields(annotation, {"image_id": int, "caption": str}, path, f"annotations[{index}]")
+        if image_id not in images:
+            raise DataError(f"{path}: annotations[{index}]: image id {image_id} is not among 'images'")
+        images[image_id].captions.append(caption.strip())
+    return list(images.values())
+
+
+def _fields(entry: Any, types: dict[str, type], path: Path, where: str) -> tuple:
+    if not isinstance(entry, dict):
+        raise DataError(f"{path}: {where}: expected an object, found {type(entry).__name__}")
+    values = []
+    for key, kind in types.items():
+        value = entry.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise DataError(f"{path}: {where}: '{key}' should be {kind.__name__}, found {value!r}")
+        values.append(value)
+    return tuple(values)
+
+
+def prepare_coco_captions(preparation: Preparation) -> None:
+    files = {split: coco_caption_file(preparation.root, split) for split in COCO_SPLITS}
+    for split in preparation.present(files):
+        images = read_coco_captions(files[split], split)
+        with preparation.split(split) as writer:
+            written = 0
+            for image in preparation.progress(images, split, total=len(images)):
+                if not image.captions:
+                    continue  # an image without captions holds no item
+                if not preparation.image_exists(image.file):
+                    writer.skip_missing_image(image.image_id, image.file, len(image.captions))
+                    continue
+                writer.add({"file": image.file, "image_id": image.image_id, "captions": image.captions},
+                           len(image.captions))
+                written += 1
+            writer.extra["images"] = written
+
+
+def cc_image_stem(split: str, row: int) -> str:
+    """The image path without extension that img2dataset writes for the 0-based TSV row `row`."""
+    return f"{split}/{row // CC_SHARD_SIZE:05d}/{row:09d}"
+
+
+def cc_rows(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, line without its end) of every line of `path`, streamed; DataError when the file
+    cannot be read."""
+    try:
+        with path.open("rb") as f:
+            for number, line in enumerate(f, 1):
+                yield number, line.rstrip(b"\r\n")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def parse_cc_row(line: bytes) -> str | None:
+    """The caption of a `caption<TAB>url` line, or None when the line is not one."""
+    fields = line.split(b"\t")
+    if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+        return None
+    try:
+        return fields[0].decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None
+
+
+def add_cc_row(preparation: Preparation, writer: SplitWriter, path: Path, number: int, line: bytes) -> None:
+    row = number - 1
+    caption = parse_cc_row(line)
+    if caption is None:
+        writer.skip(row, f"{path}:{number}: not a UTF-8 'caption<TAB>url' line")
+        return
+    stem = cc_image_stem(writer.name, row)
+    file = next((stem + ext for ext in CC_EXTENSIONS if preparation.image_exists(stem + ext)), None)
+    if file is None:
+        writer.skip_missing_image(row, f"{stem}.{{{','.join(ext[1:] for ext in CC_EXTENSIONS)}}}")
+        return
+    writer.add({"file": file, "captions": [caption]}, 1)
+
+
+def prepare_conceptual_captions(preparation: Preparation) -> None:
+    files = {split: preparation.root / name for split, name in CC_FILES.items()}
+    for split in preparation.present(files):
+        with preparation.split(split) as writer:
+            for number, line in preparation.progress(cc_rows(files[split]), split):
+                add_cc_row(preparation, writer, files[split], number, line)
+
+
+COCO_CAPTIONS = Source("coco-captions", COCO_SPLITS, prepare_coco_captions,
+                       "COCO Captions 2014: captions_{train,val}2014.json under ROOT or ROOT/annotations")
+CONCEPTUAL_CAPTIONS = Source("cc", tuple(CC_FILES), prepare_conceptual_captions,
+                             "Conceptual Captions: the published TSVs, images as img2dataset's files output")
+SOURCES = (COCO_CAPTIONS, CONCEPTUAL_CAPTIONS)
