@@ -122,6 +122,8 @@ def test_the_vqa2_pipeline_prepares_extracts_finetunes_and_writes_scorable_predi
                       "--predictions", str(predictions))
     assert scores == result["official"]
     assert result["value"] == round(scores["overall"] / 100, 4)
+    items = json.loads((out / "finetune" / "stages" / "0-vqa" / "item_scores" / "val2014.json").read_text())
+    assert len(items["items"]) == 6 and round(np.mean(list(items["items"].values())), 4) == result["value"]
 
     rerun = run(shrunk("vqa2.yaml", tmp_path), out, settings)
     assert rerun.output.count("up to date") == 3
@@ -162,6 +164,8 @@ def test_the_vcr_pipeline_trains_both_steps_and_scores_q2ar_from_their_merged_pr
     scores = json.loads((out / "scores" / "scores.json").read_text())
     assert set(scores) == {"q2a", "qa2r", "q2ar"}
     assert scores["q2a"] == round(q2a["value"] * 100, 2) and scores["qa2r"] == round(qa2r["value"] * 100, 2)
+    items = json.loads((out / "qa2r" / "stages" / "0-qa2r" / "item_scores" / "val.json").read_text())["items"]
+    assert sorted(items) == ["val-0", "val-1", "val-2"]  # one score per annotation: given its right answer
     assert scores["q2ar"] <= min(scores["q2a"], scores["qa2r"])
     again = evaluate("vcr", "--annotations", str(tmp_path / "vcr" / "val.jsonl"),
                      "--predictions", str(out / "q2a" / "stages" / "0-q2a" / "predictions" / "val.csv"),
@@ -206,6 +210,8 @@ def test_the_refcoco_plus_pipeline_grounds_expressions_among_the_ground_truth_bo
     scores = evaluate("refcoco+", "--data", str(tmp_path / "DATA"), "--split", "val",
                       "--predictions", str(stage / "predictions" / "val.json"))
     assert scores == {"accuracy": round(result["value"] * 100, 2), "count": 4}
+    items = json.loads((stage / "item_scores" / "val.json").read_text())["items"]
+    assert len(items) == 4 and np.mean(list(items.values())) == result["value"]
     # The candidates are the ground-truth boxes, so every prediction is one of the image's two boxes.
     boxes = json.loads((out / "data" / "boxes.json").read_text())
     predicted = json.loads((stage / "predictions" / "testA.json").read_text())

@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from train.data.annotations import AnnotationFile, AnswerVocabulary, answers_by_type
@@ -29,9 +30,9 @@ from train.data.datasets import (
 )
 from train.data.files import write_atomically
 from train.data.regions import RegionBank
-from train.evaluation.refer import score_refer, write_refer_predictions
+from train.evaluation.refer import pairwise_iou, score_refer, write_refer_predictions
 from train.evaluation.vcr import VcrPrediction, write_vcr_csv
-from train.evaluation.vqa2 import VqaTruth, score_vqa, write_vqa_predictions
+from train.evaluation.vqa2 import VqaTruth, question_accuracy, score_vqa, write_vqa_predictions
 from vlbert.modeling import (
     VLBertForMultipleChoice,
     VLBertForPreTraining,
@@ -97,7 +98,9 @@ def model_inputs(model: torch.nn.Module, batch: dict[str, Any], targets: bool = 
 
 class Evaluator:
     """Scores a task's outputs batch by batch; `result()` gives {"metric", "value", "chance"} (value
-    None where the split has no labels) and `write(path)` the predictions file."""
+    None where the split has no labels), `write(path)` the predictions file, and `item_scores()`
+    each scored item's score (id → 0–1), whose mean is `value`: what paired comparisons and
+    bootstrap intervals resample without running the model again."""
 
     metric = ""
 
@@ -109,6 +112,9 @@ class Evaluator:
 
     def write(self, path: Path) -> None:
         """The predictions in the benchmark's format (tasks without one write nothing)."""
+
+    def item_scores(self) -> dict[str, float]:
+        return {}
 
 
 class MaskedWordAccuracy(Evaluator):
@@ -164,6 +170,10 @@ class AnswerAccuracy(Evaluator):
     def write(self, path: Path) -> None:
         write_vqa_predictions(path, self.predicted)
 
+    def item_scores(self) -> dict[str, float]:
+        return {str(qid): question_accuracy(self.truth[qid].answers, answer)
+                for qid, answer in self.predicted.items() if qid in self.truth}
+
 
 class ChoiceAccuracy(Evaluator):
     """Multiple choice: the top candidate right, against always picking the most frequent right
@@ -173,8 +183,9 @@ class ChoiceAccuracy(Evaluator):
     metric = "choice_accuracy"
 
     def __init__(self, data: TaskData, dataset: AnnotatedDataset) -> None:
-        self.correct, self.count, self.positions = 0, 0, Counter()
+        self.positions = Counter()
         self.scores: dict[Any, list[float]] = {}
+        self.right: dict[str, float] = {}
 
     def add(self, samples, inputs, output) -> None:
         probabilities = output.logits.float().softmax(1)
@@ -182,17 +193,22 @@ class ChoiceAccuracy(Evaluator):
             self.scores[sample.item_id] = row
             label = sample.targets["labels"]
             if self._scored(sample) and label >= 0:
-                self.correct += int(max(range(len(row)), key=row.__getitem__) == label)
+                self.right[self._key(sample)] = float(max(range(len(row)), key=row.__getitem__) == label)
                 self.positions[label] += 1
-                self.count += 1
 
     def _scored(self, sample: Sample) -> bool:
         return True
 
+    def _key(self, sample: Sample) -> str:
+        return str(sample.item_id)
+
     def result(self) -> dict[str, Any]:
-        if not self.count:
+        if not self.right:
             return _unscored(self.metric, len(self.scores))
-        return _scores(self.metric, self.correct, self.positions.most_common(1)[0][1], self.count)
+        return _scores(self.metric, sum(self.right.values()), self.positions.most_common(1)[0][1], len(self.right))
+
+    def item_scores(self) -> dict[str, float]:
+        return dict(self.right)
 
     def write(self, path: Path) -> None:
         rows = [{"question_id": item, "choice": max(range(len(s)), key=s.__getitem__)} for item, s in self.scores.items()]
@@ -213,6 +229,9 @@ class CommonsenseAccuracy(ChoiceAccuracy):
     def _scored(self, sample: Sample) -> bool:
         annot_id, conditioned = sample.item_id
         return conditioned is None or conditioned == self.answer_labels[annot_id]
+
+    def _key(self, sample: Sample) -> str:
+        return sample.item_id[0]
 
     def write(self, path: Path) -> None:
         predictions: dict[str, VcrPrediction] = defaultdict(VcrPrediction)
@@ -256,6 +275,12 @@ class GroundingAccuracy(Evaluator):
 
     def write(self, path: Path) -> None:
         write_refer_predictions(path, self.predicted)
+
+    def item_scores(self) -> dict[str, float]:
+        ids = list(self.predicted)
+        iou = pairwise_iou(np.asarray([self.predicted[i] for i in ids], float).reshape(-1, 4),
+                           np.asarray([self.truth[i] for i in ids], float).reshape(-1, 4))
+        return {str(i): float(hit) for i, hit in zip(ids, iou >= 0.5)}
 
 
 def _question_id(question, index: int) -> int:

@@ -3,6 +3,7 @@ split, and the split's predictions in the benchmark's format."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -10,15 +11,17 @@ import torch
 from torch.utils.data import DataLoader
 
 from train.data.collate import collate
+from train.data.files import write_atomically
 from train.tasks import Evaluator, model_inputs
 
 
 @torch.no_grad()
 def evaluate(evaluator: Evaluator, model, visual, dataset, batch_size: int, device: torch.device, pad_token_id: int,
-             usable: Callable[[list], list], predictions: Path | None = None) -> dict:
+             usable: Callable[[list], list], predictions: Path | None = None, items: Path | None = None) -> dict:
     """{"metric", "value", "chance", "samples", ...} of `evaluator` over `dataset`; the predictions
-    are written to `predictions` when given. `usable` takes each batch's samples and returns those to
-    evaluate (the damaged-record policy)."""
+    are written to `predictions` and each item's score to `items` ({"metric", "items": {id: score}})
+    when given. `usable` takes each batch's samples and returns those to evaluate (the
+    damaged-record policy)."""
     loader = DataLoader(dataset, batch_size=batch_size, collate_fn=list)
     for samples in loader:
         samples = usable(samples)
@@ -34,4 +37,9 @@ def evaluate(evaluator: Evaluator, model, visual, dataset, batch_size: int, devi
     if predictions is not None:
         predictions.parent.mkdir(parents=True, exist_ok=True)
         evaluator.write(predictions)
-    return evaluator.result()
+    result = evaluator.result()
+    scores = evaluator.item_scores()
+    if items is not None and scores:
+        items.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(items, json.dumps({"metric": result["metric"], "items": scores}))
+    return result

@@ -9,6 +9,8 @@ Layout of `run.out`:
     stages/<i>-<name>/eval.json    the stage's evaluation
     stages/<i>-<name>/predictions/<split>.<ext>   its predictions on the evaluation split (and on
                                    each `predict` split) in the benchmark's format
+    stages/<i>-<name>/item_scores/<split>.json    each evaluated item's score (bootstrap intervals
+                                   and paired comparisons resample these)
 Before anything trains, the config's paths, the device, and the store's arrays for every stage are
 checked. Resuming finds the first unfinished stage and its latest checkpoint (or starts it again
 at step 0, and says which); data order and dropout continue exactly, so a resumed run logs the
@@ -59,6 +61,7 @@ from vlbert.tokenization import load_tokenizer
 
 DETECTOR_WEIGHTS = "detector.safetensors"
 RUN_FILE = "run.json"
+ITEM_SCORES = "item_scores"
 STAGES = "stages"
 # What `restart` removes from a run folder; anything else there (a pipeline's step.json) stays.
 RUN_OUTPUTS = (STAGES, METRICS, TENSORBOARD, RUN_FILE)
@@ -321,12 +324,13 @@ class Trainer:
                   progress: StageProgress) -> dict:
         task = TASKS[stage.task]
         dataset = task.dataset(self.data, stage, annotations, self.run.seed, False)
+        split = annotations.path.stem
         predictions = None
         if task.prediction_suffix is not None:
-            predictions = stage_dir / "predictions" / (annotations.path.stem + task.prediction_suffix)
+            predictions = stage_dir / "predictions" / (split + task.prediction_suffix)
         return evaluate(task.evaluator(self.data, dataset), parts.model, parts.visual, dataset,
                         self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id, progress.damaged.usable,
-                        predictions)
+                        predictions, stage_dir / ITEM_SCORES / f"{split}.json")
 
     # ---- pieces ----------------------------------------------------------------------------
 
