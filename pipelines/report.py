@@ -1,27 +1,92 @@
-"""Side-by-side report of training runs: report.json, report.md and a PNG of the loss curves."""
+"""Side-by-side report of training runs: report.json, report.md and a PNG of the loss curves.
+
+A run is a train step's folder: one run, or one run per seed in its `seed-<s>/` folders. Each row
+gives the value after the run's last stage (the mean over seeds, ± their sample standard deviation),
+and the 95% bootstrap interval over evaluation items, from the item scores the last stage wrote
+(averaged over seeds first). Comparisons pair two runs on the items both evaluated
+(train/evaluation/statistics.py). Everything is read from the run folders; no model runs again.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.steps import SEED_FOLDER
+from train.data.files import DataError
+from train.evaluation.statistics import (RESAMPLES, Comparison, average_over_seeds, bootstrap_interval,
+                                         paired_comparison, seed_spread)
 
-def run_summary(run_dir: Path) -> dict:
-    """One report row: the run's last stage's evaluation, with wall time and throughput over all stages."""
-    step = json.loads((run_dir / "step.json").read_text()) if (run_dir / "step.json").is_file() else {}
+SEED_NAME = re.compile(re.escape(SEED_FOLDER).replace(re.escape("{}"), r"(\d+)"))
+
+
+@dataclass
+class RunResults:
+    """A report row and the item scores (averaged over seeds) that intervals and comparisons resample."""
+
+    row: dict
+    scores: dict[str, float]
+
+
+def run_folders(folder: Path) -> list[Path]:
+    """The run folders of a train step's folder: itself, or its `seed-<s>/` runs by seed."""
+    if (folder / "run.json").is_file():
+        return [folder]
+    seeded = sorted((int(match.group(1)), path) for path in folder.glob("*")
+                    if (match := SEED_NAME.fullmatch(path.name)) and (path / "run.json").is_file())
+    if not seeded:
+        raise DataError(f"{folder}: not a training run (no run.json, nor {SEED_FOLDER.format('<s>')}/run.json)")
+    return [path for _, path in seeded]
+
+
+def _last_stage(run_dir: Path) -> Path:
+    stages = json.loads((run_dir / "run.json").read_text())["stages"]
+    return run_dir / "stages" / f"{len(stages) - 1}-{stages[-1]['name']}"
+
+
+def item_scores(run_dir: Path) -> dict[str, float]:
+    """Each evaluation item's score after the run's last stage; empty where none was written (runs
+    from before item scores, evaluations without per-item scores)."""
+    split = Path(json.loads((run_dir / "run.json").read_text())["eval_annotations"]).stem
+    path = _last_stage(run_dir) / "item_scores" / f"{split}.json"
+    return json.loads(path.read_text())["items"] if path.is_file() else {}
+
+
+def _one_run(run_dir: Path) -> dict:
+    """The run's last stage's evaluation, with wall time and throughput over all stages."""
     run = json.loads((run_dir / "run.json").read_text())
-    stages = run["stages"]
     evals = [json.loads((run_dir / "stages" / f"{i}-{s['name']}" / "eval.json").read_text())
-             for i, s in enumerate(stages)]
+             for i, s in enumerate(run["stages"])]
     wall = sum(e["wall_s"] for e in evals)
     samples = sum(e["wall_s"] * e["samples_per_s"] for e in evals)
-    last = evals[-1]
-    tuned = any(e["visual"] == "end2end" for e in evals)
-    return {"name": run_dir.name, "detector": step.get("params", {}).get("detector", "tuned" if tuned else "frozen"),
-            "task": last["task"], "metric": last["metric"], "value": last["value"], "chance": last["chance"],
-            "wall_s": round(wall, 2), "samples_per_s": round(samples / wall, 2) if wall else 0.0,
-            "stages": [f"{e['stage']} ({e['visual']})" for e in evals],
-            "init_from": _relative(run.get("init_from"), run_dir.parent)}
+    return {"evals": evals, "wall_s": wall, "samples_per_s": samples / wall if wall else 0.0,
+            "init_from": run.get("init_from"), "seed": run.get("seed", 0)}
+
+
+def run_results(folder: Path, resamples: int = RESAMPLES) -> RunResults:
+    """One report row: value (mean over seeds) ± std, the item interval, wall time and throughput
+    (means over seeds), the stages, where the run started."""
+    step = json.loads((folder / "step.json").read_text()) if (folder / "step.json").is_file() else {}
+    runs = run_folders(folder)
+    summaries = [_one_run(run_dir) for run_dir in runs]
+    first, last = summaries[0]["evals"], summaries[0]["evals"][-1]
+    spread = seed_spread([s["evals"][-1]["value"] for s in summaries])
+    scores = average_over_seeds([item_scores(run_dir) for run_dir in runs])
+    tuned = any(e["visual"] == "end2end" for e in first)
+    seeded = runs[0] != folder
+    interval = bootstrap_interval(list(scores.values()), resamples).to_list() if scores else None
+    row = {"name": folder.name, "detector": step.get("params", {}).get("detector", "tuned" if tuned else "frozen"),
+           "task": last["task"], "metric": last["metric"], "value": spread.mean, "chance": last["chance"],
+           "std": spread.std, "seeds": [s["seed"] for s in summaries] if seeded else None,
+           "seed_values": list(spread.values) if seeded else None,
+           "items": len(scores), "interval": interval,
+           "wall_s": round(sum(s["wall_s"] for s in summaries) / len(summaries), 2),
+           "samples_per_s": round(sum(s["samples_per_s"] for s in summaries) / len(summaries), 2),
+           "stages": [f"{e['stage']} ({e['visual']})" for e in first],
+           "init_from": _relative(summaries[0]["init_from"], folder.parent)}
+    return RunResults(row, scores)
 
 
 def _relative(path: str | None, root: Path) -> str | None:
@@ -34,31 +99,93 @@ def _relative(path: str | None, root: Path) -> str | None:
         return path
 
 
-def write_report(run_dirs: list[str], out: Path) -> list[Path]:
-    runs = [run_summary(Path(d)) for d in run_dirs]
+def compare_runs(results: dict[str, RunResults], pairs: list[tuple[str, str]],
+                 resamples: int = RESAMPLES) -> list[Comparison]:
+    """Each pair (run folder A, run folder B) of `results`' keys compared on their shared items."""
+    comparisons = []
+    for a, b in pairs:
+        for run in (a, b):
+            if not results[run].scores:
+                raise DataError(f"{run}: no item scores to compare (item_scores/ of its last stage); "
+                                "runs trained before item scores existed need training again")
+        names = (results[a].row["name"], results[b].row["name"])
+        comparisons.append(paired_comparison(results[a].scores, results[b].scores, names, resamples))
+    return comparisons
+
+
+def _comparison_record(comparison: Comparison) -> dict:
+    return {"a": comparison.a, "b": comparison.b, "items": comparison.items, "difference": comparison.difference,
+            "interval": comparison.interval.to_list(), "p_value": comparison.p_value,
+            "resamples": comparison.resamples, "verdict": comparison.verdict()}
+
+
+def _value_text(row: dict) -> str:
+    if row["std"] is None:
+        return f"{row['value']:.3f}"
+    return f"{row['value']:.3f} ± {row['std']:.3f} ({len(row['seeds'])} seeds)"
+
+
+def _interval_text(interval: list[float] | None) -> str:
+    return "—" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def _runs_table(rows: list[dict]) -> list[str]:
+    lines = ["| run | detector | task | metric | value | 95% interval (items) | chance | halfway to perfect "
+             "| wall s | samples/s | stages | started from |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        halfway = "yes" if r["value"] >= (r["chance"] + 1.0) / 2 else "no"
+        lines.append(f"| {r['name']} | {r['detector']} | {r['task']} | {r['metric']} | {_value_text(r)} | "
+                     f"{_interval_text(r['interval'])} | {r['chance']:.3f} | {halfway} | {r['wall_s']:.1f} | "
+                     f"{r['samples_per_s']:.1f} | {', '.join(r['stages'])} | {r['init_from'] or 'scratch'} |")
+    return lines
+
+
+def _comparisons_table(comparisons: list[Comparison]) -> list[str]:
+    lines = ["| A | B | items | B − A | 95% interval (paired) | p | verdict |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {c.a} | {c.b} | {c.items} | {c.difference:+.3f} | {_interval_text(c.interval.to_list())} | "
+              f"{c.p_text()} | {c.verdict()} |" for c in comparisons]
+    return lines
+
+
+RUNS_NOTE = (
+    "`value` is the task metric on the evaluation split after the run's last stage; with several seeds,\n"
+    "their mean ± sample standard deviation (`wall s` and `samples/s` are then means per seed).\n"
+    "`95% interval (items)` is the percentile bootstrap interval of the mean over evaluation items\n"
+    "(`resamples` in report.json; with several seeds each item's score is averaged over them first), so it\n"
+    "shows how much the value would move on other items of the same kind. `chance` is the\n"
+    "trivial baseline measured on the same split, which depends on the task: the majority answer for\n"
+    "VQA, the most frequent right position for multiple choice, a uniformly random RoI for referring\n"
+    "expressions, the most common masked word for pre-training. `halfway to perfect` says whether\n"
+    "`value` closed at least half the gap between `chance` and 1 (value >= (chance + 1) / 2).\n"
+    "`wall s` and `samples/s` cover the stages the run trained itself, not the checkpoint it started\n"
+    "from. Float reductions differ between CPUs, so one seed's figures vary by machine: read them with\n"
+    "their intervals, and compare runs measured on one machine.\n")
+
+COMPARISONS_NOTE = (
+    "Each comparison pairs the two runs item by item on the evaluation items both scored: `B − A` is the\n"
+    "mean difference, its interval a paired percentile bootstrap over items, and `p` the two-sided\n"
+    "share of resampled differences on the other side of zero (doubled), so p < 0.05 when, and only\n"
+    "when, the interval leaves 0 out (up to the quantiles' interpolation).\n")
+
+
+def write_report(run_dirs: list[str], out: Path, compare: list[tuple[str, str]] = (),
+                 resamples: int = RESAMPLES) -> list[Path]:
+    """report.json, report.md and loss_curves.png of the runs in `run_dirs` (train steps' folders), with a
+    paired comparison for each (A, B) of `compare` (folders among `run_dirs`)."""
+    results = {d: run_results(Path(d), resamples) for d in run_dirs}
+    comparisons = compare_runs(results, list(compare), resamples)
+    rows = [results[d].row for d in run_dirs]
     out.mkdir(parents=True, exist_ok=True)
     report_json = out / "report.json"
-    report_json.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    document = {"resamples": resamples, "runs": rows, "comparisons": [_comparison_record(c) for c in comparisons]}
+    report_json.write_text(json.dumps(document, indent=1) + "\n")
+    text = "# Runs side by side\n\n" + "\n".join(_runs_table(rows)) + "\n\n" + RUNS_NOTE
+    if comparisons:
+        text += "\n## Comparisons\n\n" + "\n".join(_comparisons_table(comparisons)) + "\n\n" + COMPARISONS_NOTE
     report_md = out / "report.md"
-    lines = ["| run | detector | task | metric | value | chance | halfway to perfect | wall s | samples/s | stages "
-             "| started from |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in runs:
-        halfway = "yes" if r["value"] >= (r["chance"] + 1.0) / 2 else "no"
-        lines.append(f"| {r['name']} | {r['detector']} | {r['task']} | {r['metric']} | {r['value']:.3f} | "
-                     f"{r['chance']:.3f} | {halfway} | {r['wall_s']:.1f} | {r['samples_per_s']:.1f} | "
-                     f"{', '.join(r['stages'])} | {r['init_from'] or 'scratch'} |")
-    report_md.write_text(
-        "# Runs side by side\n\n" + "\n".join(lines) + "\n\n"
-        "`value` is the task metric on the evaluation split after the run's last stage. `chance` is the\n"
-        "trivial baseline measured on the same split, which depends on the task: the majority answer for\n"
-        "VQA, the most frequent right position for multiple choice, a uniformly random RoI for referring\n"
-        "expressions, the most common masked word for pre-training. `halfway to perfect` says whether\n"
-        "`value` closed at least half the gap between `chance` and 1 (value >= (chance + 1) / 2).\n"
-        "`wall s` and `samples/s` cover the stages the run trained itself, not the checkpoint it started\n"
-        "from. Figures from one seed vary with the CPU (float reductions differ): compare runs measured\n"
-        "on one machine.\n")
+    report_md.write_text(text)
     curves = out / "loss_curves.png"
-    _plot_losses([Path(d) for d in run_dirs], curves)
+    _plot_losses([run for d in run_dirs for run in run_folders(Path(d))], curves)
     return [report_json, report_md, curves]
 
 
@@ -105,7 +232,7 @@ def _plot_losses(run_dirs: list[Path], path: Path) -> None:
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         losses = [r["loss"] for r in records if "step" in r]
         start = offset(run_dir)
-        ax.plot(range(start + 1, start + len(losses) + 1), losses, label=run_dir.name, linewidth=1)
+        ax.plot(range(start + 1, start + len(losses) + 1), losses, label=_label(run_dir), linewidth=1)
     ax.set_xlabel("optimizer steps since training began")
     ax.set_ylabel("training loss")
     ax.set_yscale("log")
@@ -113,3 +240,8 @@ def _plot_losses(run_dirs: list[Path], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _label(run_dir: Path) -> str:
+    """A run's name in the plot: a seeded run's with its step's (`vqa/seed-1`)."""
+    return f"{run_dir.parent.name}/{run_dir.name}" if SEED_NAME.fullmatch(run_dir.name) else run_dir.name

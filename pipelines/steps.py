@@ -115,21 +115,52 @@ def vocabulary(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> 
 
 # ---- train ---------------------------------------------------------------------------------------
 
-def _run_config(params: dict[str, Any], out: str) -> RunConfig:
-    """RunConfig fields, and `detector`: a label (frozen, tuned) that reports show."""
+SEED_FOLDER = "seed-{}"  # a seeded run's folder inside its step's folder
+
+
+def seed_folder(folder: Path, seed: int) -> Path:
+    return folder / SEED_FOLDER.format(seed)
+
+
+def _seeds(params: dict[str, Any]) -> list[int] | None:
+    """A train step's `seeds`: distinct non-negative integers, each the `seed` of one run."""
+    seeds = params.get("seeds")
+    if seeds is None:
+        return None
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                           for s in seeds):
+        raise RunConfigError(f"seeds: expected a list of non-negative integers, found {seeds!r}")
+    if len(set(seeds)) < len(seeds):
+        raise RunConfigError(f"seeds: {seeds!r} repeats a seed")
+    if "seed" in params:
+        raise RunConfigError("seed and seeds: give one (seeds trains one run per seed)")
+    return seeds
+
+
+def _run_config(params: dict[str, Any], out: str, seed: int | None = None) -> RunConfig:
+    """RunConfig fields, `detector`: a label (frozen, tuned) that reports show, and `seeds`, checked
+    here; `seed` replaces the config's."""
     if "out" in params:
         raise RunConfigError("out: a step writes into its own folder under the pipeline's `out`; remove it")
     label = params.get("detector", "")
     if not isinstance(label, str):
         raise RunConfigError(f"detector: expected a label such as frozen or tuned, found {label!r}")
-    return RunConfig.from_dict({**{k: v for k, v in params.items() if k != "detector"}, "out": out})
+    _seeds(params)
+    fields = {k: v for k, v in params.items() if k not in ("detector", "seeds")}
+    return RunConfig.from_dict({**fields, "out": out, **({} if seed is None else {"seed": seed})})
 
 
 def train(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
-    """A training run (train.engine.RunConfig fields)."""
+    """A training run (train.engine.RunConfig fields); with `seeds`, one run per seed, each in
+    `seed-<s>/` of the step's folder."""
     from train.engine.trainer import Trainer
 
-    Trainer(_run_config(params, str(folder)), log=log).fit(resume=resume)
+    seeds = _seeds(params)
+    runs = [(folder, None)] if seeds is None else [(seed_folder(folder, seed), seed) for seed in seeds]
+    for out, seed in runs:
+        if seed is not None:
+            log(f"seed {seed}")
+        Trainer(_run_config(params, str(out), seed), log=log).fit(resume=resume)
 
 
 # ---- prepare -------------------------------------------------------------------------------------
@@ -145,7 +176,8 @@ class PrepareParams:
 
 
 def _preparation(params: dict[str, Any]) -> tuple[PrepareParams, dict[str, Any]]:
-    """The checked arguments and the source's options (passed on as given: sources declare none)."""
+    """The checked arguments and the source's options (names checked against the source's; values are
+    the source's to check)."""
     from train.data.sources import SOURCES
 
     names = {spec.name for spec in dataclasses.fields(PrepareParams)}
@@ -153,7 +185,13 @@ def _preparation(params: dict[str, Any]) -> tuple[PrepareParams, dict[str, Any]]
     if chosen.source not in SOURCES:
         raise RunConfigError(f"source: {chosen.source!r} is not a known source{did_you_mean(chosen.source, SOURCES)}"
                              f"; known: {', '.join(sorted(SOURCES))}")
-    return chosen, {k: v for k, v in params.items() if k not in names}
+    options = {k: v for k, v in params.items() if k not in names}
+    known = [*names, *SOURCES[chosen.source].options]
+    unknown = [name for name in options if name not in known]
+    if unknown:
+        raise RunConfigError(f"{unknown[0]}: not an option of source {chosen.source}{did_you_mean(unknown[0], known)}; "
+                             f"it takes {', '.join(known)}")
+    return chosen, options
 
 
 def prepare(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
@@ -238,12 +276,33 @@ def evaluate(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> No
 @dataclass
 class ReportParams:
     runs: list[str]
+    compare: list[list[str]] = dataclasses.field(default_factory=list)  # pairs [A, B]: B − A
+    baseline: str | None = None  # every other run against it
+
+    def pairs(self) -> list[tuple[str, str]]:
+        against = [(self.baseline, run) for run in self.runs if run != self.baseline] if self.baseline else []
+        return list(dict.fromkeys([*(tuple(pair) for pair in self.compare), *against]))
+
+
+def report_params(params: dict[str, Any]) -> ReportParams:
+    """The report's parameters; the runs that `compare` and `baseline` name must be among `runs`."""
+    chosen = _parse(ReportParams, params)
+    for index, pair in enumerate(chosen.compare):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(run, str) for run in pair)):
+            raise RunConfigError(f"compare[{index}]: expected a pair [RUN_A, RUN_B] of run folders, found {pair!r}")
+    named = [(f"compare[{i}][{j}]", run) for i, pair in enumerate(chosen.compare) for j, run in enumerate(pair)]
+    for where, run in named + ([("baseline", chosen.baseline)] if chosen.baseline else []):
+        if run not in chosen.runs:
+            raise RunConfigError(f"{where}: {run} is not one of `runs`")
+    return chosen
 
 
 def report(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
+    """report.json, report.md and the loss curves of `runs`, with paired comparisons (`compare`, `baseline`)."""
     from pipelines.report import write_report
 
-    for path in write_report(_parse(ReportParams, params).runs, folder):
+    chosen = report_params(params)
+    for path in write_report(chosen.runs, folder, chosen.pairs()):
         log(f"wrote {path.resolve()}")
 
 
@@ -254,5 +313,5 @@ KINDS: dict[str, StepKind] = {
     "vocabulary": StepKind(vocabulary, functools.partial(_parse, VocabularyParams)),
     "train": StepKind(train, functools.partial(_run_config, out=CHECKED_OUT)),
     "evaluate": StepKind(evaluate, _evaluation),
-    "report": StepKind(report, functools.partial(_parse, ReportParams)),
+    "report": StepKind(report, report_params),
 }

@@ -11,6 +11,7 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 from click.testing import CliRunner
 from PIL import Image
@@ -18,6 +19,7 @@ from transformers import BertConfig, BertForPreTraining
 
 from extract.config import load_config
 from pipelines.cli import main
+from train.data.files import DataError
 from train.data.vocabulary import write_vocabulary
 from training_world import TINY_MODEL
 from vlbert import VLBertConfig
@@ -267,3 +269,14 @@ def test_data_prepare_on_the_command_line_counts_missing_images_and_fails_above_
     assert failed.exit_code == 2 and "Traceback" not in failed.output
     assert "vqa2 val2014: 2 of 6 items (33.3%) have no image" in failed.output
     assert not (tmp_path / "strict" / "summary.json").exists()
+
+
+def test_an_option_the_source_does_not_take_is_refused_by_name(tmp_path):
+    from train.data.prepare import prepare_dataset
+    from train.data.sources import SOURCES
+
+    write_vqa2(tmp_path / "vqa")
+    with pytest.raises(DataError, match=r"vqa2: unknown option 'split_by'; it takes 'min_answer_count'"):
+        prepare_dataset(SOURCES["vqa2"], tmp_path / "vqa" / "data", tmp_path / "out", tmp_path / "vqa" / "images",
+                        log=lambda _: None, split_by="unc")
+    assert not (tmp_path / "out" / "summary.json").exists()

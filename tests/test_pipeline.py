@@ -225,7 +225,7 @@ def toy_source(calls):
                     else:
                         writer.skip_missing_image(item["id"], item["image"])
 
-    return Source("toy", ("train", "val"), prepare, "a test source")
+    return Source("toy", ("train", "val"), prepare, "a test source", options=("min_length",))
 
 
 @pytest.fixture
@@ -245,6 +245,15 @@ def toy_dataset(tmp_path, monkeypatch):
               "images": "${inputs.root}/images", "max_missing": "${inputs.max_missing}", "min_length": 3}]
     path = write_pipeline(tmp_path, steps, {"source": "toy", "root": None, "max_missing": 1})
     return path, root, calls
+
+
+def test_a_misspelt_source_option_is_refused_when_the_pipeline_loads(toy_dataset, tmp_path):
+    path, root, calls = toy_dataset
+    path.write_text(path.read_text().replace("min_length", "min_lenght"))
+    with pytest.raises(PipelineError, match=r"step 'data' \(prepare\): min_lenght: not an option of source toy "
+                                            r"\(did you mean 'min_length'\?\)"):
+        run_pipeline(path, log=lambda _: None, settings={"root": str(root), "out": str(tmp_path / "out")})
+    assert not calls and not (tmp_path / "out").exists()
 
 
 def test_prepare_step_runs_a_source_and_is_skipped_when_rerun(toy_dataset):
@@ -286,3 +295,93 @@ def test_a_failing_step_ends_the_command_with_one_line_naming_it(toy_dataset):
     assert bug.exit_code == 1 and isinstance(bug.exception, StepFailed) and isinstance(bug.exception.cause, KeyError)
     missing = CliRunner().invoke(main, command[:3])
     assert missing.exit_code == 2 and f"Error: {path}: no value for input root; pass --set root=..." in missing.output
+
+
+# ---- seeds and comparisons -----------------------------------------------------------------------
+
+def test_a_train_step_with_seeds_trains_one_run_per_seed_and_the_report_gives_their_spread(tmp_path, monkeypatch):
+    from pipelines.steps import seed_folder
+
+    steps = [{"name": "world", "kind": "world", "images": 16, "seed": 5},
+             {"name": "cache", "kind": "extract", "images": "${world}", "detector": "tiny", "batch_size": 4,
+              "progress": False},
+             {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"},
+             {**train_step("single", batch_size=4)},
+             {**train_step("seeded", batch_size=4), "seeds": [0, 1]},
+             {"name": "report", "kind": "report", "runs": ["${single}", "${seeded}"], "baseline": "${single}"}]
+    path = write_pipeline(tmp_path, steps)
+    original_step = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def crash_in_second_seed(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2 + 2 + 1:  # the single run's 2 steps, seed 0's 2, then seed 1's first
+            raise RuntimeError("simulated crash")
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", crash_in_second_seed)
+    with pytest.raises(StepFailed, match="step 'seeded': simulated crash"):
+        run_pipeline(path, log=lambda _: None)
+    monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
+    messages = []
+    out = run_pipeline(path, log=messages.append)
+    assert "[seeded] resuming an interrupted run" in messages
+    assert "stage vqa: done (" in "\n".join(messages)  # seed 0 finished before the crash: nothing to train
+
+    seeded = out / "seeded"
+    for seed in (0, 1):
+        assert seed_folder(seeded, seed) == seeded / f"seed-{seed}"
+        assert json.loads((seeded / f"seed-{seed}" / "run.json").read_text())["seed"] == seed
+        assert (seeded / f"seed-{seed}" / "stages" / "0-vqa" / "item_scores" / "val.json").is_file()
+    assert not (seeded / "run.json").exists() and (out / "single" / "run.json").is_file()
+
+    report = json.loads((out / "report" / "report.json").read_text())
+    single, row = report["runs"]
+    values = [json.loads((seeded / f"seed-{s}" / "stages" / "0-vqa" / "eval.json").read_text())["value"]
+              for s in (0, 1)]
+    assert single["seeds"] is None and single["std"] is None and single["interval"][0] <= single["value"]
+    assert row["seeds"] == [0, 1] and row["seed_values"] == values
+    assert row["value"] == pytest.approx(sum(values) / 2) and row["std"] == pytest.approx(abs(values[0] - values[1])
+                                                                                          / 2 ** 0.5)
+    assert row["interval"][0] <= row["value"] <= row["interval"][1]
+    (comparison,) = report["comparisons"]
+    assert (comparison["a"], comparison["b"]) == ("single", "seeded") and comparison["items"] == row["items"] > 0
+    assert comparison["verdict"].startswith(("distinguishable", "not distinguishable"))
+    assert f"| seeded | frozen | vqa | vqa_accuracy | {row['value']:.3f} ± {row['std']:.3f} (2 seeds) |" in (
+        out / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("step, message", [
+    ({**train_step(), "seeds": [0, 0]}, r"step 'finetune' \(train\): seeds: \[0, 0\] repeats a seed"),
+    ({**train_step(), "seeds": [1, -2]}, r"seeds: expected a list of non-negative integers, found \[1, -2\]"),
+    ({**train_step(), "seeds": 3}, r"seeds: expected a list of non-negative integers, found 3"),
+    ({**train_step(), "seeds": [0, 1], "seed": 2}, "seed and seeds: give one"),
+    ({"name": "report", "kind": "report", "runs": ["${finetune}"], "compare": [["${finetune}"]]},
+     r"step 'report' \(report\): compare\[0\]: expected a pair \[RUN_A, RUN_B\] of run folders"),
+    ({"name": "report", "kind": "report", "runs": ["${finetune}"], "compare": [["${finetune}", "elsewhere"]]},
+     r"compare\[0\]\[1\]: elsewhere is not one of `runs`"),
+    ({"name": "report", "kind": "report", "runs": ["${finetune}"], "baseline": "${world}"},
+     r"baseline: .*/out/world is not one of `runs`"),
+])
+def test_seeds_and_comparisons_are_checked_at_load(tmp_path, step, message):
+    steps = [{"name": "world", "kind": "world", "images": 4},
+             {"name": "cache", "kind": "extract", "images": "${world}", "detector": "tiny"},
+             {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"}, train_step()]
+    with pytest.raises(PipelineError, match=message):
+        load_pipeline(write_pipeline(tmp_path, steps + [step] if step["kind"] == "report" else steps[:3] + [step]))
+
+
+def test_shipped_reports_compare_frozen_with_tuned_and_ablation_rows_with_a():
+    from pathlib import Path
+
+    from pipelines.steps import report_params
+
+    def pairs(name):
+        pipeline = load_pipeline(Path(__file__).parents[1] / "pipelines" / "configs" / f"{name}.yaml")
+        (report,) = [s for s in pipeline.steps if s.kind == "report"]
+        return [(Path(a).name, Path(b).name) for a, b in report_params(report.params).pairs()]
+
+    assert pairs("demo") == [("vqa-frozen", "vqa-tuned"), ("refexp-frozen", "refexp-tuned")]
+    ablation = pairs("ablation")
+    assert ablation == [(f"a-{task}", f"{row}-{task}") for task in ("vqa", "refexp")
+                        for row in ("b", "c", "d", "e", "f", "e-feature")]

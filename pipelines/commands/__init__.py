@@ -4,8 +4,8 @@ import click
 
 
 def register(group: click.Group) -> None:
-    from pipelines.commands import cache, convert, data, demo, evaluate, extract, pipeline, train, world
+    from pipelines.commands import analyze, cache, convert, data, demo, evaluate, extract, pipeline, train, world
 
-    for module in (data, extract, cache, train, evaluate, convert, world, pipeline, demo):
+    for module in (data, extract, cache, train, evaluate, convert, world, pipeline, demo, analyze):
         for command in module.COMMANDS:
             group.add_command(command)

@@ -42,10 +42,11 @@ def _refer_command(dataset: str) -> click.Command:
     @click.option("--data", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
                   help="The refer toolkit's DATA folder.")
     @click.option("--split", required=True, help="A split of the refs file (val, testA, testB, test).")
+    @click.option("--split-by", help="The refs file's split provider (default: unc; refcocog: umd).")
     @click.option("--predictions", required=True, type=_file, help='[{"sent_id": int, "box": [x1, y1, x2, y2]}]')
-    def command(data: Path, split: str, predictions: Path) -> None:
+    def command(data: Path, split: str, split_by: str | None, predictions: Path) -> None:
         """{"accuracy", "count"}: the share of expressions whose box has IoU ≥ 0.5 with the referred object's."""
-        click.echo(json.dumps(evaluate_refer(data, dataset, split, predictions)))
+        click.echo(json.dumps(evaluate_refer(data, dataset, split, predictions, split_by)))
     return command
 
 

@@ -40,6 +40,7 @@ class Source:
     splits: tuple[str, ...]
     prepare: Callable[["Preparation"], None]
     about: str  # one line for `vlbert data prepare --help`
+    options: tuple[str, ...] = ()  # the source's own options (keyword arguments of prepare_dataset)
 
 
 class Preparation:
@@ -160,6 +161,10 @@ def prepare_dataset(source: Source, root: str | Path, out: str | Path, images: s
             raise DataError(f"{what} {path}: not a folder")
     if max_missing is not None and not 0 <= max_missing <= 1:
         raise DataError(f"--max-missing {max_missing}: expected a share between 0 and 1")
+    unknown = sorted(set(options) - set(source.options))
+    if unknown:
+        raise DataError(f"{source.name}: unknown option {', '.join(map(repr, unknown))}; "
+                        f"it takes {', '.join(map(repr, source.options)) or 'none'}")
     out.mkdir(parents=True, exist_ok=True)
     (out / SUMMARY).unlink(missing_ok=True)
     preparation = Preparation(source, root, images, out, max_missing, options, log)

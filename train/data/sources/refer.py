@@ -332,5 +332,5 @@ def _write_split(preparation: Preparation, writer: SplitWriter, refs: list[Ref],
     return counts
 
 
-SOURCES = tuple(Source(d.name, d.partitions[d.default_split_by], partial(prepare_refer, dataset=d.name), d.about)
-                for d in DATASETS.values())
+SOURCES = tuple(Source(d.name, d.partitions[d.default_split_by], partial(prepare_refer, dataset=d.name), d.about,
+                       options=("split_by", "detections")) for d in DATASETS.values())

@@ -293,4 +293,5 @@ def _prepare_split(preparation: Preparation, writer: SplitWriter, chosen: Counte
 
 SOURCE = Source("vqa2", SPLITS, prepare, about=(
     "VQA v2: v2_OpenEnded_mscoco_*_questions.json and v2_mscoco_*_annotations.json under --root, COCO "
-    "images (train2014/, val2014/, test2015/) under --images; also writes answers.txt"))
+    "images (train2014/, val2014/, test2015/) under --images; also writes answers.txt"),
+    options=("min_answer_count",))

@@ -1,0 +1,186 @@
+"""Attention-grounding analysis: the metric on a hand-built attention tensor, and `vlbert analyze
+grounding` end to end on the tiny world with a randomly initialised model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from pipelines.cli import main
+from train.analysis.grounding import GroundingTally, analyze_grounding, phrase_region_attention, phrase_sample
+from train.analysis.phrases import PHRASE_READERS, Phrase
+from train.data.annotations import read_annotations
+from train.data.regions import RegionBank
+from training_world import TINY_MODEL, make_world
+from vlbert.config import VLBertConfig
+from vlbert.modeling import VLBertForPreTraining
+from vlbert.tokenization import load_tokenizer
+
+TEXT, REGIONS = 4, 4  # [CLS] w w [SEP] | whole image, RoI 1, RoI 2, RoI 3 | [END]
+
+
+def _hand_built() -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two phrases, 2 layers × 2 heads. Phrase 0: pieces 1 and 2, RoIs 1 and 3 match its box (IoU
+    0.8, 0.6), RoI 2 does not (0.3). Phrase 1: piece 1 only, RoI 2 matches (0.9), RoI 3 is padding."""
+    attention = torch.zeros(2, 2, 2, TEXT + REGIONS + 1, TEXT + REGIONS + 1)  # layer, phrase, head, from, to
+
+    def give(layer: int, phrase: int, head: int, piece: int, **to_region: float) -> None:
+        for region, weight in to_region.items():
+            attention[layer, phrase, head, piece, TEXT + int(region[1:])] = weight
+
+    give(0, 0, 0, 1, r1=0.6)
+    give(0, 0, 0, 2, r1=0.4, r3=0.2)  # → RoI 1: grounded
+    give(0, 0, 1, 1, r2=0.5)
+    give(0, 0, 1, 2, r2=0.5)  # → RoI 2: not grounded
+    give(1, 0, 0, 1, r0=0.9, r3=0.1)
+    give(1, 0, 0, 2, r0=0.9, r3=0.1)  # the whole image is no candidate → RoI 3: grounded
+    give(1, 0, 1, 1, r1=0.5, r2=0.3)
+    give(1, 0, 1, 2, r1=0.1, r2=0.5)  # piece 1 alone would pick RoI 1; the mean picks RoI 2: not grounded
+    for layer in range(2):
+        for head in range(2):
+            give(layer, 1, head, 1, r2=0.1, r3=0.9)  # RoI 3 is padding → RoI 2: grounded
+            give(layer, 1, head, 2, r1=1.0)  # [SEP]: not part of the phrase
+    give(1, 1, 1, 1, r1=0.5, r2=0.5, r3=0.0)  # a tie between RoI 1 (no match) and RoI 2: half a hit
+    phrase = torch.tensor([[False, True, True, False], [False, True, False, False]])
+    candidates = torch.tensor([[False, True, True, True], [False, True, True, False]])
+    iou = torch.tensor([[0.0, 0.8, 0.3, 0.6], [0.0, 0.2, 0.9, 0.0]])
+    return tuple(attention), phrase, candidates, iou
+
+
+def test_phrase_attention_is_the_mean_over_the_phrase_pieces_of_attention_to_the_regions():
+    attentions, phrase, _, _ = _hand_built()
+    region_attention = phrase_region_attention(attentions, phrase, REGIONS)
+    assert region_attention.shape == (2, 2, 2, REGIONS)  # phrase, layer, head, region
+    assert region_attention[0, 1, 1].tolist() == pytest.approx([0.0, 0.3, 0.4, 0.0])
+    assert region_attention[1, 0, 0].tolist() == pytest.approx([0.0, 0.0, 0.1, 0.9])
+
+
+def test_the_accuracy_table_and_baselines_on_a_hand_built_attention_tensor():
+    attentions, phrase, candidates, iou = _hand_built()
+    tally = GroundingTally(layers=2, heads=2)
+    grounded = tally.add(phrase_region_attention(attentions, phrase, REGIONS), candidates, iou)
+    assert grounded.tolist() == [[[1, 0], [1, 0]], [[1, 1], [1, 0.5]]]
+    result = tally.result()
+    assert result["accuracy"] == [[1.0, 0.5], [1.0, 0.25]]
+    assert result["phrases"] == 2 and result["mean_accuracy"] == (1 + 0.5 + 1 + 0.25) / 4
+    assert result["best"] == {"layer": 1, "head": 1, "accuracy": 1.0}
+    # A uniformly drawn RoI: 2 of 3 candidates match phrase 0, 1 of 2 phrase 1.
+    assert result["random_baseline"] == round((2 / 3 + 1 / 2) / 2, 4)
+    # The most confident RoI is the first candidate, RoI 1: IoU 0.8, then 0.2.
+    assert result["confidence_baseline"] == 0.5
+    # Attention mass on the candidates, averaged over the phrases (padding and whole image excluded).
+    assert np.allclose(result["region_attention"], [[(0.6 + 0.1) / 2, (0.5 + 0.1) / 2],
+                                                    [(0.1 + 0.1) / 2, (0.7 + 1.0) / 2]])
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = make_world(tmp_path_factory.mktemp("grounding"), images=12)
+    tokenizer = load_tokenizer(root / "vocab")
+    features = RegionBank(root / "cache").feature_dim
+    config = VLBertConfig(**TINY_MODEL, vocab_size=len(tokenizer), visual_feature_size=features)
+    torch.manual_seed(0)
+    VLBertForPreTraining(config).save_pretrained(root / "model")
+    return root
+
+
+def test_analyze_grounding_writes_the_table_the_heat_map_and_the_examples(world, tmp_path):
+    result = analyze_grounding(world / "model", world / "cache", world / "world" / "val.jsonl", world / "vocab",
+                               tmp_path, images=world / "world", examples=2, batch_size=4)
+    refs = sum(len(annotation.refs) for annotation in read_annotations(world / "world" / "val.jsonl"))
+    assert result["phrases"] == refs > 0
+    assert (result["layers"], result["heads"]) == (TINY_MODEL["num_hidden_layers"], TINY_MODEL["num_attention_heads"])
+    accuracy = np.asarray(result["accuracy"])
+    assert accuracy.shape == (2, 4) and ((0 <= accuracy) & (accuracy <= 1)).all()
+    best = result["best"]
+    assert best["accuracy"] == accuracy.max() == accuracy[best["layer"] - 1, best["head"] - 1]
+    assert 0 < result["random_baseline"] < 1 and 0 <= result["confidence_baseline"] <= 1
+    assert json.loads((tmp_path / "grounding.json").read_text()) == json.loads(json.dumps(result))
+    pictures = [tmp_path / "grounding.png"] + [tmp_path / "examples" / f"{k:03d}.png" for k in range(2)]
+    assert [example["image"] for example in result["examples"]] == [str(p) for p in pictures[1:]]
+    for picture in pictures:
+        with Image.open(picture) as image:
+            image.load()
+            assert image.width > 100 and image.height > 100
+
+
+def test_the_command_analyses_the_first_items_and_the_baselines_do_not_depend_on_the_model(world, tmp_path):
+    args = ["analyze", "grounding", "--model", str(world / "model"), "--store", str(world / "cache"),
+            "--annotations", str(world / "world" / "val.jsonl"), "--vocabulary", str(world / "vocab"),
+            "--max-items", "5", "--batch-size", "2"]
+    first = CliRunner().invoke(main, args + ["--out", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.output
+    assert first.output.startswith("5 phrases: best head layer ")
+    torch.manual_seed(1)
+    other = VLBertForPreTraining.from_pretrained(world / "model")
+    other.init_weights()
+    other.save_pretrained(tmp_path / "other")
+    args[args.index("--model") + 1] = str(tmp_path / "other")
+    second = CliRunner().invoke(main, args + ["--out", str(tmp_path / "b")])
+    assert second.exit_code == 0, second.output
+    a, b = (json.loads((tmp_path / name / "grounding.json").read_text()) for name in ("a", "b"))
+    assert a["phrases"] == b["phrases"] == 5 and not (tmp_path / "a" / "examples").exists()
+    assert (a["random_baseline"], a["confidence_baseline"]) == (b["random_baseline"], b["confidence_baseline"])
+
+
+def test_a_folder_without_a_saved_model_or_phrases_off_the_store_are_one_line(world, tmp_path):
+    annotations = world / "world" / "val.jsonl"
+    args = ["analyze", "grounding", "--store", str(world / "cache"), "--vocabulary", str(world / "vocab"),
+            "--out", str(tmp_path / "out"), "--annotations"]
+    result = CliRunner().invoke(main, args + [str(annotations), "--model", str(tmp_path)])
+    assert result.exit_code == 2 and result.output == f"Error: {tmp_path}: not a saved model (no config.json)\n"
+    (tmp_path / "val.txt").write_text("")  # a Flickr30K Entities split: its images are not in this store
+    result = CliRunner().invoke(main, args + [str(tmp_path / "val.txt"), "--format", "flickr30k-entities",
+                                              "--model", str(world / "model")])
+    assert result.exit_code == 2 and result.output == (
+        f"Error: {tmp_path / 'val.txt'}: no flickr30k-entities phrases on images of the store {world / 'cache'}\n")
+
+
+def test_flickr30k_entities_phrases_are_the_boxed_entities_of_each_caption(tmp_path):
+    (tmp_path / "Sentences").mkdir()
+    (tmp_path / "Annotations").mkdir()
+    (tmp_path / "val.txt").write_text("42\n")
+    (tmp_path / "Sentences" / "42.txt").write_text(
+        "[/EN#1/people A man] holds [/EN#2/other two cups] in [/EN#3/scene a park] .\n"
+        "[/EN#0/notvisual Someone] drinks .\n")
+    # Entity 2 has two boxes (scored against their union); 3 is a scene, without a box.
+    (tmp_path / "Annotations" / "42.xml").write_text(
+        "<annotation><size><width>100</width><height>80</height></size>"
+        "<object><name>1</name><bndbox><xmin>1</xmin><ymin>2</ymin><xmax>30</xmax><ymax>70</ymax></bndbox></object>"
+        "<object><name>2</name><bndbox><xmin>40</xmin><ymin>10</ymin><xmax>50</xmax><ymax>20</ymax></bndbox></object>"
+        "<object><name>2</name><bndbox><xmin>60</xmin><ymin>5</ymin><xmax>70</xmax><ymax>15</ymax></bndbox></object>"
+        "<object><name>3</name><scene>1</scene></object></annotation>")
+    phrases = PHRASE_READERS["flickr30k-entities"](tmp_path / "val.txt")
+    assert [(p.item_id, p.phrase, p.box) for p in phrases] == [
+        ("42/0/0", "A man", [1.0, 2.0, 30.0, 70.0]), ("42/0/1", "two cups", [40.0, 5.0, 70.0, 20.0])]
+    assert phrases[0].text == "A man holds two cups in a park ."
+    assert (phrases[1].image_id, phrases[1].file) == ("flickr30k-images/42", "flickr30k-images/42.jpg")
+
+
+def test_a_phrase_inside_a_caption_attends_from_its_own_pieces_only(world):
+    regions = RegionBank(world / "cache")
+    annotation = next(a for a in read_annotations(world / "world" / "val.jsonl") if a.refs)
+    ref = annotation.refs[0]
+    text = f"look at {ref.text} here"
+    phrase = Phrase("x", annotation.image_id, annotation.file, text, (8, 8 + len(ref.text)), ref.box)
+    tokenizer = load_tokenizer(world / "vocab")
+    sample, inside = phrase_sample(phrase, regions, tokenizer, max_length=64)
+    pieces = tokenizer(ref.text, add_special_tokens=False)["input_ids"]
+    assert [sample.sequence.input_ids[i] for i in np.flatnonzero(inside)] == pieces
+    assert np.flatnonzero(inside).tolist() == list(range(3, 3 + len(pieces)))  # after [CLS] look at
+    whole = regions[annotation.image_id].truncated(sample.sequence.num_regions).boxes
+    best = int(np.argmax(sample.region_targets["iou"][1:])) + 1
+    assert sample.region_targets["iou"][best] == pytest.approx(max(
+        _iou(box, ref.box) for box in whole[1:]), abs=1e-5)
+
+
+def _iou(a, b) -> float:
+    width = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    height = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = width * height
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)

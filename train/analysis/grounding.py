@@ -1,0 +1,222 @@
+"""Entity grounding by attention heads, as the VisualBERT analysis ("What does BERT with vision look
+at?") measures it: each head is a classifier that predicts, for a phrase, the region its word pieces
+attend to most (averaged over the pieces; compared among the image's regions only, other words
+ignored); the prediction is right when that region's box has IoU ≥ 0.5 with the annotated box. A
+head attending equally to several regions (as an untrained model does) picks among them at random,
+scored in expectation. `region_attention` is the share of the phrase's attention that goes to the
+regions at all (the paper calls heads above 0.2 "actively attending to the image").
+
+Regions are the detector's RoIs: VL-BERT's whole-image box is left out, as VisualBERT has none and
+the referring-expression task never answers with it. Two baselines: a uniformly drawn RoI (its
+expected accuracy) and the paper's rule, the most confident RoI (the store keeps boxes best first).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torchvision.ops import box_iou
+
+from extract.device import check_device
+from train.analysis.figures import draw_example, draw_heat_map
+from train.analysis.phrases import PHRASE_READERS, Phrase
+from train.data.collate import collate
+from train.data.datasets import Sample
+from train.data.files import DataError, write_atomically
+from train.data.regions import RegionBank
+from train.tasks import model_inputs
+from vlbert.modeling import VLBertModel
+from vlbert.tokenization import build_caption_sequence, load_tokenizer
+
+IOU_THRESHOLD = 0.5
+TIE_TOLERANCE = 1e-6  # relative
+
+
+def phrase_region_attention(attentions: tuple[torch.Tensor, ...], phrase_mask: torch.Tensor,
+                            num_regions: int) -> torch.Tensor:
+    """(B, layers, heads, N): each layer's attention (B, heads, L, L) from the phrase's pieces
+    (`phrase_mask`, (B, T) over the text positions, which come first) to the N region elements
+    (right after the text), averaged over the pieces."""
+    stacked = torch.stack(attentions, 1).float()
+    text_length = phrase_mask.shape[1]
+    weights = phrase_mask.float() / phrase_mask.sum(1, keepdim=True).clamp(min=1)
+    rows = torch.einsum("blhtk,bt->blhk", stacked[:, :, :, :text_length], weights)
+    return rows[..., text_length:text_length + num_regions]
+
+
+def most_attended(region_attention: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """(B, layers, heads, N) bool: the candidate regions (candidates: (B, N) bool) each head attends to
+    most; several where it attends to them equally (up to float noise), as an untrained model does,
+    whose RoI embeddings are all alike while the visual gains are still 0."""
+    scores = region_attention.masked_fill(~candidates[:, None, None], float("-inf"))
+    top = scores.amax(-1, keepdim=True)
+    return candidates[:, None, None] & (scores >= top - TIE_TOLERANCE * top.abs())
+
+
+def matching_share(chosen: torch.Tensor, matches: torch.Tensor) -> torch.Tensor:
+    """The share of the chosen regions (…, N) that match the box: a pick among them made at random
+    grounds the phrase with this probability (0 where none is chosen)."""
+    return (chosen & matches).sum(-1) / chosen.sum(-1).clamp(min=1)
+
+
+@dataclass
+class GroundingTally:
+    """Per layer and head, how many phrases were grounded (ties broken at random, in expectation); the
+    baselines and attention shares summed alongside, so `result()` gives means over every phrase added."""
+
+    layers: int
+    heads: int
+    hits: np.ndarray = field(init=False)
+    region_share: np.ndarray = field(init=False)  # attention mass the phrase gives to all candidates
+    random_hits: float = 0.0
+    confident_hits: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.hits = np.zeros((self.layers, self.heads))
+        self.region_share = np.zeros((self.layers, self.heads))
+
+    def add(self, region_attention: torch.Tensor, candidates: torch.Tensor, iou: torch.Tensor) -> torch.Tensor:
+        """Adds B phrases: region_attention (B, layers, heads, N), candidates (B, N) bool, iou (B, N)
+        of each region with the phrase's box. Returns (B, layers, heads): 1 where the head grounds the
+        phrase, 0 where not; a head torn between regions scores the share of them that match."""
+        matches = iou >= IOU_THRESHOLD
+        grounded = matching_share(most_attended(region_attention, candidates), matches[:, None, None])
+        most_confident = candidates & (candidates.cumsum(1) == 1)  # the store keeps boxes best first
+        self.hits += grounded.sum(0).cpu().numpy()
+        self.region_share += (region_attention * candidates[:, None, None]).sum((0, -1)).cpu().numpy()
+        self.random_hits += float(matching_share(candidates, matches).sum())
+        self.confident_hits += float(matching_share(most_confident, matches).sum())
+        self.count += len(candidates)
+        return grounded
+
+    def accuracy(self) -> np.ndarray:
+        return self.hits / max(self.count, 1)
+
+    def result(self) -> dict[str, Any]:
+        """Layers and heads are numbered from 1 in `best` (row i of the tables is layer i + 1)."""
+        accuracy = self.accuracy()
+        layer, head = np.unravel_index(int(accuracy.argmax()), accuracy.shape)
+        count = max(self.count, 1)
+        return {
+            "phrases": self.count,
+            "layers": self.layers,
+            "heads": self.heads,
+            "iou_threshold": IOU_THRESHOLD,
+            "accuracy": np.round(accuracy, 4).tolist(),
+            "region_attention": np.round(self.region_share / count, 4).tolist(),
+            "best": {"layer": int(layer) + 1, "head": int(head) + 1,
+                     "accuracy": round(float(accuracy[layer, head]), 4)},
+            "mean_accuracy": round(float(accuracy.mean()), 4),
+            "random_baseline": round(self.random_hits / count, 4),
+            "confidence_baseline": round(self.confident_hits / count, 4),
+        }
+
+
+@dataclass
+class Example:
+    """One phrase kept for drawing: its box, the image's boxes and every head's attention to them."""
+
+    phrase: Phrase
+    image_size: tuple[int, int]
+    boxes: np.ndarray  # (N, 4), the candidates only
+    attention: np.ndarray  # (layers, heads, N)
+
+
+def load_model(model_dir: str | Path, device: torch.device) -> VLBertModel:
+    """The VL-BERT encoder of any task's `save_pretrained` folder, for reading its attention."""
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise DataError(f"{model_dir}: not a saved model (no config.json)")
+    return VLBertModel.from_pretrained(model_dir).to(device).eval()
+
+
+def phrase_sample(phrase: Phrase, regions: RegionBank, tokenizer, max_length: int) -> tuple[Sample, np.ndarray]:
+    """`[CLS] text [SEP]` with the image's RoIs, each region's IoU with the phrase's box as the
+    `iou` region target, and (sequence length,) bool: the phrase's pieces kept under the length cap
+    (a phrase cut off entirely has none: every head then ties among all RoIs, the random baseline)."""
+    encoding = tokenizer(phrase.text, add_special_tokens=False, return_offsets_mapping=True)
+    image = regions[phrase.image_id]
+    sequence = build_caption_sequence(tokenizer, list(encoding["input_ids"]), len(image), max_length)
+    image = image.truncated(sequence.num_regions)
+    pieces = encoding["offset_mapping"][:len(sequence) - 2]
+    inside = np.zeros(len(sequence), bool)
+    inside[1:1 + len(pieces)] = [start < phrase.span[1] and end > phrase.span[0] for start, end in pieces]
+    iou = box_iou(torch.from_numpy(image.boxes), torch.tensor([phrase.box], dtype=torch.float32))[:, 0].numpy()
+    return Sample(sequence, image, phrase.file, region_targets={"iou": iou}, item_id=phrase.item_id), inside
+
+
+def read_phrases(annotations: str | Path, phrase_format: str, regions: RegionBank) -> list[Phrase]:
+    """The phrases of `annotations` whose images the store holds."""
+    if phrase_format not in PHRASE_READERS:
+        raise DataError(f"phrase format {phrase_format!r}: expected one of {', '.join(PHRASE_READERS)}")
+    phrases = [phrase for phrase in PHRASE_READERS[phrase_format](annotations) if phrase.image_id in regions]
+    if not phrases:
+        raise DataError(f"{annotations}: no {phrase_format} phrases on images of the store {regions.root}")
+    return phrases
+
+
+def batch_attention(model: VLBertModel, batch: dict[str, Any], inside: tuple[np.ndarray, ...],
+                    device: torch.device) -> torch.Tensor:
+    """(B, layers, heads, N) on the CPU: the model's attention from each sample's phrase pieces
+    (`inside`, one mask per sample) to its regions, as the model sees them at evaluation."""
+    inputs = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
+    given = {k: v for k, v in model_inputs(model, inputs, targets=False).items() if k != "masked_regions"}
+    output = model(**given, output_attentions=True)
+    phrase_mask = torch.zeros_like(batch["text_mask"])
+    for row, mask in enumerate(inside):
+        phrase_mask[row, :len(mask)] = torch.from_numpy(mask)
+    return phrase_region_attention(output.attentions, phrase_mask.to(device), output.num_regions).cpu()
+
+
+@torch.no_grad()
+def analyze_grounding(model_dir: str | Path, store: str | Path, annotations: str | Path, vocabulary: str | Path,
+                      out: str | Path, phrase_format: str = "refs", images: str | Path | None = None,
+                      examples: int = 0, max_items: int | None = None, batch_size: int = 16, device: str = "cpu",
+                      max_length: int | None = None) -> dict[str, Any]:
+    """Grounding accuracy of every layer and head over the phrases of `annotations` (a format of
+    `PHRASE_READERS`; the first `max_items`): writes OUT/grounding.json (the returned table),
+    OUT/grounding.png (the heat map) and, for the first `examples` phrases, OUT/examples/*.png (the
+    best head's attention over the image's boxes, drawn on the image from `images` when given).
+    `max_length` (default: the model's position count) caps text + RoIs."""
+    torch_device = check_device(device)
+    model = load_model(model_dir, torch_device)
+    tokenizer = load_tokenizer(vocabulary)
+    if len(tokenizer) > model.config.vocab_size:
+        raise DataError(f"{vocabulary}: {len(tokenizer)} word pieces, but the model {model_dir} knows "
+                        f"{model.config.vocab_size}")
+    regions = RegionBank(str(store))
+    phrases = read_phrases(annotations, phrase_format, regions)[:max_items]
+    max_length = max_length or model.config.max_position_embeddings
+
+    tally = GroundingTally(model.config.num_hidden_layers, model.config.num_attention_heads)
+    kept: list[Example] = []
+    for start in range(0, len(phrases), batch_size):
+        chunk = phrases[start:start + batch_size]
+        samples, inside = zip(*(phrase_sample(phrase, regions, tokenizer, max_length) for phrase in chunk))
+        batch = collate(list(samples), tokenizer.pad_token_id)
+        attention = batch_attention(model, batch, inside, torch_device)
+        candidates = batch["box_mask"].clone()
+        candidates[:, 0] = False  # the whole-image box
+        tally.add(attention, candidates, batch["iou"])
+        for phrase, sample, boxes, row, chosen in list(zip(chunk, samples, batch["boxes"], attention,
+                                                           candidates))[:max(examples - len(kept), 0)]:
+            kept.append(Example(phrase, sample.regions.image_size, boxes[chosen].numpy(), row[..., chosen].numpy()))
+
+    result = {"model": str(model_dir), "annotations": str(annotations), "format": phrase_format, **tally.result()}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    draw_heat_map(tally.accuracy(), result, out / "grounding.png")
+    best = (result["best"]["layer"] - 1, result["best"]["head"] - 1)
+    result["examples"] = [
+        {"item_id": example.phrase.item_id, "phrase": example.phrase.phrase, "text": example.phrase.text,
+         "file": example.phrase.file, "layer": best[0] + 1, "head": best[1] + 1,
+         "image": str(draw_example(example, best, images, out / "examples" / f"{k:03d}.png"))}
+        for k, example in enumerate(kept)]
+    write_atomically(out / "grounding.json", json.dumps(result, indent=2))
+    return result
