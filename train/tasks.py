@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,6 +27,8 @@ from train.data.datasets import (
     MultipleChoice,
     QuestionAnswering,
     ReferringExpressions,
+    RetrievalCandidates,
+    RetrievalPairs,
     Sample,
     VisualCommonsense,
 )
@@ -34,6 +38,7 @@ from train.evaluation.refer import pairwise_iou, score_refer, write_refer_predic
 from train.evaluation.vcr import VcrPrediction, write_vcr_csv
 from train.evaluation.vqa2 import VqaTruth, question_accuracy, score_vqa, write_vqa_predictions
 from vlbert.modeling import (
+    VLBertForImageTextMatching,
     VLBertForMultipleChoice,
     VLBertForPreTraining,
     VLBertForQuestionAnswering,
@@ -283,6 +288,100 @@ class GroundingAccuracy(Evaluator):
         return {str(i): float(hit) for i, hit in zip(ids, iou >= 0.5)}
 
 
+RECALL_AT = (1, 5, 10)
+
+
+@dataclass
+class RetrievalRanks:
+    """0-based rank of the right match of every query; ties count against it (a wrong candidate
+    scoring the same as the right one ranks above it), so a constant scorer never beats chance."""
+
+    image_to_text: np.ndarray  # (images,): the best-ranked of the image's own captions among all captions
+    text_to_image: np.ndarray  # (captions,): the caption's image among all images
+
+
+def retrieval_ranks(scores: np.ndarray, caption_image: np.ndarray) -> RetrievalRanks:
+    """Ranks from `scores` (images × captions; NaN: unscored, ranked last) and each caption's image."""
+    scores = np.nan_to_num(np.asarray(scores, np.float64), nan=-np.inf)
+    right = caption_image[None, :] == np.arange(len(scores))[:, None]
+    text_truth = scores[caption_image, np.arange(scores.shape[1])]
+    text_ranks = ((scores >= text_truth[None, :]) & ~right).sum(0)
+    image_truth = np.where(right, scores, -np.inf).max(1)
+    image_ranks = ((scores >= image_truth[:, None]) & ~right).sum(1)
+    return RetrievalRanks(image_ranks, text_ranks)
+
+
+def recalls(ranks: RetrievalRanks) -> dict[str, float]:
+    """Recall@K (share of queries whose right match ranks in the top K) of both directions."""
+    return {f"{name}_r{k}": round(float((direction < k).mean()), 4)
+            for name, direction in (("i2t", ranks.image_to_text), ("t2i", ranks.text_to_image)) for k in RECALL_AT}
+
+
+def chance_recalls(caption_image: np.ndarray, num_images: int) -> dict[str, float]:
+    """Recall@K of a uniformly random ranking: K/images for a caption's one image; for an image with
+    g of the C captions, the chance that some of its g lands in a random top K."""
+    captions = len(caption_image)
+    own = np.bincount(caption_image, minlength=num_images)
+    result = {}
+    for k in RECALL_AT:
+        top = min(k, captions)
+        missed = [math.comb(captions - g, top) / math.comb(captions, top) for g in own]
+        result[f"i2t_r{k}"] = round(1 - float(np.mean(missed)), 4)
+    result.update({f"t2i_r{k}": round(min(k, num_images) / num_images, 4) for k in RECALL_AT})
+    return result
+
+
+class RetrievalRecall(Evaluator):
+    """Image–text retrieval: every (image, caption) pair scored by the matching head, then
+    Recall@1/5/10 both ways. `value` is text→image R@1 (each caption's query: 1 when its image ranks
+    first), the item scores being those per-caption hits, so their mean is `value`; all six recalls,
+    their mean, their chance levels and the scoring rate (pairs/s, data reading included) come along.
+    Predictions: each query's right match, its rank and the top 10."""
+
+    metric = "t2i_recall@1"
+
+    def __init__(self, data: TaskData, dataset: RetrievalCandidates) -> None:
+        self.dataset = dataset
+        self.scores = np.full((len(dataset.images), len(dataset.captions)), np.nan, np.float32)
+        self.pairs, self.started, self.seconds = 0, time.perf_counter(), 0.0
+
+    def add(self, samples, inputs, output) -> None:
+        images, captions = zip(*(sample.item_id for sample in samples))
+        self.scores[list(images), list(captions)] = output.logits.float().cpu().numpy()
+        self.pairs += len(samples)
+        self.seconds = time.perf_counter() - self.started
+
+    @cached_property
+    def ranks(self) -> RetrievalRanks:
+        return retrieval_ranks(self.scores, self.dataset.caption_image)
+
+    def result(self) -> dict[str, Any]:
+        if not self.pairs:
+            return _unscored(self.metric, 0)
+        found = recalls(self.ranks)
+        chance = chance_recalls(self.dataset.caption_image, len(self.dataset.images))
+        return {"metric": self.metric, "value": found["t2i_r1"], "chance": chance["t2i_r1"],
+                "samples": len(self.dataset.captions), "images": len(self.dataset.images), "recalls": found,
+                "mean_recall": round(float(np.mean(list(found.values()))), 4), "chance_recalls": chance,
+                "pairs": self.pairs, "pairs_per_s": round(self.pairs / max(self.seconds, 1e-9), 1)}
+
+    def item_scores(self) -> dict[str, float]:
+        ranks = self.ranks.text_to_image
+        return {self.dataset.caption_id(c): float(ranks[c] == 0) for c in range(len(ranks))}
+
+    def write(self, path: Path) -> None:
+        images = [image.image_id for image in self.dataset.images]
+        scores = np.nan_to_num(self.scores, nan=-np.inf)
+        text_to_image = [{"caption": self.dataset.caption_id(c), "image": images[self.dataset.caption_image[c]],
+                          "rank": int(self.ranks.text_to_image[c]),
+                          "top10": [images[i] for i in np.argsort(-scores[:, c], kind="stable")[:10]]}
+                         for c in range(scores.shape[1])]
+        image_to_text = [{"image": images[i], "rank": int(self.ranks.image_to_text[i]),
+                          "top10": [self.dataset.caption_id(c) for c in np.argsort(-scores[i], kind="stable")[:10]]}
+                         for i in range(len(images))]
+        write_atomically(path, json.dumps({"text_to_image": text_to_image, "image_to_text": image_to_text}))
+
+
 def _question_id(question, index: int) -> int:
     return index if question.question_id is None else question.question_id
 
@@ -321,6 +420,12 @@ def _commonsense(step: str):
     return dataset
 
 
+def _retrieval(data: TaskData, stage, annotations: AnnotationFile, seed: int, training: bool):
+    if training:
+        return RetrievalPairs(annotations, data.regions, data.tokenizer, data.max_length, seed=seed)
+    return RetrievalCandidates(annotations, data.regions, data.tokenizer, data.max_length, seed=seed)
+
+
 def _refexp(data: TaskData, stage, annotations: AnnotationFile, seed: int, training: bool):
     return ReferringExpressions(annotations, data.regions, data.tokenizer, data.max_length, seed=seed)
 
@@ -337,4 +442,6 @@ TASKS: dict[str, Task] = {task.name: task for task in (
          "VCR QA→R: four rationales given the question and answer", ".csv"),
     Task("refexp", VLBertForReferringExpressions, _refexp, GroundingAccuracy,
          "referring expressions (RefCOCO, RefCOCO+, RefCOCOg): the referred RoI", ".json"),
+    Task("retrieval", VLBertForImageTextMatching, _retrieval, RetrievalRecall,
+         "image–text retrieval: a matching score per pair with sampled and hard negatives; Recall@1/5/10", ".json"),
 )}

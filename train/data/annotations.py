@@ -87,7 +87,8 @@ def parse_annotation(record: Any) -> ImageAnnotation:
     file = record["file"]
     if not isinstance(file, str):
         raise TypeError("`file` must be a string")
-    objects = [str(name) for name in record.get("objects", [])]
+    # `objects` belongs to VCR's items; other writers (the demo world) may use the key for their own.
+    objects = [_text(name) for name in record.get("objects", [])] if "vcr" in record else []
     return ImageAnnotation(
         image_id=Path(file).with_suffix("").as_posix(),
         file=file,

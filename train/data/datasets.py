@@ -1,5 +1,5 @@
 """Training samples: caption–image pre-training, text-only corpus, VQA, multiple choice (the demo
-world's and VCR's), referring expressions.
+world's and VCR's), referring expressions, image–text retrieval.
 
 Datasets hold an AnnotationFile's item index (NumPy arrays) and parse an annotation line when a
 sample needs it, so forked DataLoader workers share the index instead of copying Python objects.
@@ -16,6 +16,7 @@ re-raise, and the trainer's policy decides whether the run fails or skips the sa
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,8 @@ from torch.utils.data import Dataset
 from torchvision.ops import box_iou
 
 from extract.store.schema import DamagedRecordError
-from train.data.annotations import AnnotationFile, AnswerVocabulary, Token
+from train.data.annotations import AnnotationFile, AnswerVocabulary, ImageAnnotation, Token
+from train.data.files import DataError
 from train.data.regions import RegionBank, Regions
 from vlbert.tokenization import (
     Segment,
@@ -317,3 +319,133 @@ class ReferringExpressions(AnnotatedDataset):
 def _item_id(published: int | None, index: int) -> int:
     """The item's published id; the demo world's items go by their position."""
     return index if published is None else published
+
+
+# ---- image–text retrieval ----------------------------------------------------------------------
+
+
+def caption_words(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def caption_similarity(caption: str, image: ImageAnnotation) -> float:
+    """How well `caption` describes `image` by words alone: the highest Jaccard overlap of its word
+    set with one of the image's captions (what mines hard negatives without a model)."""
+    words = caption_words(caption)
+    return max((len(words & other) / max(len(words | other), 1) for other in map(caption_words, image.captions)),
+               default=0.0)
+
+
+class RetrievalPairs(AnnotatedDataset):
+    """Image–text matching: each caption gives `1 + 2 × negatives` pairs, labelled 1 (its own image)
+    or 0: `negatives` pairs of its image with another image's caption (negative captions, the
+    image→text task), then `negatives` pairs of the caption with another image (negative images,
+    text→image), as Unicoder-VL samples 3 negatives in each matching task.
+
+    Of each task's negatives the first `hard_negatives` are hard: the most similar of `hard_pool`
+    uniformly drawn candidates, by `caption_similarity` (Unicoder-VL keeps the negative the model
+    scores highest; caption overlap stands in for the model's score, so no extra forward pass). A
+    negative never shares its image with the positive, nor is a caption word for word equal to one of
+    the positive image's captions (a duplicate caption would be a positive labelled 0). Each pair is
+    scored alone with the matching head's binary cross-entropy, where Unicoder-VL puts a margin
+    (triplet) loss between a positive and its hardest negative.
+    """
+
+    KIND = "captions"
+    MAX_DRAWS = 100  # redraws of a candidate that turns out to be a positive
+
+    def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
+                 negatives: int = 3, hard_negatives: int = 1, hard_pool: int = 16, seed: int = 0) -> None:
+        super().__init__(annotations, regions, tokenizer, max_length, seed)
+        self.negatives, self.hard_negatives, self.hard_pool = negatives, hard_negatives, hard_pool
+        self.lines = np.unique(self.items[:, 0])
+        if len(self.lines) < 2:
+            raise DataError(f"{annotations.path}: retrieval needs captions of at least two images, "
+                            f"found {len(self.lines)}")
+
+    def __len__(self) -> int:
+        return len(self.items) * (1 + 2 * self.negatives)
+
+    def sample(self, index: int) -> Sample:
+        rng = self.rng(index)
+        item, slot = divmod(index, 1 + 2 * self.negatives)
+        image, caption = self.item(item)
+        label = int(slot == 0)
+        if slot:
+            task, rank = divmod(slot - 1, self.negatives)
+            draws = self.hard_pool if rank < self.hard_negatives else 1
+            if task == 0:
+                caption = self._negative(draws, lambda: self._other_caption(rng, image),
+                                         lambda text: caption_similarity(text, image))
+            else:
+                image = self._negative(draws, lambda: self._other_image(rng, image, caption),
+                                       lambda other: caption_similarity(caption, other))
+        return pair_sample(self.tokenizer, self.max_length, self.regions[image.image_id], image.file, caption,
+                           {"labels": label}, (item, slot))
+
+    def _negative(self, draws: int, draw, similarity):
+        """The most similar of `draws` candidates (the first on ties; one draw: a uniform negative)."""
+        return max((draw() for _ in range(draws)), key=similarity) if draws > 1 else draw()
+
+    def _other_caption(self, rng: random.Random, image: ImageAnnotation) -> str:
+        for _ in range(self.MAX_DRAWS):
+            other, caption = self.item(rng.randrange(len(self.items)))
+            if other.image_id != image.image_id and caption not in image.captions:
+                return caption
+        raise DataError(f"{self.annotations.path}: found no caption of another image that differs from "
+                        f"{image.image_id}'s captions in {self.MAX_DRAWS} draws")
+
+    def _other_image(self, rng: random.Random, image: ImageAnnotation, caption: str) -> ImageAnnotation:
+        for _ in range(self.MAX_DRAWS):
+            other = self.annotations[int(self.lines[rng.randrange(len(self.lines))])]
+            if other.image_id != image.image_id and caption not in other.captions:
+                return other
+        raise DataError(f"{self.annotations.path}: found no other image without the caption {caption!r} "
+                        f"in {self.MAX_DRAWS} draws")
+
+
+class RetrievalCandidates(AnnotatedDataset):
+    """Every (image, caption) pair of a split, image by image: sample `i × C + c` pairs image `i`
+    with caption `c` (item id `(i, c)`). Captions are tokenized once; with `cache_images` an image's
+    regions are read from the store once for its C consecutive pairs instead of once per pair."""
+
+    KIND = "captions"
+
+    def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
+                 cache_images: bool = True, seed: int = 0) -> None:
+        super().__init__(annotations, regions, tokenizer, max_length, seed)
+        lines = np.unique(self.items[:, 0])
+        self.images = [annotations[int(line)] for line in lines]
+        self.captions = [caption for image in self.images for caption in image.captions]
+        self.caption_image = np.repeat(np.arange(len(self.images)), [len(image.captions) for image in self.images])
+        self.pieces = [word_pieces(tokenizer, caption).ids for caption in self.captions]
+        self.cache_images = cache_images
+        self._cached: tuple[int, Regions] | None = None
+
+    def __len__(self) -> int:
+        return len(self.images) * len(self.captions)
+
+    def caption_id(self, caption: int) -> str:
+        """`<image_id>#<position among the image's captions>`."""
+        image = int(self.caption_image[caption])
+        first = int(np.searchsorted(self.caption_image, image))
+        return f"{self.images[image].image_id}#{caption - first}"
+
+    def _regions(self, image: int) -> Regions:
+        if self._cached is None or self._cached[0] != image or not self.cache_images:
+            self._cached = (image, self.regions[self.images[image].image_id])
+        return self._cached[1]
+
+    def sample(self, index: int) -> Sample:
+        image, caption = divmod(index, len(self.captions))
+        return pair_sample(self.tokenizer, self.max_length, self._regions(image), self.images[image].file,
+                           self.pieces[caption], {"labels": int(self.caption_image[caption] == image)},
+                           (image, caption))
+
+
+def pair_sample(tokenizer, max_length: int, regions: Regions, file: str, caption: str | list[int],
+                targets: dict[str, int], item_id: Any) -> Sample:
+    """`[CLS] caption [SEP] [IMG]… [END]` for an image–text pair; `caption` as text or word pieces."""
+    ids = word_pieces(tokenizer, caption).ids if isinstance(caption, str) else caption
+    sequence = build_caption_sequence(tokenizer, ids, len(regions), max_length)
+    return Sample(sequence, regions.truncated(sequence.num_regions), file, targets=targets, item_id=item_id)

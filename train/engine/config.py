@@ -55,7 +55,7 @@ class StageConfig:
     SETTINGS: ClassVar[str] = "stage settings"
 
     name: str
-    task: str  # a name in train.tasks.TASKS: pretrain, vqa, choice, vcr_q2a, vcr_qa2r, refexp
+    task: str  # a name in train.tasks.TASKS: pretrain, vqa, choice, vcr_q2a, vcr_qa2r, refexp, retrieval
     steps: int
     batch_size: int = 16  # per process; pre-training adds as many text-only samples when `text_only`
     base_lr: float = 1e-5  # per sample: the learning rate is base_lr × total batch, as in the reference code

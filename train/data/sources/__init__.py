@@ -11,7 +11,8 @@ def __getattr__(name: str) -> Any:
     # Built on first use, so that importing one reader (the trainer needs vqa2's answer
     # normalisation) does not import every other.
     if name == "SOURCES":
-        from train.data.sources import captions, refer, vcr, vqa2
+        from train.data.sources import captions, karpathy, refer, vcr, vqa2
 
-        return {source.name: source for source in (vqa2.SOURCE, vcr.SOURCE, *refer.SOURCES, *captions.SOURCES)}
+        return {source.name: source for source in (vqa2.SOURCE, vcr.SOURCE, *refer.SOURCES, *captions.SOURCES,
+                                                   *karpathy.SOURCES)}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from train.data.files import DataError, read_json
 from train.data.prepare import Preparation, SplitWriter, Source
@@ -97,17 +97,23 @@ def prepare_coco_captions(preparation: Preparation) -> None:
     for split in preparation.present(files):
         images = read_coco_captions(files[split], split)
         with preparation.split(split) as writer:
-            written = 0
-            for image in preparation.progress(images, split, total=len(images)):
-                if not image.captions:
-                    continue  # an image without captions holds no item
-                if not preparation.image_exists(image.file):
-                    writer.skip_missing_image(image.image_id, image.file, len(image.captions))
-                    continue
-                writer.add({"file": image.file, "image_id": image.image_id, "captions": image.captions},
-                           len(image.captions))
-                written += 1
-            writer.extra["images"] = written
+            add_captioned_images(preparation, writer, images)
+
+
+def add_captioned_images(preparation: Preparation, writer: SplitWriter, images: Sequence[CaptionedImage]) -> None:
+    """A record per image with captions whose file exists (a missing one is skipped once per caption);
+    the split's summary counts the images written."""
+    written = 0
+    for image in preparation.progress(images, writer.name, total=len(images)):
+        if not image.captions:
+            continue  # an image without captions holds no item
+        if not preparation.image_exists(image.file):
+            writer.skip_missing_image(image.image_id, image.file, len(image.captions))
+            continue
+        writer.add({"file": image.file, "image_id": image.image_id, "captions": image.captions},
+                   len(image.captions))
+        written += 1
+    writer.extra["images"] = written
 
 
 def cc_image_stem(split: str, row: int) -> str:
