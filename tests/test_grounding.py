@@ -128,6 +128,17 @@ def test_the_command_analyses_the_first_items_and_the_baselines_do_not_depend_on
     assert (a["random_baseline"], a["confidence_baseline"]) == (b["random_baseline"], b["confidence_baseline"])
 
 
+def test_fresh_weights_attend_to_every_roi_alike_so_every_head_scores_the_random_baseline(world, tmp_path):
+    """Before training the visual gains are 0, so all RoI embeddings are alike and every head ties."""
+    result = CliRunner().invoke(main, ["analyze", "grounding", "--model", str(world / "model"), "--store",
+                                       str(world / "cache"), "--annotations", str(world / "world" / "val.jsonl"),
+                                       "--vocabulary", str(world / "vocab"), "--max-items", "6", "--fresh-weights",
+                                       "--out", str(tmp_path / "fresh")])
+    assert result.exit_code == 0, result.output
+    table = json.loads((tmp_path / "fresh" / "grounding.json").read_text())
+    assert np.allclose(table["accuracy"], table["random_baseline"])
+
+
 def test_a_folder_without_a_saved_model_or_phrases_off_the_store_are_one_line(world, tmp_path):
     annotations = world / "world" / "val.jsonl"
     args = ["analyze", "grounding", "--store", str(world / "cache"), "--vocabulary", str(world / "vocab"),

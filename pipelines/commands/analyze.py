@@ -34,15 +34,17 @@ def analyze_group() -> None:
 @click.option("--max-length", type=click.IntRange(min=3),
               help="Cap on text + RoIs (default: the model's position count).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--fresh-weights", is_flag=True,
+              help="Analyse the model's config with freshly initialised weights: the before-training reference.")
 def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_format: str, vocabulary: Path,
                       out: Path, images: Path | None, examples: int, max_items: int | None, batch_size: int,
-                      max_length: int | None, device: str) -> None:
+                      max_length: int | None, device: str, fresh_weights: bool) -> None:
     """Per layer and head, the share of phrases whose most-attended RoI has IoU ≥ 0.5 with the
     annotated box, against a random RoI and the most confident RoI: OUT/grounding.json,
     OUT/grounding.png (heat map) and OUT/examples/*.png (the best head's attention)."""
     result = analyze_grounding(model_dir, store, annotations, vocabulary, out, phrase_format, images=images,
                                examples=examples, max_items=max_items, batch_size=batch_size, device=device,
-                               max_length=max_length)
+                               max_length=max_length, fresh_weights=fresh_weights)
     best = result["best"]
     click.echo(f"{result['phrases']} phrases: best head layer {best['layer']} head {best['head']} "
                f"{best['accuracy']:.3f}, mean over heads {result['mean_accuracy']:.3f}, random RoI "

@@ -128,12 +128,17 @@ class Example:
     attention: np.ndarray  # (layers, heads, N)
 
 
-def load_model(model_dir: str | Path, device: torch.device) -> VLBertModel:
-    """The VL-BERT encoder of any task's `save_pretrained` folder, for reading its attention."""
+def load_model(model_dir: str | Path, device: torch.device, fresh_weights: bool = False) -> VLBertModel:
+    """The VL-BERT encoder of any task's `save_pretrained` folder, for reading its attention; with
+    `fresh_weights`, its config initialised afresh (seed 0): the same model before any training."""
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise DataError(f"{model_dir}: not a saved model (no config.json)")
-    return VLBertModel.from_pretrained(model_dir).to(device).eval()
+    model = VLBertModel.from_pretrained(model_dir)
+    if fresh_weights:
+        torch.manual_seed(0)
+        model.init_weights()
+    return model.to(device).eval()
 
 
 def phrase_sample(phrase: Phrase, regions: RegionBank, tokenizer, max_length: int) -> tuple[Sample, np.ndarray]:
@@ -178,14 +183,15 @@ def batch_attention(model: VLBertModel, batch: dict[str, Any], inside: tuple[np.
 def analyze_grounding(model_dir: str | Path, store: str | Path, annotations: str | Path, vocabulary: str | Path,
                       out: str | Path, phrase_format: str = "refs", images: str | Path | None = None,
                       examples: int = 0, max_items: int | None = None, batch_size: int = 16, device: str = "cpu",
-                      max_length: int | None = None) -> dict[str, Any]:
+                      max_length: int | None = None, fresh_weights: bool = False) -> dict[str, Any]:
     """Grounding accuracy of every layer and head over the phrases of `annotations` (a format of
     `PHRASE_READERS`; the first `max_items`): writes OUT/grounding.json (the returned table),
     OUT/grounding.png (the heat map) and, for the first `examples` phrases, OUT/examples/*.png (the
     best head's attention over the image's boxes, drawn on the image from `images` when given).
-    `max_length` (default: the model's position count) caps text + RoIs."""
+    `max_length` (default: the model's position count) caps text + RoIs. `fresh_weights` analyses
+    the model's config with fresh weights (the before-training reference)."""
     torch_device = check_device(device)
-    model = load_model(model_dir, torch_device)
+    model = load_model(model_dir, torch_device, fresh_weights)
     tokenizer = load_tokenizer(vocabulary)
     if len(tokenizer) > model.config.vocab_size:
         raise DataError(f"{vocabulary}: {len(tokenizer)} word pieces, but the model {model_dir} knows "
