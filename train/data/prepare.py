@@ -41,6 +41,7 @@ class Source:
     prepare: Callable[["Preparation"], None]
     about: str  # one line for `vlbert data prepare --help`
     options: tuple[str, ...] = ()  # the source's own options (keyword arguments of prepare_dataset)
+    images_folder: str = ""  # where the images lie under --root when --images is not given (if it exists)
 
 
 class Preparation:
@@ -52,8 +53,8 @@ class Preparation:
         self.max_missing, self.options, self.log = max_missing, options, log
         self.boxes: dict[str, list[list[float]]] = {}
         self.summary: dict[str, Any] = {"source": source.name, "splits": {}, "absent": []}
-        self._images_list = (out / IMAGES).with_name(IMAGES + ".tmp").open("w")
-        self._skipped = (out / SKIPPED).with_name(SKIPPED + ".tmp").open("w")
+        self._images_list = (out / f"{IMAGES}.tmp").open("w")
+        self._skipped = (out / f"{SKIPPED}.tmp").open("w")
 
     def present(self, files: dict[str, Path]) -> list[str]:
         """The splits among `files` (split → its published file) that are there, in published order;
@@ -84,8 +85,7 @@ class Preparation:
         write_atomically(self.out / name, "".join(f"{line}\n" for line in lines))
 
     def finish(self) -> None:
-        self._images_list.close()
-        self._skipped.close()
+        self.close()
         os.replace(self._images_list.name, self.out / IMAGES)
         os.replace(self._skipped.name, self.out / SKIPPED)
         if self.boxes:
@@ -151,11 +151,14 @@ class SplitWriter:
 def prepare_dataset(source: Source, root: str | Path, out: str | Path, images: str | Path | None = None,
                     max_missing: float | None = None, log: Callable[[str], None] = print,
                     **options: Any) -> dict[str, Any]:
-    """Reads `source`'s published files under `root` (images under `images`, default `root`) into
+    """Reads `source`'s published files under `root` (images under `images`, default
+    `root/source.images_folder` where it exists, else `root`) into
     `out`; returns the summary. `options` are the source's own (vqa2: `min_answer_count`). DataError
     for files that cannot be read and for a missing share above `max_missing` (0–1)."""
     root, out = Path(root), Path(out)
-    images = Path(images) if images is not None else root
+    if images is None:
+        images = root / source.images_folder if (root / source.images_folder).is_dir() else root
+    images = Path(images)
     for what, path in (("--root", root), ("--images", images)):
         if not path.is_dir():
             raise DataError(f"{what} {path}: not a folder")

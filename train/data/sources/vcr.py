@@ -7,9 +7,8 @@ Layout read:
                "answer_choices": [TOKENS x4], "rationale_choices": [TOKENS x4],
                "answer_label": int, "rationale_label": int, ...}   (no labels in test.jsonl)
               TOKENS: a list of words (str) and object references: lists of indices into `objects`.
-    --images  the vcr1images folder (from vcr1images.zip). Without --images (the images root is then
-              --root), root/vcr1images is used when it is a folder. `img_fn` and `metadata_fn` are
-              relative to it; a metadata file holds {"boxes": [[x1, y1, x2, y2, score], ...] (pixels,
+    --images  the vcr1images folder (from vcr1images.zip); without --images, root/vcr1images.
+              `img_fn` and `metadata_fn` are relative to it; a metadata file holds {"boxes": [[x1, y1, x2, y2, score], ...] (pixels,
               one per entry of `objects`, same order), "segms": [...], "width", "height", ...}.
 
 Written: one record per image ({"file": img_fn, "objects": [...], "vcr": [...]}, annotations in the
@@ -234,14 +233,10 @@ class SplitReader:
 
 
 def prepare(preparation: Preparation) -> None:
-    folder = preparation.root / IMAGES_FOLDER
-    if preparation.images == preparation.root and folder.is_dir():
-        preparation.images = folder  # --images not given: the images unzipped beside the annotations
-        preparation.log(f"vcr: images and metadata under {folder}")
     for split in preparation.present({split: preparation.root / f"{split}.jsonl" for split in SPLITS}):
         with preparation.split(split) as writer:
             SplitReader(preparation, writer, preparation.root / f"{split}.jsonl").read()
 
 
 SOURCE = Source("vcr", SPLITS, prepare, about="VCR: train/val/test.jsonl under --root, the vcr1images folder "
-                                              "as --images (default root/vcr1images)")
+                                              "as --images (default root/vcr1images)", images_folder=IMAGES_FOLDER)
