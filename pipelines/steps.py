@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from train.data.sources.refer import DATASETS as REFER_DATASETS
 from train.engine.config import RunConfig, RunConfigError, checked_fields
 
 Log = Callable[[str], None]
@@ -247,7 +248,7 @@ def _score_refer(dataset: str) -> Callable[[EvaluateParams, Path], dict[str, Any
 BENCHMARKS: dict[str, Benchmark] = {
     "vqa2": Benchmark(("questions", "annotations"), _score_vqa2),
     "vcr": Benchmark(("annotations",), _score_vcr),
-    **{name: Benchmark(("data", "split"), _score_refer(name)) for name in ("refcoco+", "refcoco", "refcocog")},
+    **{name: Benchmark(("data", "split"), _score_refer(name)) for name in REFER_DATASETS},
 }
 
 

@@ -13,7 +13,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Callable
 
@@ -90,12 +90,18 @@ class Task:
 def model_inputs(model: torch.nn.Module, batch: dict[str, Any], targets: bool = True) -> dict[str, Any]:
     """The entries of `batch` that `model.forward` takes (with its `**inputs`: VLBertModel's);
     without the targets when `targets` is False."""
-    forward = getattr(model, "module", model).forward
-    parameters = inspect.signature(forward).parameters
+    names = _forward_inputs(type(getattr(model, "module", model)))
+    return {k: v for k, v in batch.items() if k in names and (targets or k not in TARGETS)}
+
+
+@cache
+def _forward_inputs(cls: type) -> frozenset[str]:
+    """Looked up once per model class: model_inputs runs every training step."""
+    parameters = inspect.signature(cls.forward).parameters
     names = set(parameters)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         names |= set(inspect.signature(VLBertModel.forward).parameters)
-    return {k: v for k, v in batch.items() if k in names and (targets or k not in TARGETS)}
+    return frozenset(names)
 
 
 # ---- evaluation: one Evaluator per task, fed batch by batch -----------------------------------

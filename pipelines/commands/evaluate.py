@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from train.data.sources.refer import DATASETS as REFER_DATASETS
 from train.evaluation.refer import evaluate_refer
 from train.evaluation.vcr import evaluate_vcr
 from train.evaluation.vqa2 import evaluate_vqa2
@@ -50,7 +51,7 @@ def _refer_command(dataset: str) -> click.Command:
     return command
 
 
-for _dataset in ("refcoco+", "refcoco", "refcocog"):
+for _dataset in REFER_DATASETS:
     evaluate_group.add_command(_refer_command(_dataset))
 
 COMMANDS = [evaluate_group]
