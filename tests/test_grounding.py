@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from pipelines.cli import main
-from train.analysis.grounding import GroundingTally, analyze_grounding, phrase_region_attention, phrase_sample
+from train.analysis.grounding import (GroundingTally, analyze_grounding, held_out_best, phrase_region_attention,
+                                     phrase_sample)
 from train.analysis.phrases import PHRASE_READERS, Phrase
 from train.data.annotations import read_annotations
 from train.data.regions import RegionBank
@@ -52,6 +53,27 @@ def _hand_built() -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor,
     return tuple(attention), phrase, candidates, iou
 
 
+def test_the_held_out_best_head_is_chosen_on_other_phrases_than_it_is_scored_on():
+    rng = np.random.default_rng(0)
+    phrases, random_share = 400, np.full(400, 0.25)
+    # Sixteen heads that hit at the random rate: the best of them looks grounded on all phrases, the
+    # held-out choice does not.
+    chance = (rng.random((phrases, 4, 4)) < 0.25).astype(float)
+    in_sample = chance.mean(0).max()
+    result = held_out_best(chance, random_share)
+    assert in_sample > 0.28 and result["phrases"] == phrases // 2
+    assert result["difference_interval"][0] <= 0 <= result["difference_interval"][1]
+    assert result["verdict"].startswith("not distinguishable")
+    # One head (layer 2, head 3) that grounds 60% of phrases stands out on the held-out half.
+    grounded = chance.copy()
+    grounded[:, 1, 2] = rng.random(phrases) < 0.6
+    result = held_out_best(grounded, random_share)
+    assert (result["layer"], result["head"]) == (2, 3)
+    assert result["accuracy"] == round(grounded[1::2, 1, 2].mean(), 4)
+    assert result["interval"][0] < result["accuracy"] < result["interval"][1]
+    assert result["difference_interval"][0] > 0 and result["verdict"].startswith("distinguishable")
+
+
 def test_phrase_attention_is_the_mean_over_the_phrase_pieces_of_attention_to_the_regions():
     attentions, phrase, _, _ = _hand_built()
     region_attention = phrase_region_attention(attentions, phrase, REGIONS)
@@ -73,6 +95,9 @@ def test_the_accuracy_table_and_baselines_on_a_hand_built_attention_tensor():
     assert result["random_baseline"] == round((2 / 3 + 1 / 2) / 2, 4)
     # The most confident RoI is the first candidate, RoI 1: IoU 0.8, then 0.2.
     assert result["confidence_baseline"] == 0.5
+    # Two phrases: intervals resample them; the best head hits both, so its interval is a point.
+    assert result["intervals"]["best"] == [1.0, 1.0]
+    assert result["held_out_best"]["phrases"] == 1
     # Attention mass on the candidates, averaged over the phrases (padding and whole image excluded).
     assert np.allclose(result["region_attention"], [[(0.6 + 0.1) / 2, (0.5 + 0.1) / 2],
                                                     [(0.1 + 0.1) / 2, (0.7 + 1.0) / 2]])

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
+from pipelines.runner import load_pipeline
 from train.data.annotations import AnnotationFile
 from train.data.collate import collate
 from train.data.datasets import RetrievalCandidates, RetrievalPairs, caption_similarity
@@ -18,8 +21,11 @@ from train.data.regions import RegionBank
 from train.data.sources import SOURCES
 from train.engine.config import StageConfig
 from train.engine.trainer import Trainer
-from train.tasks import chance_recalls, recalls, retrieval_ranks
-from training_world import make_world, run_config
+from train.tasks import chance_recalls, model_inputs, recalls, retrieval_ranks
+from training_world import TINY_MODEL, make_world, run_config
+from vlbert import VLBertConfig
+from vlbert.losses import group_softmax_loss, hardest_negative_triplet_loss
+from vlbert.modeling import VLBertForImageTextMatching
 from vlbert.tokenization import load_tokenizer, word_pieces
 
 
@@ -81,28 +87,68 @@ def parts(world):
 def test_negatives_are_deterministic_and_never_the_positive(parts) -> None:
     tokenizer, annotations, bank = parts
     dataset = RetrievalPairs(annotations, bank, tokenizer, 48, negatives=3, hard_negatives=1, seed=5)
-    assert len(dataset) == 7 * len(annotations.items("captions"))
-    for index in range(0, 70):
-        sample = dataset[index]
-        item, slot = sample.item_id
-        image, caption = dataset.item(item)
-        text = caption_ids(tokenizer, sample)
-        own_image = np.array_equal(sample.regions.appearance, bank[image.image_id].truncated(
-            len(sample.regions)).appearance)
-        if slot == 0:
-            assert sample.targets["labels"] == 1 and own_image
-        elif slot <= 3:  # another image's caption with this image
-            assert sample.targets["labels"] == 0 and own_image
-            assert text not in [word_pieces(tokenizer, c).ids for c in image.captions]
-        else:  # this caption with another image
-            assert sample.targets["labels"] == 0 and not own_image and text == word_pieces(tokenizer, caption).ids
-        again = dataset[index]
-        assert again.sequence.input_ids == sample.sequence.input_ids
-        assert np.array_equal(again.regions.appearance, sample.regions.appearance)
+    assert len(dataset) == len(annotations.items("captions")) and dataset.group_size == 7
+    for index in range(10):
+        group = dataset[index].samples
+        image, caption = dataset.item(index)
+        assert [sample.item_id for sample in group] == [(index, slot) for slot in range(7)]
+        for slot, sample in enumerate(group):
+            text = caption_ids(tokenizer, sample)
+            own_image = np.array_equal(sample.regions.appearance, bank[image.image_id].truncated(
+                len(sample.regions)).appearance)
+            if slot == 0:
+                assert sample.targets["labels"] == 1 and own_image
+            elif slot <= 3:  # another image's caption with this image
+                assert sample.targets["labels"] == 0 and own_image
+                assert text not in [word_pieces(tokenizer, c).ids for c in image.captions]
+            else:  # this caption with another image
+                assert sample.targets["labels"] == 0 and not own_image and text == word_pieces(tokenizer, caption).ids
+        again = dataset[index].samples
+        assert [s.sequence.input_ids for s in again] == [s.sequence.input_ids for s in group]
+        assert all(np.array_equal(a.regions.appearance, b.regions.appearance) for a, b in zip(again, group))
     dataset.set_epoch(1)
-    changed = [dataset[i].sequence.input_ids != RetrievalPairs(annotations, bank, tokenizer, 48, seed=5)[i]
-               .sequence.input_ids for i in range(1, 70, 7)]
+    fresh = RetrievalPairs(annotations, bank, tokenizer, 48, seed=5)
+    changed = [dataset[i].samples[2].sequence.input_ids != fresh[i].samples[2].sequence.input_ids for i in range(10)]
     assert any(changed)  # negatives are drawn afresh each epoch
+
+
+def test_groups_collate_to_pairs_with_grouped_labels(parts) -> None:
+    tokenizer, annotations, bank = parts
+    dataset = RetrievalPairs(annotations, bank, tokenizer, 48, negatives=2)
+    batch = collate([dataset[0], dataset[1], dataset[2]], tokenizer.pad_token_id)
+    assert batch["labels"].tolist() == [[1, 0, 0, 0, 0]] * 3
+    assert batch["input_ids"].shape[0] == batch["appearance"].shape[0] == len(batch["image_files"]) == 15
+    assert batch["image_files"][:5] == [s.image_file for s in dataset[0].samples]
+
+
+def test_the_triplet_loss_takes_each_direction_s_hardest_negative(parts) -> None:
+    # Groups (positive, 2 negative captions, 2 negative images); margin 0.2.
+    scores = torch.tensor([[1.0, 0.5, 0.9, 0.0, 1.5],   # caption side: 0.2 − 1 + 0.9; image side: 0.2 − 1 + 1.5
+                           [2.0, 0.0, 0.1, 0.3, 0.2]])  # both margins met: 0
+    expected = ((0.2 - 1 + 0.9) + (0.2 - 1 + 1.5) + 0.0) / 2
+    labels = torch.tensor([[1, 0, 0, 0, 0]] * 2)
+    assert hardest_negative_triplet_loss(scores, labels, 0.2).item() == pytest.approx(expected)
+    # The softmax: the positive against all of its group at once.
+    assert group_softmax_loss(scores, labels, 0.2).item() == pytest.approx(
+        -torch.log_softmax(scores, dim=1)[:, 0].mean().item())
+    # The matching head applies the config's loss to grouped labels, its scores in group order.
+    tokenizer, annotations, bank = parts
+    dataset = RetrievalPairs(annotations, bank, tokenizer, 48, negatives=1)
+    config = VLBertConfig(**TINY_MODEL, vocab_size=len(tokenizer), visual_feature_size=bank.feature_dim)
+    model = VLBertForImageTextMatching(config).eval()
+    batch = collate([dataset[0], dataset[1]], tokenizer.pad_token_id)
+    inputs = model_inputs(model, {k: v for k, v in batch.items() if torch.is_tensor(v)})
+    output = model(**inputs)
+    assert inputs["labels"].shape == (2, 3) and output.logits.shape == (6,)
+    assert output.loss.item() == pytest.approx(
+        hardest_negative_triplet_loss(output.logits.view(2, 3), inputs["labels"], config.matching_margin).item())
+    model.config.matching_loss = "binary"
+    assert model(**inputs).loss.item() == pytest.approx(
+        F.binary_cross_entropy_with_logits(output.logits, inputs["labels"].flatten().float()).item())
+    with pytest.raises(ValueError, match="matching_loss must be one of"):
+        VLBertConfig(**TINY_MODEL, matching_loss="hinge")
+    with pytest.raises(ValueError, match="positive then an even number"):
+        model(**{**inputs, "labels": inputs["labels"].flip(1)})
 
 
 def test_hard_negatives_are_the_most_similar_of_their_pool(parts) -> None:
@@ -111,11 +157,11 @@ def test_hard_negatives_are_the_most_similar_of_their_pool(parts) -> None:
     uniform = RetrievalPairs(annotations, bank, tokenizer, 48, negatives=1, hard_negatives=0)
 
     def similarity(dataset: RetrievalPairs, index: int) -> float:
-        image, _ = dataset.item(index // 3)
-        sample = dataset[index]
-        return caption_similarity(tokenizer.decode(caption_ids(tokenizer, sample)), image)
+        image, _ = dataset.item(index)
+        negative_caption = dataset[index].samples[1]
+        return caption_similarity(tokenizer.decode(caption_ids(tokenizer, negative_caption)), image)
 
-    indices = range(1, len(hard), 3)  # the negative captions
+    indices = range(len(hard))
     assert np.mean([similarity(hard, i) for i in indices]) > np.mean([similarity(uniform, i) for i in indices])
     assert caption_similarity("a red circle.", _image(["A red circle", "two shapes"])) == 1.0
     assert caption_similarity("a red square", _image(["a red circle"])) == 0.5
@@ -177,6 +223,12 @@ def test_retrieval_stage_end_to_end(world) -> None:
     first = predictions["text_to_image"][0]
     assert len(first["top10"]) == min(10, result["images"])
     assert (first["rank"] == 0) == (first["top10"][0] == first["image"])
+
+
+def test_the_shipped_retrieval_pipeline_is_well_formed() -> None:
+    pipeline = load_pipeline(Path(__file__).parents[1] / "pipelines" / "configs" / "retrieval.yaml")
+    (train,) = [step for step in pipeline.steps if step.kind == "train"]
+    assert [stage["task"] for stage in train.params["stages"]] == ["retrieval"]
 
 
 # ---- the Karpathy split files ---------------------------------------------------------------

@@ -46,6 +46,11 @@ class VLBertConfig:
     with_relationship_head: bool = False  # the paper's ablation (c); off in VL-BERT pre-training
     num_answers: int = 3129  # VQA v2 answer vocabulary
     classifier_dropout: float = 0.1
+    # Retrieval's loss over a caption's group of pairs (`vlbert.losses.MATCHING_LOSSES`): Unicoder-VL's
+    # hardest-negative triplet loss, a softmax over the group, or binary cross-entropy per pair; and
+    # the triplet margin (Unicoder-VL's γ, which it does not state; VSE++'s value, whose loss it follows).
+    matching_loss: str = "triplet"
+    matching_margin: float = 0.2
 
     def __post_init__(self) -> None:
         if self.geometry_form not in GEOMETRY_FORMS:
@@ -56,6 +61,10 @@ class VLBertConfig:
             )
         if self.type_vocab_size < 3:
             raise ValueError("type_vocab_size must be at least 3 (segments A, B and visual)")
+        from vlbert.losses import MATCHING_LOSSES
+
+        if self.matching_loss not in MATCHING_LOSSES:
+            raise ValueError(f"matching_loss must be one of {tuple(MATCHING_LOSSES)}, got {self.matching_loss!r}")
 
     @property
     def geometry_size(self) -> int:

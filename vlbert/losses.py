@@ -50,3 +50,34 @@ def grounding_loss(logits: torch.Tensor, labels: torch.Tensor, box_mask: torch.T
 def binary_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Image–text matching: binary cross-entropy of the score against 1 (pair) or 0 (not a pair)."""
     return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+def hardest_negative_triplet_loss(scores: torch.Tensor, labels: torch.Tensor, margin: float) -> torch.Tensor:
+    """Unicoder-VL's retrieval loss: (B, 1 + 2n) scores of groups ordered (positive, n negative
+    captions, n negative images); per direction, max(0, margin − positive + hardest negative), summed
+    over both directions (λ1 = λ2 = 1) and averaged over the groups."""
+    scores = scores.float()
+    negatives = (scores.shape[1] - 1) // 2
+    positive = scores[:, 0]
+    hardest_caption = scores[:, 1 : 1 + negatives].max(dim=1).values
+    hardest_image = scores[:, 1 + negatives :].max(dim=1).values
+    return (F.relu(margin - positive + hardest_caption) + F.relu(margin - positive + hardest_image)).mean()
+
+
+def group_softmax_loss(scores: torch.Tensor, labels: torch.Tensor, margin: float) -> torch.Tensor:
+    """Cross-entropy of each group's positive (column 0) against all its negatives at once: every
+    negative gets a gradient, not only the hardest (`margin` unused)."""
+    return F.cross_entropy(scores.float(), torch.zeros(len(scores), dtype=torch.long, device=scores.device))
+
+
+def group_binary_loss(scores: torch.Tensor, labels: torch.Tensor, margin: float) -> torch.Tensor:
+    """Each pair of the groups classified alone (`binary_loss`; `margin` unused)."""
+    return binary_loss(scores, labels)
+
+
+# `VLBertConfig.matching_loss` → the loss of grouped matching scores (scores, labels, margin).
+MATCHING_LOSSES = {
+    "triplet": hardest_negative_triplet_loss,
+    "softmax": group_softmax_loss,
+    "binary": group_binary_loss,
+}

@@ -745,10 +745,20 @@ class VLBertForImageTextMatching(VLBertPreTrainedModel):
         self.init_weights()
 
     def forward(self, *, labels: torch.Tensor | None = None, **inputs) -> TaskOutput:
-        """labels: (B,) 1 for a matching pair, 0 otherwise."""
+        """labels: (B,) 1 for a matching pair, 0 otherwise (binary cross-entropy, pair by pair); or
+        (G, 1 + 2n) for G groups of pairs (positive first, then n negative captions and n negative
+        images, as `RetrievalPairs` makes them): `config.matching_loss` of each group."""
         encoded = self.vlbert(**inputs)
         logits = self.match_head(encoded.pooled_output).squeeze(-1)
-        loss = losses.binary_loss(logits, labels) if labels is not None else None
+        loss = None
+        if labels is not None and labels.dim() == 2:
+            if not bool((labels[:, 0] == 1).all() and (labels[:, 1:] == 0).all()) or labels.shape[1] % 2 == 0:
+                raise ValueError(f"labels {tuple(labels.shape)}: expected groups of a positive then an even "
+                                 "number of negatives")
+            loss = losses.MATCHING_LOSSES[self.config.matching_loss](logits.view(labels.shape), labels,
+                                                                    self.config.matching_margin)
+        elif labels is not None:
+            loss = losses.binary_loss(logits, labels)
         return TaskOutput(encoded, logits, loss)
 
 

@@ -29,6 +29,7 @@ from train.data.collate import collate
 from train.data.datasets import Sample
 from train.data.files import DataError, write_atomically
 from train.data.regions import RegionBank
+from train.evaluation.statistics import LEVEL, Interval, bootstrap_interval, paired_comparison
 from train.tasks import model_inputs
 from vlbert.modeling import VLBertModel
 from vlbert.tokenization import build_caption_sequence, load_tokenizer
@@ -66,19 +67,18 @@ def matching_share(chosen: torch.Tensor, matches: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class GroundingTally:
-    """Per layer and head, how many phrases were grounded (ties broken at random, in expectation); the
-    baselines and attention shares summed alongside, so `result()` gives means over every phrase added."""
+    """Per phrase and per layer and head, whether the phrase was grounded (ties broken at random, in
+    expectation), with the baselines' scores and the attention shares alongside, so that `result()`
+    gives means over every phrase added and bootstrap intervals over the phrases."""
 
     layers: int
     heads: int
-    hits: np.ndarray = field(init=False)
+    grounded: list[np.ndarray] = field(default_factory=list)  # (B, layers, heads) per `add`
+    random: list[np.ndarray] = field(default_factory=list)  # (B,) the random RoI's expected score
+    confident: list[np.ndarray] = field(default_factory=list)  # (B,) the most confident RoI's score
     region_share: np.ndarray = field(init=False)  # attention mass the phrase gives to all candidates
-    random_hits: float = 0.0
-    confident_hits: float = 0.0
-    count: int = 0
 
     def __post_init__(self) -> None:
-        self.hits = np.zeros((self.layers, self.heads))
         self.region_share = np.zeros((self.layers, self.heads))
 
     def add(self, region_attention: torch.Tensor, candidates: torch.Tensor, iou: torch.Tensor) -> torch.Tensor:
@@ -88,34 +88,76 @@ class GroundingTally:
         matches = iou >= IOU_THRESHOLD
         grounded = matching_share(most_attended(region_attention, candidates), matches[:, None, None])
         most_confident = candidates & (candidates.cumsum(1) == 1)  # the store keeps boxes best first
-        self.hits += grounded.sum(0).cpu().numpy()
+        self.grounded.append(grounded.cpu().numpy())
         self.region_share += (region_attention * candidates[:, None, None]).sum((0, -1)).cpu().numpy()
-        self.random_hits += float(matching_share(candidates, matches).sum())
-        self.confident_hits += float(matching_share(most_confident, matches).sum())
-        self.count += len(candidates)
+        self.random.append(matching_share(candidates, matches).cpu().numpy())
+        self.confident.append(matching_share(most_confident, matches).cpu().numpy())
         return grounded
 
+    @property
+    def count(self) -> int:
+        return sum(len(rows) for rows in self.random)
+
+    def scores(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(phrases, layers, heads) head scores, (phrases,) random and most-confident baseline scores."""
+        if not self.grounded:
+            return np.zeros((0, self.layers, self.heads)), np.zeros(0), np.zeros(0)
+        return tuple(np.concatenate(parts).astype(np.float64) for parts in (self.grounded, self.random, self.confident))
+
     def accuracy(self) -> np.ndarray:
-        return self.hits / max(self.count, 1)
+        grounded = self.scores()[0]
+        return grounded.mean(0) if len(grounded) else np.zeros((self.layers, self.heads))
 
     def result(self) -> dict[str, Any]:
-        """Layers and heads are numbered from 1 in `best` (row i of the tables is layer i + 1)."""
+        """Layers and heads are numbered from 1 in `best` (row i of the tables is layer i + 1).
+
+        The best head's accuracy is the maximum of layers × heads estimates, biased upwards on few
+        phrases; `held_out_best` removes that bias: the head is chosen on the even-numbered phrases
+        and scored on the odd-numbered ones, and compared there with the random RoI, phrase by phrase."""
+        grounded, random, confident = self.scores()
         accuracy = self.accuracy()
         layer, head = np.unravel_index(int(accuracy.argmax()), accuracy.shape)
         count = max(self.count, 1)
-        return {
+        result = {
             "phrases": self.count,
             "layers": self.layers,
             "heads": self.heads,
             "iou_threshold": IOU_THRESHOLD,
             "accuracy": np.round(accuracy, 4).tolist(),
             "region_attention": np.round(self.region_share / count, 4).tolist(),
-            "best": {"layer": int(layer) + 1, "head": int(head) + 1,
-                     "accuracy": round(float(accuracy[layer, head]), 4)},
+            "best": {"layer": int(layer) + 1, "head": int(head) + 1, "accuracy": round(float(accuracy[layer, head]), 4)},
             "mean_accuracy": round(float(accuracy.mean()), 4),
-            "random_baseline": round(self.random_hits / count, 4),
-            "confidence_baseline": round(self.confident_hits / count, 4),
+            "random_baseline": round(float(random.mean()) if len(random) else 0.0, 4),
+            "confidence_baseline": round(float(confident.mean()) if len(confident) else 0.0, 4),
         }
+        if self.count >= 2:
+            result["intervals"] = {
+                "level": LEVEL,
+                "best": _rounded(bootstrap_interval(grounded[:, layer, head])),
+                "random_baseline": _rounded(bootstrap_interval(random)),
+                "confidence_baseline": _rounded(bootstrap_interval(confident)),
+            }
+            result["held_out_best"] = held_out_best(grounded, random)
+        return result
+
+
+def held_out_best(grounded: np.ndarray, random: np.ndarray) -> dict[str, Any]:
+    """The best head on the even-numbered phrases, scored on the odd-numbered ones, with its 95%
+    interval and a paired comparison with the random RoI on those phrases."""
+    choose, score = grounded[0::2], grounded[1::2]
+    layer, head = np.unravel_index(int(choose.mean(0).argmax()), choose.shape[1:])
+    hits = score[:, layer, head]
+    ids = [str(i) for i in range(len(hits))]
+    comparison = paired_comparison(dict(zip(ids, random[1::2])), dict(zip(ids, hits)), ("random RoI", "head"))
+    return {"layer": int(layer) + 1, "head": int(head) + 1, "phrases": len(hits),
+            "accuracy": round(float(hits.mean()), 4), "interval": _rounded(bootstrap_interval(hits)),
+            "random_baseline": round(float(random[1::2].mean()), 4),
+            "difference": round(comparison.difference, 4), "difference_interval": _rounded(comparison.interval),
+            "p_value": comparison.p_value, "verdict": comparison.verdict()}
+
+
+def _rounded(interval: Interval) -> list[float]:
+    return [round(value, 4) + 0.0 for value in interval.to_list()]  # + 0.0: no "-0.0" in the table
 
 
 @dataclass

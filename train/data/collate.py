@@ -5,13 +5,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from train.data.datasets import Sample
+from train.data.datasets import Sample, SampleGroup
 from vlbert.losses import IGNORE_INDEX
 from vlbert.tokenization import pad_text
 
 
-def collate(samples: list[Sample], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
-    """Model inputs and targets; `image_files` (a list, not a tensor) is there for end-to-end stages."""
+def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """Model inputs and targets; `image_files` (a list, not a tensor) is there for end-to-end stages.
+    B groups of G samples give B × G inputs in group order and (B, G, ...) targets."""
+    if isinstance(samples[0], SampleGroup):
+        size = len(samples[0].samples)
+        batch = collate([s for group in samples for s in group.samples], pad_token_id)
+        for name in samples[0].samples[0].targets:
+            batch[name] = batch[name].view(len(samples), size, *batch[name].shape[1:])
+        return batch
     if samples[0].choices is not None:
         # (B, C, T): every candidate of every sample padded to one length.
         choices = len(samples[0].choices)

@@ -59,6 +59,14 @@ class Sample:
 
 
 @dataclass
+class SampleGroup:
+    """Samples scored together by one loss (a caption's positive pair and its negatives): a batch of
+    B groups of G samples holds B × G model inputs and (B, G) targets."""
+
+    samples: list[Sample]
+
+
+@dataclass
 class DamagedSample:
     """In place of a sample whose FeatureStore record is damaged."""
 
@@ -71,13 +79,13 @@ class SeededDataset(Dataset):
         self.seed = seed
         self.epoch = 0
 
-    def __getitem__(self, index: int) -> Sample | DamagedSample:
+    def __getitem__(self, index: int) -> Sample | SampleGroup | DamagedSample:
         try:
             return self.sample(index)
         except DamagedRecordError as exc:
             return DamagedSample(exc.image_id, str(exc))
 
-    def sample(self, index: int) -> Sample:
+    def sample(self, index: int) -> Sample | SampleGroup:
         raise NotImplementedError
 
     def set_epoch(self, epoch: int) -> None:
@@ -337,18 +345,17 @@ def caption_similarity(caption: str, image: ImageAnnotation) -> float:
 
 
 class RetrievalPairs(AnnotatedDataset):
-    """Image–text matching: each caption gives `1 + 2 × negatives` pairs, labelled 1 (its own image)
-    or 0: `negatives` pairs of its image with another image's caption (negative captions, the
-    image→text task), then `negatives` pairs of the caption with another image (negative images,
-    text→image), as Unicoder-VL samples 3 negatives in each matching task.
+    """Image–text matching as ranking, as Unicoder-VL fine-tunes retrieval: sample i is caption i's
+    group of `1 + 2 × negatives` pairs, scored together: the caption with its own image (label 1),
+    then `negatives` captions of other images with its image (image→text), then the caption with
+    `negatives` other images (text→image), all labelled 0. Unicoder-VL samples 3 negatives in each
+    matching task and trains on the one the model scores highest (the matching head's triplet loss).
 
-    Of each task's negatives the first `hard_negatives` are hard: the most similar of `hard_pool`
-    uniformly drawn candidates, by `caption_similarity` (Unicoder-VL keeps the negative the model
-    scores highest; caption overlap stands in for the model's score, so no extra forward pass). A
-    negative never shares its image with the positive, nor is a caption word for word equal to one of
-    the positive image's captions (a duplicate caption would be a positive labelled 0). Each pair is
-    scored alone with the matching head's binary cross-entropy, where Unicoder-VL puts a margin
-    (triplet) loss between a positive and its hardest negative.
+    Of each task's negatives the first `hard_negatives` are drawn hard: the most similar of
+    `hard_pool` uniformly drawn candidates by `caption_similarity`, so that the model's hardest is
+    chosen among more informative candidates than uniform draws give. A negative never shares its
+    image with the positive, nor is a caption word for word equal to one of the positive image's
+    captions (a duplicate caption would be a positive labelled 0).
     """
 
     KIND = "captions"
@@ -357,31 +364,34 @@ class RetrievalPairs(AnnotatedDataset):
     def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
                  negatives: int = 3, hard_negatives: int = 1, hard_pool: int = 16, seed: int = 0) -> None:
         super().__init__(annotations, regions, tokenizer, max_length, seed)
+        if negatives < 1:
+            raise ValueError(f"negatives {negatives}: a ranking needs at least one per task")
         self.negatives, self.hard_negatives, self.hard_pool = negatives, hard_negatives, hard_pool
         self.lines = np.unique(self.items[:, 0])
         if len(self.lines) < 2:
             raise DataError(f"{annotations.path}: retrieval needs captions of at least two images, "
                             f"found {len(self.lines)}")
 
-    def __len__(self) -> int:
-        return len(self.items) * (1 + 2 * self.negatives)
+    @property
+    def group_size(self) -> int:
+        return 1 + 2 * self.negatives
 
-    def sample(self, index: int) -> Sample:
+    def sample(self, index: int) -> SampleGroup:
         rng = self.rng(index)
-        item, slot = divmod(index, 1 + 2 * self.negatives)
-        image, caption = self.item(item)
-        label = int(slot == 0)
-        if slot:
-            task, rank = divmod(slot - 1, self.negatives)
+        image, caption = self.item(index)
+        pairs = [(image, caption)]
+        for rank in range(self.negatives):
             draws = self.hard_pool if rank < self.hard_negatives else 1
-            if task == 0:
-                caption = self._negative(draws, lambda: self._other_caption(rng, image),
-                                         lambda text: caption_similarity(text, image))
-            else:
-                image = self._negative(draws, lambda: self._other_image(rng, image, caption),
-                                       lambda other: caption_similarity(caption, other))
-        return pair_sample(self.tokenizer, self.max_length, self.regions[image.image_id], image.file, caption,
-                           {"labels": label}, (item, slot))
+            pairs.append((image, self._negative(draws, lambda: self._other_caption(rng, image),
+                                                lambda text: caption_similarity(text, image))))
+        for rank in range(self.negatives):
+            draws = self.hard_pool if rank < self.hard_negatives else 1
+            pairs.append((self._negative(draws, lambda: self._other_image(rng, image, caption),
+                                         lambda other: caption_similarity(caption, other)), caption))
+        return SampleGroup([
+            pair_sample(self.tokenizer, self.max_length, self.regions[pair_image.image_id], pair_image.file,
+                        pair_caption, {"labels": int(slot == 0)}, (index, slot))
+            for slot, (pair_image, pair_caption) in enumerate(pairs)])
 
     def _negative(self, draws: int, draw, similarity):
         """The most similar of `draws` candidates (the first on ties; one draw: a uniform negative)."""
