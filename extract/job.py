@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from extract.backends import build_extractor
 from extract.checkpoint import file_sha256
 from extract.detector import Detector
 from extract.images import IMAGE_EXTENSIONS, image_id, list_images, load_image
@@ -194,7 +195,7 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
         raise JobError("give a boxes file or an image list, not both: the boxes file lists its images")
     items, refused = work_items(images, Path(boxes) if boxes is not None else None,
                                 Path(image_list) if image_list is not None else None)
-    model = Detector.build(detector, weights=weights, device=device, **dict(overrides or {}))
+    model = build_extractor(detector, weights=weights, device=device, overrides=overrides)
     if mask_variants and boxes is None and model.cfg.box_source == "regressed":
         # Variants re-pool the stored boxes; with regressed boxes those are not the pooled proposals,
         # so masked and unmasked features would describe different regions.

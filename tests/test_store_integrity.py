@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from extract.store import DamagedRecordError, FeatureStore, FeatureStoreWriter, StoreError
+from extract.store import SCHEMA_VERSION, DamagedRecordError, FeatureStore, FeatureStoreWriter, StoreError
 from extract.store.audit import verify_store
 from extract.store.interop import export_store
 from extract.store.lmdb_file import P_BRANCH, P_LEAF
@@ -107,7 +107,7 @@ def test_stores_written_before_checksums_stay_readable_and_take_checksummed_reco
 
     with FeatureStoreWriter(root, meta(variants=2)) as writer:  # resuming an old store
         writer.commit({"img3": synthetic_record("img3", variants=2)})
-    assert json.loads((root / "meta.json").read_text())["schema_version"] == 2
+    assert json.loads((root / "meta.json").read_text())["schema_version"] == SCHEMA_VERSION
     result = verify_store(root)
     assert (result.records, result.unchecked, result.problems) == (4, 3, [])
 
@@ -228,7 +228,7 @@ def test_an_edited_meta_json_is_one_line_in_verify_and_refused_by_export(tmp_pat
 @pytest.mark.parametrize("edit, message", [
     (lambda m: m.pop("features"), "`features` is missing"),
     (lambda m: m["mask_variants"].update(count="two"), "`mask_variants.count` is 'two', expected a non-negative"),
-    (lambda m: m.update(schema_version=7), "schema version 7, this code reads 1, 2"),
+    (lambda m: m.update(schema_version=7), "schema version 7, this code reads 1, 2, 3"),
 ])
 def test_an_incomplete_meta_json_is_refused_in_one_line(tmp_path, edit, message):
     write_store(tmp_path / "store", count=2)

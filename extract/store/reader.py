@@ -31,6 +31,7 @@ AGREEMENT_TRIES = 100  # records of a shard `check_agreement` reads at most, loo
 
 class FeatureStore:
     """`store[image_id]` → record dict; `float32` widens float16 fields, `as_torch` gives tensors.
+    Fields stored in an encoding come decoded (q8 features as float32, see `schema.FEATURE_ENCODINGS`).
 
     A record that fails its checksum or does not decode raises DamagedRecordError; `checksums=False`
     skips the checksum (only to measure what it costs). `check_layout` also refuses a record that

@@ -4,8 +4,11 @@ A record (see `schema.FIELDS`) is encoded self-describing: magic, header length 
 header naming every array's dtype, shape and offset and the scalar fields, then the arrays'
 little-endian bytes, 8-byte aligned. Since version 2 the last 8 bytes are an XXH3-64 checksum of
 everything before them, seeded by the record's key, so that a record is refused both when its
-bytes change and when it is read under a damaged key. Version 1 records (stores written before
-checksums) are still read; they are reported as unchecked.
+bytes change and when it is read under a damaged key. Since version 3 a feature field may be
+stored in an encoding (`schema.FEATURE_ENCODINGS`): its parts are arrays named `field.part` (the
+changed masked-variant rows: `masked_row_features.part`), the header's `encoded` maps the field to
+the encoding, and decoding gives the encoding's values.
+Version 1 records (stores written before checksums) are still read; they are reported as unchecked.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from typing import Any, Mapping
 import numpy as np
 import xxhash
 
-from extract.store.schema import FIELDS, SCALAR_FIELDS, StoreError, encode_key, stored_key
+from extract.store.schema import (
+    FEATURE_ENCODINGS, FIELDS, SCALAR_FIELDS, Encoded, StoreError, encode_key, stored_key,
+)
 
-RECORD_VERSION = 2
-MAGICS = {b"VLFS": 1, b"VLF2": 2}  # version by magic; the two differ in three bits
+RECORD_VERSION = 3
+# Version by magic. Each differs from version 1's, whose records have no checksum, in three bits or more.
+MAGICS = {b"VLFS": 1, b"VLF2": 2, b"VLFe": 3}
 MAGIC = {version: magic for magic, version in MAGICS.items()}
 HEADER_LENGTH = struct.Struct("<I")
 CHECKSUM = struct.Struct("<Q")
@@ -40,20 +46,28 @@ def record_version(data: bytes | bytearray | memoryview) -> int:
 
 
 def encode_record(record: Mapping[str, Any], image_id: str) -> bytes:
-    """Bytes of the record stored under `image_id`. Masked-variant rows whose bits equal the
-    unmasked feature row are not stored again: `masked_rows` marks the rows that are, so decoding
-    is exact."""
-    arrays = {name: np.ascontiguousarray(record[name]) for name in FIELDS if name in record}
+    """Bytes of the record stored under `image_id`; its fields are arrays or `Encoded` values.
+    Masked-variant rows whose stored bits equal the unmasked feature row's are not stored again:
+    `masked_rows` marks the rows that are, so decoding is exact."""
     unknown = set(record) - set(FIELDS) - set(SCALAR_FIELDS)
     if unknown:
         raise StoreError(f"record has unknown field(s) {', '.join(sorted(unknown))}")
-    if "masked_features" in arrays:
-        masked, base = arrays.pop("masked_features"), arrays["features"]
-        changed = (masked.view(np.uint8).reshape(*masked.shape[:2], -1)
-                   != base.view(np.uint8).reshape(1, base.shape[0], -1)).any(axis=2)
-        arrays["masked_rows"] = changed
-        arrays["masked_row_features"] = np.ascontiguousarray(masked[changed])
-    header: dict[str, Any] = {"version": RECORD_VERSION, **{k: record[k] for k in SCALAR_FIELDS}, "arrays": {}}
+    fields = {name: record[name] for name in FIELDS if name in record}
+    encoded = {name: value.encoding for name, value in fields.items() if isinstance(value, Encoded)}
+    parts = {name: _parts(value) for name, value in fields.items()}  # field → part name → array
+    if "masked_features" in parts:
+        masked, base = parts.pop("masked_features"), parts["features"]
+        if encoded.get("masked_features") != encoded.get("features") or _dtypes(masked) != _dtypes(base):
+            raise StoreError("masked_features and features must be stored alike")
+        changed = np.zeros(masked[next(iter(masked))].shape[:2], dtype=bool)
+        for part, values in masked.items():
+            changed |= (_row_bytes(values, 2) != _row_bytes(base[part][None], 2)).any(axis=2)
+        parts["masked_rows"] = {"": changed}
+        parts["masked_row_features"] = {part: np.ascontiguousarray(values[changed]) for part, values in masked.items()}
+    header: dict[str, Any] = {"version": RECORD_VERSION, **{k: record[k] for k in SCALAR_FIELDS}, "arrays": {},
+                              "encoded": encoded}
+    arrays = {f"{name}.{part}" if part else name: array
+              for name, field_parts in parts.items() for part, array in field_parts.items()}
     offset, chunks = 0, []
     for name, array in arrays.items():
         data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
@@ -103,14 +117,47 @@ def _decode_body(buffer: bytearray, end: int, version: int) -> dict[str, Any]:
         if start + offset + count * dt.itemsize > end:
             raise ValueError(f"array {name} runs past the record")
         arrays[name] = np.frombuffer(buffer, dtype=dt, count=count, offset=start + offset).reshape(shape)
-    if "masked_rows" in arrays:
-        changed = arrays.pop("masked_rows")
-        masked = np.repeat(arrays["features"][None], len(changed), axis=0)
-        masked[changed] = arrays.pop("masked_row_features")
-        arrays["masked_features"] = masked
-    record = {name: arrays[name] for name in FIELDS if name in arrays}
+    parts: dict[str, dict[str, np.ndarray]] = {}  # field → part name → array
+    for key, array in arrays.items():
+        name, _, part = key.partition(".")
+        parts.setdefault(name, {})[part] = array
+    if "masked_rows" in parts:
+        changed = parts.pop("masked_rows")[""]
+        rows = parts.pop("masked_row_features")
+        parts["masked_features"] = {}
+        for part, base in parts["features"].items():
+            masked = np.repeat(base[None], len(changed), axis=0)
+            masked[changed] = rows[part]
+            parts["masked_features"][part] = masked
+    encoded = header.get("encoded", {})
+    record = {name: _decoded(parts[name], encoded.get(name)) for name in FIELDS if name in parts}
     record.update({k: header[k] for k in SCALAR_FIELDS})
     return record
+
+
+def _parts(value: Any) -> dict[str, np.ndarray]:
+    """A field's stored arrays by part name; a plain array is the one part named ""."""
+    parts = value.parts if isinstance(value, Encoded) else {"": value}
+    return {part: np.require(array, requirements="C") for part, array in parts.items()}  # 0-d stays 0-d
+
+
+def _dtypes(parts: dict[str, np.ndarray]) -> dict[str, np.dtype]:
+    return {part: array.dtype for part, array in parts.items()}
+
+
+def _row_bytes(values: np.ndarray, axes: int) -> np.ndarray:
+    """`values` (contiguous) as bytes per row of its first `axes` axes."""
+    width = values.dtype.itemsize * math.prod(values.shape[axes:])
+    return values.view(np.uint8).reshape(*values.shape[:axes], width)
+
+
+def _decoded(parts: dict[str, np.ndarray], encoding: str | None) -> np.ndarray:
+    if encoding is None:
+        return parts[""]
+    if encoding not in FEATURE_ENCODINGS or FEATURE_ENCODINGS[encoding].decode is None:
+        raise ValueError(f"feature encoding {encoding!r} is unknown to this code "
+                         f"(it reads {', '.join(e for e, c in FEATURE_ENCODINGS.items() if c.decode)})")
+    return FEATURE_ENCODINGS[encoding].decode(parts)
 
 
 def widened(record: dict[str, Any]) -> dict[str, Any]:

@@ -2,27 +2,30 @@
 
 This is the one place that defines what a store records and what a record holds; the writer,
 reader, verifier and interop modules all go through it (`records` encodes a record as bytes).
-A record is a dict of NumPy arrays plus `image_h`, `image_w` and `box_source`.
+A record is a dict of NumPy arrays plus `image_h`, `image_w` and `box_source`; a record to write
+holds its feature fields in the store's encoding (`as_stored`), which may be `Encoded` parts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from extract.config import SELECTION_FIELDS
+from extract.store import q8
 
 SCHEMA_NAME = "vlbert-feature-store"
-SCHEMA_VERSION = 2  # 2: records carry checksums
-READABLE_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3  # 2: records carry checksums; 3: feature fields may be stored encoded (q8)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 MODES = ("detect", "given", "imported")
-FEATURE_DTYPES = ("float16", "float32")
 MAX_KEY_BYTES = 511  # LMDB's compiled-in key size limit
 
-# name: (dtype, shape). "feature" is the store's feature dtype (meta.json); shape letters:
-# N boxes, D feature dimension, C classes with background, k top-k classes, K mask variants.
+# name: (dtype, shape). "feature" and "probability" follow the store's feature dtype (meta.json
+# features.dtype, a `FEATURE_ENCODINGS` entry); shape letters: N boxes, D feature dimension,
+# C classes with background, k top-k classes, K mask variants.
 FIELDS: dict[str, tuple[str, tuple[str | int, ...]]] = {
     "boxes": ("float32", ("N", 4)),
     "features": ("feature", ("N", "D")),
@@ -31,9 +34,9 @@ FIELDS: dict[str, tuple[str, tuple[str | int, ...]]] = {
     "objects_conf": ("float32", ("N",)),
     "attrs_id": ("int64", ("N",)),
     "attrs_conf": ("float32", ("N",)),
-    "class_probs": ("feature", ("N", "C")),
+    "class_probs": ("probability", ("N", "C")),
     "class_topk_id": ("int32", ("N", "k")),
-    "class_topk_prob": ("feature", ("N", "k")),
+    "class_topk_prob": ("probability", ("N", "k")),
     "mask_boxes": ("bool", ("K", "N")),
     "masked_features": ("feature", ("K", "N", "D")),
     "masked_image_feature": ("feature", ("K", "D")),
@@ -68,6 +71,75 @@ class DamagedRecordError(StoreError):
         return type(self), (str(self), self.image_id)
 
 
+@dataclass(frozen=True, eq=False)
+class Encoded:
+    """Feature values as an encoding stores them: `parts`, arrays whose leading axes are the
+    values' rows (so that masked-variant rows can be compared and kept row by row)."""
+
+    encoding: str
+    parts: Mapping[str, np.ndarray]
+
+    def decoded(self) -> np.ndarray:
+        return FEATURE_ENCODINGS[self.encoding].decode(self.parts)
+
+
+@dataclass(frozen=True)
+class FeatureEncoding:
+    """How a store keeps its feature fields (FIELDS type "feature"); meta.json features.dtype
+    names one. Without `encode` the values are stored as `dtype` arrays; with it, `encode` turns
+    values (..., D) into parts and `decode` turns the parts back into `dtype` values, which is
+    what readers get. Class probabilities are kept as `probability_dtype` arrays."""
+
+    name: str
+    summary: str  # for --feature-dtype's help
+    dtype: str
+    probability_dtype: str
+    row_bytes: Callable[[int], int]  # stored bytes of one row of D features
+    encode: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
+    decode: Callable[[Mapping[str, np.ndarray]], np.ndarray] | None = None
+
+    def stored(self, values: np.ndarray | Encoded) -> np.ndarray | Encoded:
+        if isinstance(values, Encoded):
+            if values.encoding == self.name:
+                return values
+            values = values.decoded()
+        return np.asarray(values, self.dtype) if self.encode is None else Encoded(self.name, self.encode(values))
+
+
+def _plain(dtype: str, summary: str) -> FeatureEncoding:
+    return FeatureEncoding(dtype, summary, dtype, dtype, lambda dim: dim * np.dtype(dtype).itemsize)
+
+
+FEATURE_ENCODINGS = {encoding.name: encoding for encoding in (
+    _plain("float16", "2 bytes a value"),
+    _plain("float32", "4 bytes a value, the detector's numbers as computed"),
+    # Class distributions stay float16: 8-bit codes would move them by a total variation of about
+    # 1e-2 (bench/bench_feature_encoding.py), to save 1% of a record at top-10 classes.
+    FeatureEncoding("q8", "1 byte a value + 8 a row, read as float32 (per-row square-root codes, cosine >= "
+                    "0.9999 to float16 for non-negative features; class probabilities stay float16)",
+                    dtype="float32", probability_dtype="float16", row_bytes=q8.row_bytes,
+                    encode=q8.encode, decode=q8.decode),
+)}
+
+
+def feature_encoding(name: Any) -> FeatureEncoding:
+    if not isinstance(name, str) or name not in FEATURE_ENCODINGS:
+        raise StoreError(f"feature dtype {name!r}: expected one of {', '.join(FEATURE_ENCODINGS)}")
+    return FEATURE_ENCODINGS[name]
+
+
+def feature_dtype_help() -> str:
+    return "How features are stored: " + "; ".join(f"{e.name}: {e.summary}" for e in FEATURE_ENCODINGS.values())
+
+
+def as_stored(record: Mapping[str, Any], feature_dtype: str) -> dict[str, Any]:
+    """The record with its feature and probability fields as a store of `feature_dtype` keeps
+    them (what `FeatureStoreWriter.commit` takes)."""
+    encoding = feature_encoding(feature_dtype)
+    keep = {"feature": encoding.stored, "probability": lambda values: np.asarray(values, encoding.probability_dtype)}
+    return {k: keep[FIELDS[k][0]](v) if FIELDS.get(k, ("",))[0] in keep else v for k, v in record.items()}
+
+
 def stored_key(image_id: str) -> bytes:
     """The LMDB key of an id read back from a store. A key that damage made invalid UTF-8 comes
     back as a str with surrogate escapes, so it still names (and finds) its bytes."""
@@ -97,8 +169,7 @@ def build_meta(*, feature_dim: int, feature_dtype: str = "float16", mode: str,
                source: str | None = None, image_feature_source: str = "detector") -> dict[str, Any]:
     """meta.json for a new store. `detector` holds source, config (a `DetectorConfig.to_dict()`),
     checkpoint and checkpoint_sha256; `num_classes` counts background (the C of class_probs)."""
-    if feature_dtype not in FEATURE_DTYPES:
-        raise StoreError(f"feature dtype {feature_dtype!r}: expected one of {', '.join(FEATURE_DTYPES)}")
+    feature_encoding(feature_dtype)
     if top_k_classes is not None and num_classes is not None and top_k_classes >= num_classes:
         top_k_classes = None  # k covering every class is the full distribution
     config = (detector or {}).get("config")
@@ -129,7 +200,7 @@ def _is_count(value: Any) -> bool:
 META_ENTRIES = (
     ("mode", lambda v: v in MODES, f"one of {', '.join(MODES)}"),
     ("features", lambda v: isinstance(v, Mapping), "a mapping"),
-    ("features.dtype", lambda v: v in FEATURE_DTYPES, f"one of {', '.join(FEATURE_DTYPES)}"),
+    ("features.dtype", lambda v: isinstance(v, str) and v in FEATURE_ENCODINGS, f"one of {', '.join(FEATURE_ENCODINGS)}"),
     ("features.dim", lambda v: _is_count(v) and v > 0, "a positive integer"),
     ("class_probs", lambda v: v is None or isinstance(v, Mapping), "null or a mapping"),
     ("class_probs.num_classes", lambda v: _is_count(v) and v > 1, "an integer > 1"),
@@ -204,9 +275,10 @@ class RecordLayout:
             names += ["class_probs"] if self.sizes["k"] is None else ["class_topk_id", "class_topk_prob"]
         if self.sizes["K"]:
             names += VARIANT_FIELDS
-        feature_dtype = meta["features"]["dtype"]
-        self.fields = {name: (np.dtype(feature_dtype if FIELDS[name][0] == "feature" else FIELDS[name][0]),
-                              FIELDS[name][0] == "feature", FIELDS[name][1]) for name in names}
+        encoding = FEATURE_ENCODINGS[meta["features"]["dtype"]]
+        dtypes = {"feature": encoding.dtype, "probability": encoding.probability_dtype}
+        self.fields = {name: (np.dtype(dtypes.get(FIELDS[name][0], FIELDS[name][0])), FIELDS[name][0] in dtypes,
+                              FIELDS[name][1]) for name in names}
 
     def problems(self, record: Mapping[str, Any]) -> list[str]:
         """What in `record` disagrees with meta.json and the schema, one message each; the
@@ -217,12 +289,12 @@ class RecordLayout:
                      if name not in self.fields and name not in SCALAR_FIELDS]
         boxes = record.get("boxes")
         num_boxes = len(boxes) if isinstance(boxes, np.ndarray) and boxes.ndim else None
-        for name, (dtype, is_feature, shape) in self.fields.items():
+        for name, (dtype, follows_meta, shape) in self.fields.items():
             value = record.get(name)
             if value is None:
                 continue
             if value.dtype != dtype:
-                source = " (meta.json features.dtype)" if is_feature else ""
+                source = " (meta.json features.dtype)" if follows_meta else ""
                 problems.append(f"{name}: {value.dtype} values, expected {dtype}{source}")
             if value.ndim != len(shape):
                 problems.append(f"{name}: {value.ndim} axes, expected {len(shape)}")
@@ -247,12 +319,12 @@ class RecordLayout:
 
 def record_from_regions(regions: Mapping[str, Any], feature_dtype: str, top_k_classes: int | None,
                         masks: np.ndarray | None = None, masked: list[Mapping[str, Any]] | None = None) -> dict:
-    """A record from `RegionFeatures.numpy()` output, plus the mask draws and their re-run regions."""
-    feature = np.dtype(feature_dtype)
+    """A record to write (see `as_stored`) from `RegionFeatures.numpy()` output, plus the mask
+    draws and their re-run regions."""
     record = {
         "boxes": regions["boxes"].astype(np.float32),
-        "features": regions["features"].astype(feature),
-        "image_feature": regions["image_feature"].astype(feature),
+        "features": regions["features"],
+        "image_feature": regions["image_feature"],
         "objects_id": regions["objects_id"].astype(np.int64),
         "objects_conf": regions["objects_conf"].astype(np.float32),
         "image_h": int(regions["image_height"]),
@@ -264,19 +336,19 @@ def record_from_regions(regions: Mapping[str, Any], feature_dtype: str, top_k_cl
         record["attrs_conf"] = regions["attrs_conf"].astype(np.float32)
     probs = regions["class_probs"]
     if top_k_classes is None or top_k_classes >= probs.shape[1]:
-        record["class_probs"] = probs.astype(feature)
+        record["class_probs"] = probs
     else:
         # Stable sort so equal probabilities keep class order (identical records on every run).
         top = np.argsort(-probs, axis=1, kind="stable")[:, :top_k_classes]
         record["class_topk_id"] = top.astype(np.int32)
-        record["class_topk_prob"] = np.take_along_axis(probs, top, axis=1).astype(feature)
+        record["class_topk_prob"] = np.take_along_axis(probs, top, axis=1)
     if masks is not None:
         record["mask_boxes"] = np.asarray(masks, dtype=bool).reshape(len(masks), len(record["boxes"]))
         dim = record["features"].shape[1]
         record["masked_features"] = np.stack(
-            [m["features"].astype(feature) for m in masked]).reshape(len(masks), len(record["boxes"]), dim)
-        record["masked_image_feature"] = np.stack([m["image_feature"].astype(feature) for m in masked])
-    return record
+            [m["features"] for m in masked]).reshape(len(masks), len(record["boxes"]), dim)
+        record["masked_image_feature"] = np.stack([m["image_feature"] for m in masked])
+    return as_stored(record, feature_dtype)
 
 
 def dense_class_probs(record: Mapping[str, Any], num_classes: int) -> np.ndarray:

@@ -7,6 +7,7 @@ import click
 
 from extract.store.audit import store_info, verify_store
 from extract.store.interop import FORMATS, export_store, import_store
+from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
 
 _store_path = click.Path(exists=True, file_okay=False, path_type=Path)
 
@@ -74,7 +75,8 @@ def export_command(cache: Path, fmt: str, out: Path) -> None:
 @click.argument("src", type=click.Path(exists=True, path_type=Path))
 @click.option("--format", "fmt", required=True, type=click.Choice(list(FORMATS)))
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="New FeatureStore.")
-@click.option("--feature-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+@click.option("--feature-dtype", type=click.Choice(list(FEATURE_ENCODINGS)), default="float16", show_default=True,
+              help=feature_dtype_help())
 def import_command(src: Path, fmt: str, out: Path, feature_dtype: str) -> None:
     """Build a FeatureStore from SRC (npz directory, TSV or HDF5 file); warns, field by field, what
     the source format cannot carry."""

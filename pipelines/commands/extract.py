@@ -6,6 +6,7 @@ import click
 
 from extract.config import parse_override
 from extract.job import parse_shard, run_extraction
+from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
 
 
 def _top_k(value: str) -> int | None:
@@ -25,7 +26,10 @@ def _top_k(value: str) -> int | None:
               help="Directory of images; an image's id is its path relative to it, without extension.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="FeatureStore directory (created, or resumed when it exists).")
-@click.option("--detector", required=True, help="Preset (butd-vg, d2-r101-c4, tiny) or a YAML config file.")
+@click.option("--detector", required=True,
+              help="Preset (butd-vg, d2-r101-c4, tiny), a YAML config file, or d2:CONFIG.yaml: any detectron2 "
+                   "Faster R-CNN (C4 or FPN) run by detectron2 itself, if installed (optional; --set then takes "
+                   "score_thresh, nms_thresh, min_boxes, max_boxes or detectron2 keys such as MODEL.RPN.NMS_THRESH).")
 @click.option("--weights", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Detector checkpoint (.pkl, .pth, .safetensors); without it, seeded random weights.")
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Detector config override (repeatable).")
@@ -36,7 +40,8 @@ def _top_k(value: str) -> int | None:
                    "prepare`): only these are extracted.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1))
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
-@click.option("--feature-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+@click.option("--feature-dtype", type=click.Choice(list(FEATURE_ENCODINGS)), default="float16", show_default=True,
+              help=feature_dtype_help())
 @click.option("--top-k-classes", default="10", show_default=True,
               help="Class probabilities kept per box for masked-RoI targets; 'all' keeps the full distribution.")
 @click.option("--mask-variants", default=0, show_default=True, type=click.IntRange(min=0),
