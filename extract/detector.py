@@ -23,7 +23,7 @@ from extract.modeling.boxes import apply_deltas, clip_boxes
 from extract.modeling.resnet import ConvNorm, ResNetC4
 from extract.modeling.roi_heads import BoxPredictions, Res5ROIHeads
 from extract.modeling.rpn import RPN
-from extract.preprocess import PreparedImage, mask_pixels, prepare_image
+from extract.preprocess import PreparedImage, masked_images, prepare_image
 from extract.selection import select_boxes
 
 
@@ -165,12 +165,7 @@ class Detector(nn.Module):
         whose pixels are zeroed in the input before the CNN runs (masked-RoI variants).
         """
         boxes = [_checked_boxes(b, image) for b, image in zip(boxes, images)]
-        if pixel_masks is not None:
-            images = [
-                image if m is None else image.with_tensor(
-                    mask_pixels(image.tensor, image.to_input(b[torch.as_tensor(m, dtype=torch.bool).cpu()])))
-                for image, b, m in zip(images, boxes, pixel_masks)
-            ]
+        images = masked_images(images, boxes, pixel_masks)
         res4 = [self.backbone(image.tensor[None]) for image in images]
         rois = [image.to_input(torch.cat((image.whole_image_box().cpu(), b))) for image, b in zip(images, boxes)]
         return [

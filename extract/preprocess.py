@@ -87,3 +87,14 @@ def mask_pixels(image: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         if c1 <= c2 and r1 <= r2:
             out[:, r1 : r2 + 1, c1 : c2 + 1] = 0
     return out
+
+
+def masked_images(images: list[PreparedImage], boxes: list[torch.Tensor],
+                  pixel_masks: list | None) -> list[PreparedImage]:
+    """`images` with the pixels of the boxes that `pixel_masks[i]` ((N_i,) bool, or None: none)
+    selects zeroed (boxes in original pixels): the masked-RoI variants' inputs."""
+    if pixel_masks is None:
+        return list(images)
+    return [image if m is None else image.with_tensor(
+                mask_pixels(image.tensor, image.to_input(b[torch.as_tensor(m, dtype=torch.bool).cpu()])))
+            for image, b, m in zip(images, boxes, pixel_masks)]

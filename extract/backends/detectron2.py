@@ -32,7 +32,7 @@ from extract.checkpoint import CheckpointError, file_sha256, fill_folded_norms, 
 from extract.config import SELECTION_FIELDS, ConfigError, DetectorConfig, apply_overrides
 from extract.detector import RegionFeatures, _checked_boxes
 from extract.device import check_device
-from extract.preprocess import PreparedImage, mask_pixels, prepare_image
+from extract.preprocess import PreparedImage, masked_images, prepare_image
 from extract.selection import select_boxes
 
 INIT_SEED = 0  # random weights (no --weights) are drawn from this seed, so a rerun resumes the same model
@@ -164,12 +164,7 @@ class Detectron2Extractor:
         """Regions for the caller's boxes (original pixels, xyxy, order kept, clamped to the image)."""
         images = [self._on_device(image) for image in images]
         boxes = [_checked_boxes(b, image) for b, image in zip(boxes, images)]
-        if pixel_masks is not None:
-            images = [
-                image if m is None else image.with_tensor(
-                    mask_pixels(image.tensor, image.to_input(b[torch.as_tensor(m, dtype=torch.bool).cpu()])))
-                for image, b, m in zip(images, boxes, pixel_masks)
-            ]
+        images = masked_images(images, boxes, pixel_masks)
         maps = [self._backbone(image)[1] for image in images]
         rois = [image.to_input(torch.cat((image.whole_image_box().cpu(), b))) for image, b in zip(images, boxes)]
         return [
