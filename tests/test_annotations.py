@@ -67,3 +67,12 @@ def test_every_task_names_a_model_dataset_and_evaluation():
     assert set(TASKS) == {"pretrain", "vqa", "choice", "vcr_q2a", "vcr_qa2r", "refexp", "retrieval"}
     for task in TASKS.values():
         assert callable(task.dataset) and callable(task.evaluator) and task.about
+
+
+def test_forked_dataloader_workers_each_read_their_own_lines(tmp_path):
+    records = [{"file": f"img/{i}.jpg", "captions": [f"caption {i} " + "word " * (i % 7)]} for i in range(200)]
+    annotations = AnnotationFile(write(tmp_path / "train.jsonl", records))
+    assert annotations[0].image_id == "img/0"  # the parent opens its handle before the fork
+    loader = torch.utils.data.DataLoader(annotations, batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork", collate_fn=lambda a: a.image_id)
+    assert list(loader) == [f"img/{i}" for i in range(200)]

@@ -23,6 +23,7 @@ millions of items cost a few bytes per item, shared by DataLoader workers rather
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,7 @@ class AnnotationFile:
         self.offsets = np.asarray(offsets, np.int64)
         self._counts = {kind: np.asarray(c, np.int32) for kind, c in counts.items()}
         self._handle = None
+        self._handle_pid = None
 
     def _scan(self) -> Iterator[tuple[int, ImageAnnotation]]:
         try:
@@ -186,8 +188,11 @@ class AnnotationFile:
         return len(self.offsets)
 
     def __getitem__(self, index: int) -> ImageAnnotation:
-        if self._handle is None:
+        # A handle opened before a fork shares its file offset with the other DataLoader workers,
+        # so each process opens its own.
+        if self._handle is None or self._handle_pid != os.getpid():
             self._handle = self.path.open("rb")
+            self._handle_pid = os.getpid()
         self._handle.seek(int(self.offsets[index]))
         return parse_annotation(parse_json_line(self._handle.readline(), self.path, 0))
 
@@ -207,7 +212,7 @@ class AnnotationFile:
         return annotation, annotation.items(kind)[position]
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_handle": None}
+        return {**self.__dict__, "_handle": None, "_handle_pid": None}
 
 
 def read_annotations(path: str | Path) -> list[ImageAnnotation]:
