@@ -1,13 +1,17 @@
-"""Detector throughput: images/s and ms per image in detection and given-box modes.
+"""Detector throughput: images/s and ms per image in detection and given-box modes, per precision.
 
     .venv/bin/python bench/bench_detector.py                      # tiny and butd-vg on CPU (and CUDA if present)
     .venv/bin/python bench/bench_detector.py --presets tiny --images 32
+    .venv/bin/python bench/bench_detector.py --devices cuda --precisions fp32,tf32,bf16 --batch-size 8
 
 Random weights; synthetic 480x640 images (resized by each preset as at test time); 10 given boxes
 per image. When detectron2 is importable, the same weights run in detectron2 side by side (backbone
 + RPN + RoI head for detection, backbone + `_shared_roi_transform` for given boxes) and the ratio
 ours / detectron2 is printed (for butd-vg, with the caffe stem and dilated res5 patched in as the
-parity test does).
+parity test does). Each precision other than fp32 is also compared with fp32 on the same images
+(`extract.fidelity.compare_to_fp32`: feature cosine, argmax agreement, detected boxes). Last, the
+bottom-up-attention box selection on the first image's real proposals and class probabilities,
+timed against the straightforward one-NMS-per-class loop it replaced (the test's reference).
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/ holds the detectron2 reference model
 
-from extract import Detector  # noqa: E402
+from extract import Detector, select_boxes  # noqa: E402
+from extract.config import parse_override  # noqa: E402
+from extract.fidelity import compare_to_fp32  # noqa: E402
+from test_detector_batching import per_class_nms_selection  # noqa: E402
 
 
 def synthetic_images(count: int, height: int = 480, width: int = 640) -> list[np.ndarray]:
@@ -86,8 +93,9 @@ def detectron2_runner(detector: Detector, device: str):
     return detect, describe
 
 
-def bench(preset: str, device: str, count: int, batch_size: int, repeat: int) -> None:
-    detector = Detector.build(preset, device=device)
+def bench(preset: str, device: str, count: int, batch_size: int, repeat: int, precisions: list[str],
+          overrides: dict[str, str]) -> None:
+    detector = Detector.build(preset, device=device, **overrides)
     arrays = synthetic_images(count)
     prepared = [detector.prepare(a) for a in arrays]
     boxes = [given_boxes(*a.shape[:2]) for a in arrays]
@@ -103,19 +111,46 @@ def bench(preset: str, device: str, count: int, batch_size: int, repeat: int) ->
 
     size = f"{prepared[0].input_width}x{prepared[0].input_height}"
     print(f"\n{preset} on {device}: {count} images at {size}, batch {batch_size}, best of {repeat}")
-    ours = {"detection": timed(run_detect, device, repeat), "given boxes": timed(run_describe, device, repeat)}
     d2 = detectron2_runner(detector, device)
-    if d2 is not None:
-        d2_detect, d2_describe = d2
-        d2_times = {"detection": timed(lambda: run_detect(d2_detect), device, repeat),
-                    "given boxes": timed(lambda: run_describe(d2_describe), device, repeat)}
-    for mode, seconds in ours.items():
-        line = f"  {mode:12s} {count / seconds:8.2f} images/s  {1000 * seconds / count:9.1f} ms/image"
-        if d2 is not None:
-            theirs = d2_times[mode]
-            line += (f"   detectron2 {count / theirs:8.2f} images/s {1000 * theirs / count:9.1f} ms/image"
-                     f"   speed ours/detectron2 {theirs / seconds:5.2f}x")
-        print(line)
+    for precision in precisions:
+        detector.precision = precision
+        ours = {"detection": timed(run_detect, device, repeat), "given boxes": timed(run_describe, device, repeat)}
+        with_d2 = d2 is not None and precision == "fp32"
+        if with_d2:
+            d2_detect, d2_describe = d2
+            d2_times = {"detection": timed(lambda: run_detect(d2_detect), device, repeat),
+                        "given boxes": timed(lambda: run_describe(d2_describe), device, repeat)}
+        for mode, seconds in ours.items():
+            line = (f"  {mode:12s} {precision:5s} {count / seconds:8.2f} images/s"
+                    f"  {1000 * seconds / count:9.1f} ms/image")
+            if with_d2:
+                theirs = d2_times[mode]
+                line += (f"   detectron2 {count / theirs:8.2f} images/s {1000 * theirs / count:9.1f} ms/image"
+                         f"   speed ours/detectron2 {theirs / seconds:5.2f}x")
+            print(line)
+        if precision != "fp32":
+            a = compare_to_fp32(detector, prepared, precision)
+            attributes = "" if a.attribute_agreement is None else f", attributes {a.attribute_agreement:.3f}"
+            print(f"  {precision} vs fp32 over {a.rows} rows: feature cosine min {a.cosine_min:.6f} mean "
+                  f"{a.cosine_mean:.6f}, relative L2 max {a.relative_l2_max:.2e}; argmax agreement: classes "
+                  f"{a.class_agreement:.3f}{attributes}; detected boxes kept {a.detected_boxes:.3f}")
+    detector.precision = "fp32"
+    bench_selection(detector, prepared[0], device, repeat)
+
+
+def bench_selection(detector: Detector, image, device: str, repeat: int) -> None:
+    """The selection on one image's real inputs: its proposals and their class probabilities."""
+    cfg = detector.cfg
+    with torch.no_grad():
+        features = detector.feature_maps([image])
+        proposals, _ = detector.proposal_generator(features[0], (image.input_height, image.input_width))
+        probs = detector.roi_heads(features, [proposals])[0].class_logits.float().softmax(dim=1)
+    args = (proposals, probs, cfg.score_thresh, cfg.nms_thresh, cfg.min_boxes, cfg.max_boxes)
+    fast = timed(lambda: select_boxes(*args), device, repeat)
+    loop = timed(lambda: per_class_nms_selection(*args), device, repeat)
+    same = all(torch.equal(a, b) for a, b in zip(select_boxes(*args), per_class_nms_selection(*args)))
+    print(f"  selection of {len(proposals)} proposals x {cfg.num_classes} classes: {1000 * fast:.1f} ms, "
+          f"one NMS per class {1000 * loop:.1f} ms ({loop / fast:.1f}x), same boxes and confidences: {same}")
 
 
 def main() -> None:
@@ -125,6 +160,9 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=0, help="images per run (default: 16 tiny, 2 full size on CPU)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--precisions", default="fp32", help="comma-separated: fp32, tf32 (CUDA only), bf16")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="detector config override, e.g. rpn_post_nms_topk=50 (repeatable)")
     args = parser.parse_args()
     torch.manual_seed(0)
     for device in args.devices.split(","):
@@ -133,7 +171,11 @@ def main() -> None:
             continue
         for preset in args.presets.split(","):
             count = args.images or (16 if preset == "tiny" or device == "cuda" else 2)
-            bench(preset, device, count, min(args.batch_size, count), args.repeat)
+            precisions = [p for p in args.precisions.split(",") if device == "cuda" or p != "tf32"]
+            if len(precisions) < len(args.precisions.split(",")):
+                print(f"\n{device}: tf32 skipped (CUDA only)")
+            bench(preset, device, count, min(args.batch_size, count), args.repeat, precisions,
+                  dict(parse_override(o) for o in args.overrides))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from extract.modeling.parts import PARTS
+
 
 class ConfigError(ValueError):
     """A detector config, preset name or override that cannot be used."""
@@ -22,6 +24,11 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class DetectorConfig:
     name: str = "butd-vg"
+
+    # The detector's parts, by their names in `extract.modeling.parts.PARTS`.
+    backbone: str = "resnet_c4"
+    proposal_generator: str = "rpn"
+    roi_heads: str = "res5"
 
     # ResNet trunk (res2-res4) and the res5 RoI head built from the same bottleneck blocks.
     res_blocks: tuple[int, int, int, int] = (3, 4, 23, 3)  # ResNet-101
@@ -105,7 +112,8 @@ _CHOICES = {
 
 
 def _check(cfg: DetectorConfig) -> None:
-    for name, allowed in _CHOICES.items():
+    choices = {**{kind: tuple(parts) for kind, parts in PARTS.items()}, **_CHOICES}
+    for name, allowed in choices.items():
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"{name}={getattr(cfg, name)!r}: expected one of {', '.join(allowed)}")
     if len(cfg.res_blocks) != 4 or min(cfg.res_blocks) < 1:

@@ -1,9 +1,10 @@
 """The extraction detector: a Faster R-CNN C4 whose module names are detectron2's checkpoint keys.
 
-Two ways to describe an image's regions, both also returning the whole-image RoI feature:
-`detect` (proposals → box head → bottom-up-attention selection) and `describe` (the caller's
-boxes, order kept). The trunk runs per image, so batching never changes an image's numbers;
-res5 runs once over the RoIs of the whole batch.
+Composed of three parts picked by config name (`extract.modeling.parts`): a backbone, a proposal
+generator and RoI heads. Two ways to describe an image's regions, both also returning the
+whole-image RoI feature: `detect` (proposals → box head → bottom-up-attention selection) and
+`describe` (the caller's boxes, order kept). Images of one input size run through the trunk as
+one batch, without padding; res5 runs over the RoIs of the whole batch.
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ from torch import nn
 from extract.checkpoint import check_recorded_buffers, fill_folded_norms, load_weights, read_state_dict
 from extract.config import DetectorConfig, load_config
 from extract.device import check_device
-from extract.modeling.boxes import apply_deltas, clip_boxes
-from extract.modeling.resnet import ConvNorm, ResNetC4
-from extract.modeling.roi_heads import BoxPredictions, Res5ROIHeads
-from extract.modeling.rpn import RPN
+from extract.modeling.boxes import clip_boxes
+from extract.modeling.parts import build_part
+from extract.modeling.precision import precision as find_precision
+from extract.modeling.resnet import ConvNorm
+from extract.modeling.roi_heads import BoxPredictions
 from extract.preprocess import PreparedImage, masked_images, prepare_image
 from extract.selection import select_boxes
+
+# Images per trunk pass: one batch holds each image's activations (about 150 MB at BUTD size in float32).
+TRUNK_BATCH = 16
 
 
 class BoxError(ValueError):
@@ -56,25 +61,39 @@ class RegionFeatures:
 
 
 class Detector(nn.Module):
-    def __init__(self, cfg: DetectorConfig) -> None:
+    def __init__(self, cfg: DetectorConfig, precision: str = "fp32") -> None:
         super().__init__()
         self.cfg = cfg
-        self.backbone = ResNetC4(cfg)
-        self.proposal_generator = RPN(cfg)
-        self.roi_heads = Res5ROIHeads(cfg)
+        self.backbone = build_part("backbone", cfg)
+        self.proposal_generator = build_part("proposal_generator", cfg)
+        self.roi_heads = build_part("roi_heads", cfg)
+        self.precision = precision
         self.init_weights(cfg.init_seed)
         self.eval()
 
     @classmethod
     def build(cls, detector: str | DetectorConfig = "butd-vg", weights: str | Path | None = None,
-              device: str | torch.device = "cpu", **overrides) -> "Detector":
-        """A preset name, YAML file or config; detectron2-named weights if given, else seeded random ones."""
+              device: str | torch.device = "cpu", precision: str = "fp32", **overrides) -> "Detector":
+        """A preset name, YAML file or config; detectron2-named weights if given, else seeded random ones.
+
+        `precision` (`extract.modeling.precision.PRECISIONS`): fp32 (the reference numbers), tf32
+        (CUDA only) or bf16, for `detect` and `describe`.
+        """
         device = check_device(device)
+        find_precision(precision).check(torch.device(device))
         cfg = detector.replace(**overrides) if isinstance(detector, DetectorConfig) else load_config(detector, overrides)
-        model = cls(cfg)
+        model = cls(cfg, precision)
         if weights is not None:
             model.load_checkpoint(weights)
         return model.to(device)
+
+    @property
+    def precision(self) -> str:
+        return self._precision.name
+
+    @precision.setter
+    def precision(self, name: str) -> None:
+        self._precision = find_precision(name)
 
     def load_checkpoint(self, path: str | Path, trunk_only: bool = False) -> None:
         """detectron2-named weights from .pkl, .pth or .safetensors; refuses anything that does not fit.
@@ -125,28 +144,31 @@ class Detector(nn.Module):
         return prepare_image(image, self.cfg, self.device)
 
     def box_features(self, images: Sequence[PreparedImage], boxes: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Per image (N_i, D) features of boxes given in input pixels; differentiable (end-to-end tuning)."""
-        pooled = [
-            self.roi_heads.pool(self.backbone(image.tensor[None]), _rois(b))
-            for image, b in zip(images, boxes)
-        ]
-        features = self.roi_heads.res5(torch.cat(pooled)).mean(dim=(2, 3))
+        """Per image (N_i, D) features of boxes given in input pixels; differentiable (end-to-end tuning).
+
+        Runs in the caller's precision (the trainer's autocast), not the detector's.
+        """
+        images = self._on_device(images)
+        features = self.roi_heads.box_features(self.feature_maps(images), [b.to(self.device) for b in boxes])
         return list(features.split([len(b) for b in boxes]))
 
     @torch.no_grad()
     def detect(self, images: Sequence[PreparedImage]) -> list[RegionFeatures]:
         """Regions chosen by the detector: proposals, box head, bottom-up-attention selection."""
-        res4 = [self.backbone(image.tensor[None]) for image in images]
-        proposals = [
-            self.proposal_generator(f, (image.input_height, image.input_width))[0]
-            for f, image in zip(res4, images)
-        ]
-        rois = [torch.cat((image.to_input(image.whole_image_box()), p)) for image, p in zip(images, proposals)]
-        predictions = self._predict(res4, rois)
+        images = self._on_device(images)
+        with self._precision.applied(self.device):
+            res4: list[torch.Tensor] = [torch.empty(0)] * len(images)
+            proposals: list[torch.Tensor] = [torch.empty(0)] * len(images)
+            for group, features in self._trunk(images):
+                sizes = [(images[i].input_height, images[i].input_width) for i in group]
+                for i, f, (p, _) in zip(group, features.split(1), self.proposal_generator.propose(features, sizes)):
+                    res4[i], proposals[i] = f, p
+            pooled = [torch.cat((image.to_input(image.whole_image_box()), p)) for image, p in zip(images, proposals)]
+            predictions = self.roi_heads(res4, pooled)
         results = []
         for image, p, pred in zip(images, proposals, predictions):
             whole, pred = _split_first(pred)
-            probs = pred.class_logits.softmax(dim=1)
+            probs = pred.class_logits.float().softmax(dim=1)
             keep, _ = select_boxes(p, probs, self.cfg.score_thresh, self.cfg.nms_thresh,
                                    self.cfg.min_boxes, self.cfg.max_boxes)
             boxes = p[keep]
@@ -162,27 +184,62 @@ class Detector(nn.Module):
 
         Boxes are clamped to the image (the clamped boxes are returned); a box that is not finite,
         inverted, or empty after clamping is a BoxError. `pixel_masks[i]` (N_i,) bool selects boxes
-        whose pixels are zeroed in the input before the CNN runs (masked-RoI variants).
+        whose pixels are zeroed in the input before the CNN runs (masked-RoI variants). An image may
+        appear several times (its clean pass and masked variants): all its passes share an input
+        size, so they run through the trunk together.
         """
-        boxes = [_checked_boxes(b, image) for b, image in zip(boxes, images)]
+        images = self._on_device(images)
+        boxes = [checked_boxes(b, image) for b, image in zip(boxes, images)]
         images = masked_images(images, boxes, pixel_masks)
-        res4 = [self.backbone(image.tensor[None]) for image in images]
-        rois = [image.to_input(torch.cat((image.whole_image_box().cpu(), b))) for image, b in zip(images, boxes)]
+        pooled = [image.to_input(torch.cat((image.whole_image_box().cpu(), b))) for image, b in zip(images, boxes)]
+        with self._precision.applied(self.device):
+            predictions = self.roi_heads(self.feature_maps(images), pooled)
         return [
             self._regions(image, b.to(self.device), pred, whole, "given")
-            for image, b, (whole, pred) in zip(images, boxes, map(_split_first, self._predict(res4, rois)))
+            for image, b, (whole, pred) in zip(images, boxes, map(_split_first, predictions))
         ]
 
-    def _predict(self, res4: list[torch.Tensor], rois: list[torch.Tensor]) -> list[BoxPredictions]:
-        pooled = torch.cat([self.roi_heads.pool(f, _rois(r)) for f, r in zip(res4, rois)])
-        predictions = self.roi_heads.box_predictor(self.roi_heads.res5(pooled).mean(dim=(2, 3)))
-        return predictions.split([len(r) for r in rois])
+    def _trunk(self, images: Sequence[PreparedImage]) -> list[tuple[list[int], torch.Tensor]]:
+        """(indices, their batched trunk output) for each run of images sharing an input tensor size.
+
+        No padding, and convolutions whose per-image numbers do not depend on the batch
+        (`extract.modeling.conv`): on the CPU in float32 an image's outputs are bitwise the same in
+        any batch (tests/test_detector_batching.py). On CUDA, cuDNN may pick another algorithm for
+        another batch size, which changes the rounding. Channels-last there, the layout its tensor
+        cores take.
+        """
+        by_size: dict[tuple[int, ...], list[int]] = {}
+        for i, image in enumerate(images):
+            by_size.setdefault(tuple(image.tensor.shape), []).append(i)
+        runs = []
+        for indices in by_size.values():
+            for start in range(0, len(indices), TRUNK_BATCH):
+                group = indices[start:start + TRUNK_BATCH]
+                x = torch.stack([images[i].tensor for i in group])
+                if x.is_cuda:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                runs.append((group, self.backbone(x)))
+        return runs
+
+    def feature_maps(self, images: Sequence[PreparedImage]) -> list[torch.Tensor]:
+        """Each image's (1, C, h, w) trunk output, in order (views into the batched outputs)."""
+        res4: list[torch.Tensor] = [torch.empty(0)] * len(images)
+        for group, features in self._trunk(images):
+            for i, f in zip(group, features.split(1)):
+                res4[i] = f
+        return res4
+
+    def _on_device(self, images: Sequence[PreparedImage]) -> list[PreparedImage]:
+        """Images prepared elsewhere (on the CPU, in loader workers) moved to the detector's device."""
+        device = self.device
+        return [image if image.tensor.device == device
+                else image.with_tensor(image.tensor.to(device, non_blocking=True)) for image in images]
 
     def _regress(self, boxes: torch.Tensor, pred: BoxPredictions, keep: torch.Tensor, probs: torch.Tensor,
                  image: PreparedImage) -> torch.Tensor:
         classes = probs[keep, :-1].argmax(dim=1)
         deltas = pred.box_deltas[keep].view(len(keep), -1, 4)[torch.arange(len(keep)), classes]
-        regressed = apply_deltas(deltas, boxes, self.cfg.bbox_reg_weights)
+        regressed = self.roi_heads.box_coder.decode(deltas, boxes)
         return clip_boxes(regressed, image.input_height, image.input_width)
 
     def _regions(self, image: PreparedImage, boxes: torch.Tensor, pred: BoxPredictions, whole: BoxPredictions,
@@ -190,11 +247,11 @@ class Detector(nn.Module):
         """`boxes` are in input pixels for detected regions and original pixels for given ones."""
         if box_source != "given":
             boxes = image.to_original(boxes)
-        probs = pred.class_logits.softmax(dim=1)
+        probs = pred.class_logits.float().softmax(dim=1)
         objects_conf, objects_id = probs[:, :-1].max(dim=1)
         attrs_id = attrs_conf = None
         if pred.attr_logits is not None:
-            attrs_conf, attrs_id = pred.attr_logits.softmax(dim=1)[:, :-1].max(dim=1)
+            attrs_conf, attrs_id = pred.attr_logits.float().softmax(dim=1)[:, :-1].max(dim=1)
         return RegionFeatures(
             boxes=boxes.float(), features=pred.features.float(), class_probs=probs.float(),
             objects_id=objects_id, objects_conf=objects_conf.float(), attrs_id=attrs_id,
@@ -204,17 +261,14 @@ class Detector(nn.Module):
         )
 
 
-def _rois(boxes: torch.Tensor) -> torch.Tensor:
-    """(N, 4) boxes of one image → (N, 5) rows for torchvision's RoI ops (batch index 0)."""
-    return torch.cat((boxes.new_zeros(len(boxes), 1), boxes), dim=1)
-
-
 def _split_first(pred: BoxPredictions) -> tuple[BoxPredictions, BoxPredictions]:
     """(the whole-image box's predictions, the other boxes')."""
     return pred.take(slice(0, 1)), pred.take(slice(1, None))
 
 
-def _checked_boxes(boxes: torch.Tensor | np.ndarray, image: PreparedImage) -> torch.Tensor:
+def checked_boxes(boxes: torch.Tensor | np.ndarray, image: PreparedImage) -> torch.Tensor:
+    """(N, 4) float32 CPU boxes clamped to `image` (original pixels); BoxError names a box that is
+    not finite, inverted, or empty once clamped. Every backend's `describe` checks its boxes so."""
     boxes = torch.as_tensor(boxes, dtype=torch.float32).detach().cpu().reshape(-1, 4)
     size = f"{image.width}x{image.height}"
     for i, (x1, y1, x2, y2) in enumerate(boxes.tolist()):

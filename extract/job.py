@@ -1,8 +1,10 @@
 """The batch extraction job: images → detector → FeatureStore, resumable and shardable.
 
-Images are decoded and prepared in background threads; the detector runs on batches; each
-batch's records and failures are committed in one LMDB transaction, so a killed job loses at
-most the batch in flight and a rerun skips every committed image (in any shard).
+Three stages overlap: worker processes decode the images (extract/loader.py), the detector
+prepares and runs them on batches, and a commit thread writes each batch's records and failures
+in one LMDB transaction while the next batch computes. A killed job loses only the batches in
+flight, and a rerun skips every committed image (in any shard). A batch that runs out of CUDA
+memory runs again in halves.
 """
 
 from __future__ import annotations
@@ -12,24 +14,24 @@ import os
 import posixpath
 import time
 import zlib
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from extract.backends import build_extractor
 from extract.checkpoint import file_sha256
 from extract.detector import Detector
 from extract.images import IMAGE_EXTENSIONS, image_id, list_images, load_image
+from extract.loader import DecodingPipeline, failure_reason
 from extract.masking import draw_masks
 from extract.store.layout import META
 from extract.store.reader import FeatureStore
 from extract.store.schema import build_meta, encode_key, record_from_regions
-from extract.store.writer import DEFAULT_MAP_SIZE, FeatureStoreWriter
+from extract.store.writer import DEFAULT_MAP_SIZE, CommitThread, FeatureStoreWriter
 
 
 class JobError(ValueError):
@@ -178,24 +180,27 @@ def given_boxes(item: WorkItem) -> np.ndarray:
 def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg", *,
                    weights: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
                    boxes: str | Path | None = None, image_list: str | Path | None = None,
-                   batch_size: int = 8, device: str = "cpu",
+                   batch_size: int = 8, device: str = "cpu", precision: str = "fp32",
                    feature_dtype: str = "float16", top_k_classes: int | None = 10,
                    mask_variants: int = 0, mask_prob: float = 0.15, mask_seed: int = 0,
                    shard: tuple[int, int] | None = None, decode_workers: int = 2, progress: bool = True,
                    initial_map_size: int = DEFAULT_MAP_SIZE) -> ExtractionSummary:
     """Extracts every image under `images` (or every image named in the `boxes` file or in
     `image_list`) that `out` does not hold yet into the FeatureStore `out`. `top_k_classes=None` stores full class
-    distributions. Raises StoreMismatchError when `out` was written with other settings."""
+    distributions. `decode_workers` processes decode the image files (0: this process).
+    `precision` (fp32, tf32, bf16) is the detector's arithmetic, recorded in meta.json. Raises
+    StoreMismatchError when `out` was written with other settings."""
     start = time.perf_counter()
     images, out = Path(images).resolve(), Path(out)
-    if batch_size < 1 or mask_variants < 0:
-        raise JobError(f"batch size {batch_size}, mask variants {mask_variants}: expected >= 1 and >= 0")
+    if batch_size < 1 or mask_variants < 0 or decode_workers < 0:
+        raise JobError(f"batch size {batch_size}, mask variants {mask_variants}, decode workers {decode_workers}: "
+                       "expected >= 1, >= 0 and >= 0")
     shard, device = resolve_shard_and_device(shard, device)
     if boxes is not None and image_list is not None:
         raise JobError("give a boxes file or an image list, not both: the boxes file lists its images")
     items, refused = work_items(images, Path(boxes) if boxes is not None else None,
                                 Path(image_list) if image_list is not None else None)
-    model = build_extractor(detector, weights=weights, device=device, overrides=overrides)
+    model = build_extractor(detector, weights=weights, device=device, overrides=overrides, precision=precision)
     if mask_variants and boxes is None and model.cfg.box_source == "regressed":
         # Variants re-pool the stored boxes; with regressed boxes those are not the pooled proposals,
         # so masked and unmasked features would describe different regions.
@@ -205,7 +210,7 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
         feature_dim=model.cfg.feature_dim, feature_dtype=feature_dtype, mode="detect" if boxes is None else "given",
         detector={"source": str(detector), "config": model.cfg.to_dict(),
                   "checkpoint": None if weights is None else str(Path(weights).resolve()),
-                  "checkpoint_sha256": None if weights is None else file_sha256(weights)},
+                  "checkpoint_sha256": None if weights is None else file_sha256(weights), "precision": precision},
         top_k_classes=top_k_classes, num_classes=model.cfg.num_classes + 1,
         class_names=model.cfg.class_names, attribute_names=model.cfg.attribute_names,
         has_attributes=model.cfg.num_attributes > 0, mask_variants=mask_variants, mask_prob=mask_prob,
@@ -223,24 +228,30 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
                                mask_prob=mask_prob, mask_seed=mask_seed)
     summary = ExtractionSummary(out, shard, len(items) + len(refused), len(items) - len(pending), 0, 0, 0.0, 0)
 
-    with FeatureStoreWriter(out, meta, shard, initial_map_size) as writer, \
-            tqdm(total=len(pending) + len(refused), unit="img", disable=not progress, dynamic_ncols=True) as bar:
+    def committed(records: Mapping[str, Any], failures: Mapping[str, tuple[str, str]], written: int) -> None:
+        """Counts a batch once its transaction is in (on the commit thread)."""
+        summary.bytes_written += written
+        summary.written += len(records)
+        summary.failed += len(failures)
+        summary.failures += list(failures.values())
+        bar.update(len(records) + len(failures))
+
+    # The workers are forked before the store is opened, so that they hold none of its files.
+    with DecodingPipeline(_decode, pending, decode_workers, 2 * batch_size) as files, \
+            FeatureStoreWriter(out, meta, shard, initial_map_size) as writer, \
+            tqdm(total=len(pending) + len(refused), unit="img", disable=not progress, dynamic_ncols=True) as bar, \
+            CommitThread(writer, committed) as commits:
         def commit(batch: list[tuple[WorkItem, Any]], failures: list[tuple[WorkItem, str]]) -> None:
             records, failed = _isolating_failures(compute, batch) if batch else ({}, [])
-            failures = failures + failed
-            summary.bytes_written += writer.commit(records, {i.image_id: (i.path, e) for i, e in failures})
-            summary.written += len(records)
-            summary.failed += len(failures)
-            summary.failures += [(i.path, e) for i, e in failures]
-            bar.update(len(records) + len(failures))
+            commits.submit(records, {i.image_id: (i.path, e) for i, e in failures + failed})
 
         batch, failures = [], list(refused)
-        for item, prepared, error in _prefetched(lambda item: _prepare(model, item), pending, decode_workers,
-                                                 2 * batch_size):
+        for item, decoded, error in files:
             if error is not None:
                 failures.append((item, error))
             else:
-                batch.append((item, prepared))
+                pixels, image_boxes = decoded
+                batch.append((item, (model.prepare(pixels), image_boxes)))
             if len(batch) + len(failures) >= batch_size:
                 commit(batch, failures)
                 batch, failures = [], []
@@ -249,51 +260,43 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     return summary
 
 
-def _prepare(model: Detector, item: WorkItem) -> tuple[Any, ...]:
-    """(prepared image, given boxes or None); errors are reported, not raised, by `_prefetched`."""
+def _decode(item: WorkItem) -> tuple[np.ndarray, np.ndarray | None]:
+    """(the image's RGB pixels, given boxes or None), in a decoding worker: its errors are the
+    image's failure.
+
+    Resizing and normalising stay with the detector, on its device: in a forked worker torch
+    must run single-threaded, and its single-threaded bilinear resize rounds differently from
+    the multi-threaded one, which would change stored numbers (by ~3e-5 of a pixel value). The
+    decoded image is also 8x fewer bytes to hand over than the float network input.
+    """
     encode_key(item.image_id)
     boxes = given_boxes(item) if item.boxes is not None else None
-    return model.prepare(load_image(item.file)), boxes
-
-
-def _prefetched(fn: Callable, items: Sequence[WorkItem], workers: int, depth: int) -> Iterator[tuple]:
-    """(item, fn(item), None) or (item, None, reason) in order, computing up to `depth` ahead in threads."""
-    def run(item):
-        try:
-            return item, fn(item), None
-        except Exception as exc:  # noqa: BLE001 - one bad image is recorded as a failure, the job goes on
-            return item, None, _reason(exc)
-
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        queue: deque = deque()
-        remaining = iter(items)
-        for item in remaining:
-            queue.append(pool.submit(run, item))
-            if len(queue) >= depth:
-                break
-        while queue:
-            result = queue.popleft().result()
-            following = next(remaining, None)
-            if following is not None:
-                queue.append(pool.submit(run, following))
-            yield result
-
-
-def _reason(exc: Exception) -> str:
-    return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+    return load_image(item.file), boxes
 
 
 def _isolating_failures(compute: Callable, batch: list[tuple[WorkItem, Any]]):
-    """(records by id, failures) for a batch; when the batch fails, each image runs alone so that
-    only the images that fail on their own are reported."""
+    """(records by id, failures) for a batch. A batch that fails runs again in pieces, so that
+    only the images that fail on their own are reported: after a CUDA out-of-memory in halves
+    (its cached memory released first), down to single images; after any other error image by image."""
     try:
         return {item.image_id: record for (item, _), record in zip(batch, compute(batch))}, []
+    except torch.cuda.OutOfMemoryError as exc:
+        reason, out_of_memory = failure_reason(exc), True
     except Exception as exc:  # noqa: BLE001 - narrowed down below, every failure is reported
-        if len(batch) == 1:
-            return {}, [(batch[0][0], _reason(exc))]
+        reason, out_of_memory = failure_reason(exc), False
+    if len(batch) == 1:
+        return {}, [(batch[0][0], reason)]
+    if out_of_memory:
+        # Out of the except block, the failed attempt's tensors (alive in the exception's
+        # traceback until then) are freed, so emptying the cache gives their memory back.
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        pieces = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
+    else:
+        pieces = [[one] for one in batch]
     records, failures = {}, []
-    for one in batch:
-        done, failed = _isolating_failures(compute, [one])
+    for piece in pieces:
+        done, failed = _isolating_failures(compute, piece)
         records.update(done)
         failures += failed
     return records, failures
@@ -301,24 +304,23 @@ def _isolating_failures(compute: Callable, batch: list[tuple[WorkItem, Any]]):
 
 def _region_computer(model: Detector, *, given: bool, feature_dtype: str, top_k: int | None,
                      mask_variants: int, mask_prob: float, mask_seed: int) -> Callable:
-    """batch of (item, (prepared, boxes)) → records: detect or describe, then the masked re-runs."""
+    """batch of (item, (prepared, boxes)) → records: detect (detection mode), then one `describe`
+    call for every pass that knows its boxes: in given-box mode each image's clean pass, and every
+    image's K masked-pixel variants. An image's passes share its input size, so the detector runs
+    them through the trunk as one batch."""
     def compute(batch: list[tuple[WorkItem, Any]]) -> list[dict]:
         prepared = [p for _, (p, _) in batch]
-        if given:
-            regions = [r.numpy() for r in model.describe(prepared, [b for _, (_, b) in batch])]
-        else:
-            regions = [r.numpy() for r in model.detect(prepared)]
+        detected = [] if given else [r.numpy() for r in model.detect(prepared)]
+        boxes = [b for _, (_, b) in batch] if given else [r["boxes"] for r in detected]
+        masks = [draw_masks(item.image_id, len(b), mask_variants, mask_prob, mask_seed)
+                 for (item, _), b in zip(batch, boxes)]
+        passes = [(p, b, None) for p, b in zip(prepared, boxes)] if given else []
+        passes += [(p, b, m[k]) for p, b, m in zip(prepared, boxes, masks) for k in range(mask_variants)]
+        described = iter([r.numpy() for r in model.describe(*map(list, zip(*passes)))] if passes else [])
+        regions = [next(described) for _ in batch] if given else detected
         if not mask_variants:
             return [record_from_regions(r, feature_dtype, top_k) for r in regions]
-        masks = [draw_masks(item.image_id, len(r["boxes"]), mask_variants, mask_prob, mask_seed)
-                 for (item, _), r in zip(batch, regions)]
-        variants = [
-            [r.numpy() for r in model.describe(prepared, [r["boxes"] for r in regions], [m[k] for m in masks])]
-            for k in range(mask_variants)
-        ]
-        return [
-            record_from_regions(r, feature_dtype, top_k, m, [variants[k][i] for k in range(mask_variants)])
-            for i, (r, m) in enumerate(zip(regions, masks))
-        ]
+        return [record_from_regions(r, feature_dtype, top_k, m, [next(described) for _ in range(mask_variants)])
+                for r, m in zip(regions, masks)]
 
     return compute

@@ -57,7 +57,11 @@ def prepare_image(image: np.ndarray, cfg, device: torch.device | str = "cpu") ->
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         raise ValueError(f"expected an (H, W, 3) uint8 RGB array, got {image.dtype} {image.shape}")
     height, width = image.shape[:2]
-    x = torch.from_numpy(np.require(image, requirements=["C", "W"])).to(device).permute(2, 0, 1).float()
+    x = torch.from_numpy(np.require(image, requirements=["C", "W"]))
+    if torch.device(device).type == "cuda":
+        # From pinned memory the upload is asynchronous: the host goes on with the next image.
+        x = x.pin_memory().to(device, non_blocking=True)
+    x = x.to(device).permute(2, 0, 1).float()
     if cfg.input_format == "BGR":
         x = x.flip(0)
     new_h, new_w = resized_size(height, width, cfg.min_size, cfg.max_size)

@@ -9,7 +9,7 @@ import torch
 from extract.synthetic import synthetic_image
 from extract import BoxError, ConfigError, Detector, load_config, mask_pixels, select_boxes
 from extract.config import PRESETS, parse_override
-from extract.modeling.boxes import apply_deltas
+from extract.modeling.boxes import BoxCoder
 from extract.modeling.rpn import cell_anchors
 from extract.preprocess import MIN_INPUT_SIDE, resized_size
 
@@ -67,11 +67,12 @@ def test_anchor_order_and_shapes_follow_detectron2():
     assert torch.allclose(widths * heights, torch.tensor([64.0**2] * 3 + [128.0**2] * 3))
 
 
-def test_apply_deltas_matches_the_box_transform():
+def test_box_decoding_matches_the_box_transform():
     boxes = torch.tensor([[10.0, 20.0, 50.0, 100.0]])
-    assert torch.allclose(apply_deltas(torch.zeros(1, 8), boxes, (10, 10, 5, 5)), boxes.repeat(1, 2))
+    coder = BoxCoder((10, 10, 5, 5))
+    assert torch.allclose(coder.decode(torch.zeros(1, 8), boxes), boxes.repeat(1, 2))
     # dx = 0.1 * 10 shifts the centre by 0.1 * width; dw = log(2) * 5 doubles the width
-    out = apply_deltas(torch.tensor([[1.0, 0.0, math.log(2) * 5, 0.0]]), boxes, (10, 10, 5, 5))
+    out = coder.decode(torch.tensor([[1.0, 0.0, math.log(2) * 5, 0.0]]), boxes)
     assert torch.allclose(out, torch.tensor([[-6.0, 20.0, 74.0, 100.0]]))
 
 
@@ -165,21 +166,6 @@ def test_given_boxes_keep_their_order(tiny_detector):
     assert forward.box_source == "given" and torch.equal(forward.boxes, boxes)
     assert torch.allclose(forward.features, backward.features.flip(0), atol=1e-5)
     assert torch.allclose(forward.image_feature, backward.image_feature, atol=1e-5)
-
-
-def test_batching_never_changes_an_image(tiny_detector):
-    arrays = [synthetic_image(96, 140, 0), synthetic_image(130, 70, 1), synthetic_image(64, 64, 2)]
-    images = [tiny_detector.prepare(a) for a in arrays]
-    batched = tiny_detector.detect(images)
-    boxes = [torch.tensor([[5, 5, 40, 30.0], [0, 0, 60, 60]])] * 3
-    batched_given = tiny_detector.describe(images, boxes)
-    for i, image in enumerate(images):
-        alone = tiny_detector.detect([image])[0]
-        assert torch.equal(alone.boxes, batched[i].boxes)
-        assert torch.allclose(alone.features, batched[i].features, atol=1e-5, rtol=1e-5)
-        assert torch.allclose(alone.image_feature, batched[i].image_feature, atol=1e-5, rtol=1e-5)
-        alone_given = tiny_detector.describe([image], [boxes[i]])[0]
-        assert torch.allclose(alone_given.features, batched_given[i].features, atol=1e-5, rtol=1e-5)
 
 
 # ---- pixel masking -------------------------------------------------------------------------

@@ -5,20 +5,20 @@ import pytest
 import torch
 
 from extract import Detector
-from extract.modeling.boxes import apply_deltas
+from extract.modeling.boxes import BoxCoder
 from pipelines.world import generate_world
 from pipelines.world.detector import DEMO_OVERRIDES, detection_examples
 from train.detector import LossConfig, TrainConfig, train_detector
 from train.detector.loop import training_step
 from train.detector.losses import attribute_loss
-from train.detector.targets import IGNORED, NEGATIVE, POSITIVE, encode_deltas, match, sample
+from train.detector.targets import IGNORED, NEGATIVE, POSITIVE, match, sample
 
 
-def test_encode_deltas_inverts_apply_deltas():
+def test_box_encoding_inverts_decoding():
     boxes = torch.tensor([[10.0, 20.0, 50.0, 40.0], [0.0, 0.0, 16.0, 16.0]])
     targets = torch.tensor([[12.0, 18.0, 60.0, 44.0], [3.0, 1.0, 11.0, 30.0]])
-    weights = (10.0, 10.0, 5.0, 5.0)
-    torch.testing.assert_close(apply_deltas(encode_deltas(boxes, targets, weights), boxes, weights), targets)
+    coder = BoxCoder((10.0, 10.0, 5.0, 5.0))
+    torch.testing.assert_close(coder.decode(coder.encode(boxes, targets), boxes), targets)
 
 
 def test_match_labels_by_iou_and_keeps_each_objects_best_box():

@@ -8,8 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from extract import Detector
+from extract.backends import build_extractor
 from extract.job import JobError, run_extraction
 from extract.masking import draw_masks
+from extract.modeling.precision import PrecisionError
 from extract.store import FeatureStore, StoreMismatchError
 from extract.store.audit import verify_store
 from extract.synthetic import write_synthetic_images
@@ -207,3 +209,28 @@ def test_an_image_list_extracts_only_the_images_it_names_once_each(images, tmp_p
     empty = CliRunner().invoke(main, ["extract", "--images", str(images), "--out", str(tmp_path / "store2"),
                                       "--detector", "tiny", "--list", str(tmp_path / "empty.txt")])
     assert empty.exit_code == 2 and f"Error: image list {tmp_path / 'empty.txt'}: lists no images" in empty.output
+
+
+def test_precision_is_recorded_and_a_store_from_before_it_was_resumes_as_fp32(images, reference, tmp_path):
+    out = tmp_path / "store"
+    shutil.copytree(reference[0], out)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["detector"]["precision"] == "fp32"
+    del meta["detector"]["precision"]  # as written before --precision existed
+    (out / "meta.json").write_text(json.dumps(meta))
+    assert run_extraction(images, out, "tiny", progress=False, **MASKED).skipped == 10
+    with pytest.raises(StoreMismatchError, match="detector.precision: store has 'fp32', this run has 'bf16'"):
+        run_extraction(images, out, "tiny", precision="bf16", progress=False, **MASKED)
+
+
+def test_a_precision_the_device_cannot_run_is_refused_before_anything_is_written(images, tmp_path):
+    result = CliRunner().invoke(main, ["extract", "--images", str(images), "--out", str(tmp_path / "store"),
+                                       "--detector", "tiny", "--precision", "tf32", "--device", "cpu"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "Error: precision tf32: TensorFloat-32 exists on CUDA devices only" in result.output
+    assert not (tmp_path / "store").exists()
+
+
+def test_the_detectron2_backend_refuses_other_precisions_whether_or_not_it_is_installed():
+    with pytest.raises(PrecisionError, match="--detector d2:model.yaml: the detectron2 backend runs in fp32 only, not bf16"):
+        build_extractor("d2:model.yaml", precision="bf16")

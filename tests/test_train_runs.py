@@ -4,6 +4,7 @@ damaged records fail cleanly or are skipped and counted, and ordinary config mis
 line before anything trains."""
 
 import json
+import os
 import shutil
 import time
 from collections import Counter
@@ -18,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.summary.writer import event_file_writer
 
 import train.engine.checkpoint
+from extract.images import ImageError
 from extract.job import run_extraction
 from extract.store.interop import export_store, import_store
 from extract.store.reader import FeatureStore
@@ -27,6 +29,7 @@ from train.data.annotations import read_annotations
 from train.data.datasets import DamagedSample
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, load_run_config
 from train.engine.damaged import DamagedRecords
+from train.end2end import EndToEndVisual
 from train.engine.trainer import Trainer
 from test_store_integrity import data_file, flip_bit_in
 from training_world import make_world, run_config
@@ -382,6 +385,15 @@ def test_a_stage_the_store_cannot_feed_is_named_before_anything_trains(world, im
     assert not (world / "unfed").exists()
 
 
+def test_a_store_of_the_detectron2_backend_cannot_feed_an_end_to_end_stage(world):
+    with FeatureStore(world / "cache") as store:
+        meta = json.loads(json.dumps(store.meta))
+    assert EndToEndVisual.store_problem(meta, None) is None
+    meta["detector"]["source"] = "d2:configs/faster_rcnn_R_101_FPN.yaml"
+    problem = EndToEndVisual.store_problem(meta, None)
+    assert problem.startswith("the FeatureStore was extracted by the detectron2 backend (d2:configs/")
+
+
 # ---- config checks through the Python API -----------------------------------------------------
 
 
@@ -426,3 +438,45 @@ def test_load_run_config_applies_overrides_and_names_the_file(world, tmp_path):
     assert run.damaged_records == "skip" and run.out == str(tmp_path / "elsewhere")
     with pytest.raises(RunConfigError, match=f"^{config}: damaged_records 'never'"):
         load_run_config(config, {"damaged_records": "never"})
+
+
+# ---- the end-to-end stage's images ---------------------------------------------------------------
+
+
+def reading_processes(monkeypatch, log) -> None:
+    """Appends the id of every process that decodes an end-to-end image to the file `log`."""
+    import train.end2end
+
+    decode = train.end2end.load_image
+
+    def logged(path):
+        with open(log, "a") as out:
+            out.write(f"{os.getpid()}\n")
+        return decode(path)
+
+    monkeypatch.setattr(train.end2end, "load_image", logged)  # forked DataLoader workers inherit it
+
+
+def test_end_to_end_images_are_decoded_by_the_workers_and_train_as_in_one_process(world, tmp_path, monkeypatch):
+    stage = replace(VQA, steps=2, visual="end2end")
+    reading_processes(monkeypatch, tmp_path / "readers")
+    Trainer(run_config(world, "e2e-in-process", [stage])).fit()
+    assert set((tmp_path / "readers").read_text().split()) == {str(os.getpid())}
+    (tmp_path / "readers").unlink()
+    Trainer(run_config(world, "e2e-workers", [replace(stage, num_workers=1)])).fit()
+    readers = (tmp_path / "readers").read_text().split()
+    assert readers and str(os.getpid()) not in readers  # the forward pass read no image itself
+    for name in ("model.safetensors", "detector.safetensors"):
+        assert ((world / "e2e-in-process" / "stages" / "0-vqa" / "final" / name).read_bytes()
+                == (world / "e2e-workers" / "stages" / "0-vqa" / "final" / name).read_bytes())
+
+
+def test_an_unreadable_image_stops_an_end_to_end_stage_with_one_line_naming_it(world, tmp_path):
+    images = tmp_path / "images"
+    shutil.copytree(world / "world", images)
+    broken = images / read_annotations(world / "world" / "train.jsonl")[0].file
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
+    stage = replace(VQA, steps=30, visual="end2end", num_workers=1)  # enough steps to meet every image
+    with pytest.raises(ImageError) as stopped:
+        Trainer(run_config(world, "e2e-broken", [stage], images=str(images))).fit()
+    assert str(stopped.value) == f"{broken}: not an image file (or a format Pillow cannot read)"

@@ -3,6 +3,10 @@
 As the reference code tunes its Fast R-CNN: stem and res2 frozen, batch norm frozen (FrozenBN
 everywhere), res3-res5 trained. The pixels of masked RoIs are zeroed on the fly before the CNN,
 exactly as the cached masked-pixel variants were made.
+
+Images are decoded where samples are made (`WithImages`: in the DataLoader's worker processes);
+the forward pass only resizes and normalises them on the detector's device, as the extraction
+job does, so the recomputed features are the extracted ones.
 """
 
 from __future__ import annotations
@@ -11,12 +15,15 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from extract.detector import Detector
-from extract.images import load_image
+from extract.images import ImageError, load_image
 from extract.preprocess import mask_pixels
+from train.data.datasets import DamagedSample, Sample, SampleGroup
 
 FROZEN_PREFIXES = ("backbone.stem.", "backbone.res2.", "proposal_generator.", "roi_heads.box_predictor.")
+PIXELS = ("image_files", "images")  # the batch entries (lists, not tensors) that the forward pass reads besides tensors
 
 
 class EndToEndVisual(nn.Module):
@@ -46,23 +53,67 @@ class EndToEndVisual(nn.Module):
     @staticmethod
     def store_problem(meta: dict, images_root: str | None) -> str | None:
         """Why a FeatureStore with this meta.json cannot feed an end-to-end stage, or None."""
-        if "config" not in (meta.get("detector") or {}):
+        detector = meta.get("detector") or {}
+        if "config" not in detector:
             return "the FeatureStore records no detector config (imported?): end-to-end stages need one"
+        if str(detector.get("source", "")).startswith("d2:"):
+            return (f"the FeatureStore was extracted by the detectron2 backend ({detector['source']}): end-to-end "
+                    "stages tune our own detector; extract with a preset or our YAML config for them")
         if (images_root or meta.get("images_root")) is None:
             return "no images root: give `images` in the run config"
         return None
 
+    def with_images(self, dataset: Dataset) -> "WithImages":
+        return WithImages(dataset, self.images_root)
+
     def forward(self, batch: dict) -> torch.Tensor:
-        """(B, N, D) appearance features recomputed for every sample's boxes (whole-image box first)."""
+        """(B, N, D) appearance features recomputed for every sample's boxes (whole-image box first).
+
+        `batch["images"]` holds the pixels decoded with the samples; a sample without them (a batch
+        collated from a dataset not wrapped by `with_images`, or an image its worker could not
+        read) is read here, where an unreadable image raises ImageError as it always has."""
         appearance = torch.zeros_like(batch["appearance"])
-        for i, image_file in enumerate(batch["image_files"]):
+        pixels = batch.get("images") or [None] * len(batch["image_files"])
+        for i, (decoded, image_file) in enumerate(zip(pixels, batch["image_files"])):
             count = int(batch["box_mask"][i].sum())
             if count == 0:
                 continue
-            image = self.detector.prepare(load_image(self.images_root / image_file))
-            boxes = batch["boxes"][i, :count].to(image.tensor.device)
+            image = self.detector.prepare(load_image(self.images_root / image_file) if decoded is None else decoded)
+            boxes = image.to_input(batch["boxes"][i, :count])
             masked = batch["masked_regions"][i, :count].to(boxes.device)
             if masked.any():
-                image = image.with_tensor(mask_pixels(image.tensor, image.to_input(boxes[masked])))
-            appearance[i, :count] = self.detector.box_features([image], [image.to_input(boxes)])[0]
+                image = image.with_tensor(mask_pixels(image.tensor, boxes[masked]))
+            # One image per call: a call over the whole batch computes the same features, but sums
+            # res5's weight gradients in another order (final weights then differ by ~2e-7).
+            appearance[i, :count] = self.detector.box_features([image], [boxes])[0]
         return appearance
+
+
+class WithImages(Dataset):
+    """`dataset`, whose samples with regions also carry their image's decoded pixels, read where the
+    sample is made: in the DataLoader's worker processes when it has any. Only end-to-end stages
+    wrap their datasets, so stages on cached features never read an image.
+
+    An image that cannot be read is left out (`image` None): the forward pass reads it again in the
+    training process and raises its ImageError there, as one line rather than a worker's traceback.
+    """
+
+    def __init__(self, dataset: Dataset, images_root: Path) -> None:
+        self.dataset, self.images_root = dataset, images_root
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __getitem__(self, index: int) -> Sample | SampleGroup | DamagedSample:
+        made = self.dataset[index]
+        samples = made.samples if isinstance(made, SampleGroup) else [made] if isinstance(made, Sample) else []
+        for sample in samples:
+            if sample.regions is not None and sample.image_file is not None:
+                try:
+                    sample.image = load_image(self.images_root / sample.image_file)
+                except ImageError:
+                    pass  # raised in the training process by the forward pass, which reads it again
+        return made

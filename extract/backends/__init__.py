@@ -16,6 +16,7 @@ import torch
 
 from extract.config import ConfigError
 from extract.detector import Detector, RegionFeatures
+from extract.modeling.precision import PrecisionError, precision as find_precision
 from extract.preprocess import PreparedImage
 
 
@@ -66,16 +67,20 @@ class RegionExtractor(Protocol):
 @dataclass(frozen=True)
 class Backend:
     prefix: str  # of the --detector value; "" matches anything
-    # (the --detector value without the prefix, weights, device, overrides) → the model
-    build: Callable[[str, str | Path | None, str, Mapping[str, Any]], RegionExtractor]
+    # (the --detector value without the prefix, weights, device, overrides, precision) → the model
+    build: Callable[[str, str | Path | None, str, Mapping[str, Any], str], RegionExtractor]
 
 
-def _build_native(spec: str, weights: str | Path | None, device: str, overrides: Mapping[str, Any]) -> Detector:
-    return Detector.build(spec, weights=weights, device=device, **overrides)
+def _build_native(spec: str, weights: str | Path | None, device: str, overrides: Mapping[str, Any],
+                  precision: str) -> Detector:
+    return Detector.build(spec, weights=weights, device=device, precision=precision, **overrides)
 
 
-def _build_detectron2(spec: str, weights: str | Path | None, device: str,
-                      overrides: Mapping[str, Any]) -> RegionExtractor:
+def _build_detectron2(spec: str, weights: str | Path | None, device: str, overrides: Mapping[str, Any],
+                      precision: str) -> RegionExtractor:
+    find_precision(precision)
+    if precision != "fp32":
+        raise PrecisionError(f"--detector d2:{spec}: the detectron2 backend runs in fp32 only, not {precision}")
     try:
         from extract.backends.detectron2 import Detectron2Extractor
     except ModuleNotFoundError as exc:
@@ -94,7 +99,9 @@ BACKENDS = (
 
 
 def build_extractor(detector: str, weights: str | Path | None = None, device: str = "cpu",
-                    overrides: Mapping[str, Any] | None = None) -> RegionExtractor:
-    """The model for a --detector value: `d2:CONFIG.yaml`, a preset name, or our YAML config."""
+                    overrides: Mapping[str, Any] | None = None, precision: str = "fp32") -> RegionExtractor:
+    """The model for a --detector value: `d2:CONFIG.yaml`, a preset name, or our YAML config, whose
+    forwards run in `precision` (`extract.modeling.precision.PRECISIONS`; refused, as PrecisionError,
+    where the device or the backend cannot run it)."""
     backend = next(b for b in BACKENDS if detector.startswith(b.prefix))
-    return backend.build(detector[len(backend.prefix):], weights, device, dict(overrides or {}))
+    return backend.build(detector[len(backend.prefix):], weights, device, dict(overrides or {}), precision)

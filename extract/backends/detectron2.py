@@ -30,7 +30,7 @@ from torch import nn
 
 from extract.checkpoint import CheckpointError, file_sha256, fill_folded_norms, load_weights, read_state_dict
 from extract.config import SELECTION_FIELDS, ConfigError, DetectorConfig, apply_overrides
-from extract.detector import RegionFeatures, _checked_boxes
+from extract.detector import RegionFeatures, checked_boxes
 from extract.device import check_device
 from extract.preprocess import PreparedImage, masked_images, prepare_image
 from extract.selection import select_boxes
@@ -163,7 +163,7 @@ class Detectron2Extractor:
                  pixel_masks: Sequence[torch.Tensor | np.ndarray | None] | None = None) -> list[RegionFeatures]:
         """Regions for the caller's boxes (original pixels, xyxy, order kept, clamped to the image)."""
         images = [self._on_device(image) for image in images]
-        boxes = [_checked_boxes(b, image) for b, image in zip(boxes, images)]
+        boxes = [checked_boxes(b, image) for b, image in zip(boxes, images)]
         images = masked_images(images, boxes, pixel_masks)
         maps = [self._backbone(image)[1] for image in images]
         rois = [image.to_input(torch.cat((image.whole_image_box().cpu(), b))) for image, b in zip(images, boxes)]

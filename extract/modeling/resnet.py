@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
+from extract.modeling.conv import conv2d
+
 
 class ConvNorm(nn.Conv2d):
     """A bias-free conv followed by its frozen batch norm, held as the child `norm`."""
@@ -21,7 +23,13 @@ class ConvNorm(nn.Conv2d):
         self.norm = FrozenBatchNorm2d(out_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(super().forward(x))
+        # The frozen norm's x * scale + bias, applied in place to the conv's fresh output: the same
+        # two roundings as FrozenBatchNorm2d, without allocating two more activation-sized tensors
+        # (a tenth of the CPU time of res5 over 300 RoIs).
+        norm = self.norm
+        scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
+        bias = norm.bias - norm.running_mean * scale
+        return conv2d(self, x).mul_(scale.view(1, -1, 1, 1)).add_(bias.view(1, -1, 1, 1))
 
 
 class Bottleneck(nn.Module):

@@ -1,20 +1,29 @@
 """RoI head of a C4 detector: pool on res4, run res5, average to one feature per box, predict.
 
-Children are named as in detectron2 (`res5`, `box_predictor.cls_score`, ...); the attribute
-head follows the bottom-up-attention port (`cls_embedding`, `fc_attr`, `attr_score`).
+`Res5ROIHeads.box_features` is the one RoI feature path: detection, given boxes, masked-pixel
+variants, the end-to-end stage and detector training all call it. Children are named as in
+detectron2 (`res5`, `box_predictor.cls_score`, ...); the attribute head follows the
+bottom-up-attention port (`cls_embedding`, `fc_attr`, `attr_score`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import roi_align, roi_pool
 
+from extract.modeling.boxes import BoxCoder
 from extract.modeling.resnet import make_res5
 from extract.modeling.rpn import FEATURE_STRIDE
+
+# RoIs per res5 pass. res5 over a whole batch's RoIs at once (300 proposals an image at BUTD size
+# are 480 MB per fp32 activation) costs memory and, on the CPU, time; each RoI's numbers do not
+# depend on the chunk it runs in (tests/test_detector_batching.py).
+ROI_CHUNK = 64
 
 
 @dataclass
@@ -53,10 +62,15 @@ class BoxPredictor(nn.Module):
         class_logits = self.cls_score(features)
         attr_logits = None
         if self.has_attributes:
-            # The attribute head is conditioned on the predicted class (argmax over all outputs).
-            embedded = self.cls_embedding(class_logits.argmax(dim=1))
-            attr_logits = self.attr_score(F.relu(self.fc_attr(torch.cat((features, embedded), dim=1))))
+            # At inference the attribute head is conditioned on the predicted class (argmax over all outputs).
+            attr_logits = self.attribute_logits(features, class_logits.argmax(dim=1))
         return BoxPredictions(features, class_logits, self.bbox_pred(features), attr_logits)
+
+    def attribute_logits(self, features: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        """(N, A + 1) attribute logits of features conditioned on `classes` (N,): the predicted
+        class at inference, the ground-truth class in training (teacher forcing)."""
+        embedded = self.cls_embedding(classes)
+        return self.attr_score(F.relu(self.fc_attr(torch.cat((features, embedded), dim=1))))
 
 
 class Res5ROIHeads(nn.Module):
@@ -67,10 +81,15 @@ class Res5ROIHeads(nn.Module):
         self.sampling_ratio = cfg.pooler_sampling_ratio
         self.res5 = make_res5(cfg)
         self.box_predictor = BoxPredictor(cfg)
+        self.box_coder = BoxCoder(cfg.bbox_reg_weights)
 
     def pool(self, res4: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
-        """rois: (N, 5) rows of (index into res4's batch, x1, y1, x2, y2) in input pixels."""
-        rois = rois.to(res4.dtype)
+        """rois: (N, 5) rows of (index into res4's batch, x1, y1, x2, y2) in input pixels.
+
+        Pools in float32 whatever the trunk's precision: box corners in bfloat16 would be up to
+        4 pixels off at BUTD sizes.
+        """
+        res4, rois = res4.float(), rois.float()
         if self.pooler == "roipool":
             return roi_pool(res4, rois, self.resolution, 1.0 / FEATURE_STRIDE)
         # "roialign_legacy" is maskrcnn-benchmark's (the official VL-BERT's Fast R-CNN): no half-pixel
@@ -78,9 +97,18 @@ class Res5ROIHeads(nn.Module):
         return roi_align(res4, rois, self.resolution, 1.0 / FEATURE_STRIDE, self.sampling_ratio,
                          aligned=self.pooler == "roialign")
 
-    def box_features(self, res4: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
-        """(N, D) features: res5 on the pooled boxes, then the mean over its output grid."""
-        return self.res5(self.pool(res4, rois)).mean(dim=(2, 3))
+    def box_features(self, res4: Sequence[torch.Tensor], boxes: Sequence[torch.Tensor]) -> torch.Tensor:
+        """(N_1 + ... + N_B, D) features of every image's boxes, in order; differentiable.
 
-    def forward(self, res4: torch.Tensor, rois: torch.Tensor) -> BoxPredictions:
-        return self.box_predictor(self.box_features(res4, rois))
+        `res4[i]` is image i's (1, C, h, w) map (a view into a batched trunk output is fine),
+        `boxes[i]` its (N_i, 4) boxes in input pixels. Each box: pool, res5, mean over res5's grid
+        (accumulated in float32). res5 runs over the RoIs of all images together, in chunks.
+        """
+        pooled = torch.cat([self.pool(f, torch.cat((b.new_zeros(len(b), 1), b), dim=1)) for f, b in zip(res4, boxes)])
+        if pooled.is_cuda:
+            pooled = pooled.contiguous(memory_format=torch.channels_last)
+        return torch.cat([self.res5(chunk).mean(dim=(2, 3), dtype=torch.float32) for chunk in pooled.split(ROI_CHUNK)])
+
+    def forward(self, res4: Sequence[torch.Tensor], boxes: Sequence[torch.Tensor]) -> list[BoxPredictions]:
+        """Per image, the box head's predictions for its boxes (see `box_features`)."""
+        return self.box_predictor(self.box_features(res4, boxes)).split([len(b) for b in boxes])

@@ -7,13 +7,15 @@ DefaultAnchorGenerator orders them, so detectron2 RPN weights need no reordering
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import nms
 
-from extract.modeling.boxes import apply_deltas, clip_boxes
+from extract.modeling.boxes import BoxCoder, clip_boxes
+from extract.modeling.conv import conv2d
 
 FEATURE_STRIDE = 16
 
@@ -37,8 +39,8 @@ class RPNHead(nn.Module):
         self.anchor_deltas = nn.Conv2d(hidden_channels, num_anchors * 4, 1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = F.relu(self.conv(x))
-        return self.objectness_logits(x), self.anchor_deltas(x)
+        x = F.relu(conv2d(self.conv, x))
+        return conv2d(self.objectness_logits, x), conv2d(self.anchor_deltas, x)
 
 
 class RPN(nn.Module):
@@ -49,6 +51,7 @@ class RPN(nn.Module):
         self.pre_nms_topk = cfg.rpn_pre_nms_topk
         self.post_nms_topk = cfg.rpn_post_nms_topk
         self.nms_thresh = cfg.rpn_nms_thresh
+        self.box_coder = BoxCoder((1.0, 1.0, 1.0, 1.0))
 
     def anchors(self, height: int, width: int) -> torch.Tensor:
         """(H*W*A, 4) anchors for a feature map, location-major as the head's outputs are flattened."""
@@ -59,22 +62,32 @@ class RPN(nn.Module):
         shifts = torch.stack((grid_x, grid_y, grid_x, grid_y), dim=-1).reshape(-1, 1, 4)
         return (shifts + self.cell_anchors.reshape(1, -1, 4)).reshape(-1, 4)
 
-    @torch.no_grad()
     def forward(self, features: torch.Tensor, image_size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Proposals (K, 4) in input pixels, sorted by objectness, and their objectness logits.
+        """One image's proposals: `features` is its (1, C, H, W) res4 map (see `propose`)."""
+        return self.propose(features, [image_size])[0]
 
-        `features` is one image's res4 map (1, C, H, W); `image_size` is the (height, width)
-        of the resized image before any padding, which proposals are clipped to.
+    @torch.no_grad()
+    def propose(self, features: torch.Tensor,
+                image_sizes: Sequence[tuple[int, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per image, proposals (K, 4) in input pixels sorted by objectness, and their objectness logits.
+
+        `features` is the (B, C, H, W) res4 map of B images of one input size; the head runs once over
+        all of them. `image_sizes` are their (height, width) after resizing and before any padding,
+        which proposals are clipped to. Decoding and NMS run in float32 whatever the head's precision.
         """
         logits, deltas = self.rpn_head(features)
         _, _, h, w = logits.shape
-        logits = logits.permute(0, 2, 3, 1).reshape(-1)
-        deltas = deltas.reshape(-1, 4, h, w).permute(2, 3, 0, 1).reshape(-1, 4)
         anchors = self.anchors(h, w)
+        count = len(features)
+        logits = logits.float().permute(0, 2, 3, 1).reshape(count, -1)
+        deltas = deltas.float().reshape(count, -1, 4, h, w).permute(0, 3, 4, 1, 2).reshape(count, -1, 4)
+        return [self._select(l, d, anchors, size) for l, d, size in zip(logits, deltas, image_sizes)]
 
+    def _select(self, logits: torch.Tensor, deltas: torch.Tensor, anchors: torch.Tensor,
+                image_size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         k = min(self.pre_nms_topk, logits.numel())
         logits, order = logits.topk(k)
-        boxes = apply_deltas(deltas[order], anchors[order], (1.0, 1.0, 1.0, 1.0))
+        boxes = self.box_coder.decode(deltas[order], anchors[order])
 
         valid = torch.isfinite(boxes).all(dim=1) & torch.isfinite(logits)
         boxes, logits = clip_boxes(boxes[valid], *image_size), logits[valid]

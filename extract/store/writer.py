@@ -1,13 +1,16 @@
-"""Writing one shard of a FeatureStore: atomic batch commits, a map that grows, failures kept current."""
+"""Writing one shard of a FeatureStore: atomic batch commits, a map that grows, failures kept current,
+and a commit thread that takes the writes off the caller's critical path."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import queue
+import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import lmdb
 
@@ -19,6 +22,8 @@ from extract.store.records import encode_record
 from extract.store.schema import SCHEMA_VERSION, StoreError, StoreMismatchError, encode_key, meta_mismatches
 
 DEFAULT_MAP_SIZE = 1 << 30  # grows by doubling when full; LMDB only reserves address space
+# meta.json entries that stores written before the entry existed lack: (path, the value they had).
+ENTRIES_ADDED_LATER = ((("detector", "precision"), "fp32"),)
 
 
 def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -39,7 +44,7 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
             pass
         finally:
             tmp.unlink()
-    recorded = read_meta(root)
+    recorded = _with_entries_added_later(read_meta(root), meta)
     problems = meta_mismatches(recorded, meta)
     if problems:
         raise StoreMismatchError(
@@ -48,6 +53,22 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     if recorded["schema_version"] != SCHEMA_VERSION:
         recorded["schema_version"] = SCHEMA_VERSION
         write_text_atomic(path, json.dumps(recorded, indent=2) + "\n")
+    return recorded
+
+
+def _with_entries_added_later(recorded: dict[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """`recorded`, with each entry of ENTRIES_ADDED_LATER that it lacks and `wanted` has set to the
+    value the older store had, so that resuming it with that value is no mismatch."""
+    for path, value in ENTRIES_ADDED_LATER:
+        *parents, name = path
+        have, want = recorded, wanted
+        for key in parents:
+            have, want = have.get(key), want.get(key)
+            if not isinstance(have, dict) or not isinstance(want, Mapping):
+                break
+        else:
+            if name not in have and name in want:
+                have[name] = value
     return recorded
 
 
@@ -141,6 +162,52 @@ class FeatureStoreWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class CommitThread:
+    """Commits batches on a thread of its own, so that the caller computes the next batch while
+    this one's transaction is written.
+
+    Each batch still commits in one transaction, in the order submitted. At most `depth` batches
+    wait; `submit` blocks beyond that, so memory stays bounded. `committed(records, failures,
+    bytes)` runs on the thread after each commit. A commit that fails ends the commits: the error
+    is raised in the submitting thread by the next `submit` or when the context closes, never
+    lost; batches still waiting are dropped, as a killed process would lose them, and a rerun
+    computes them again.
+    """
+
+    def __init__(self, writer: FeatureStoreWriter, committed: Callable[[Mapping, Mapping, int], None],
+                 depth: int = 1) -> None:
+        self.writer, self.committed = writer, committed
+        self._waiting: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="feature-store-commits", daemon=True)
+        self._thread.start()
+
+    def submit(self, records: Mapping[str, Mapping[str, Any]], failures: Mapping[str, tuple[str, str]]) -> None:
+        """Queues one batch (the arguments of `FeatureStoreWriter.commit`)."""
+        if self._error is not None:
+            raise self._error
+        self._waiting.put((records, failures))
+
+    def _run(self) -> None:
+        while (batch := self._waiting.get()) is not None:
+            if self._error is None:  # after a failure the queue is drained so that `submit` never blocks
+                try:
+                    self.committed(*batch, self.writer.commit(*batch))
+                except BaseException as exc:  # noqa: BLE001 - handed to the submitting thread
+                    self._error = exc
+
+    def __enter__(self) -> "CommitThread":
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        """Waits for the batches already submitted (they are complete, even when the caller
+        stops on an error), then raises a commit's failure."""
+        self._waiting.put(None)
+        self._thread.join()
+        if self._error is not None and self._error is not exc:
+            raise self._error
 
 
 def _create_shard(path: Path) -> None:

@@ -6,6 +6,7 @@ import click
 
 from extract.config import parse_override
 from extract.job import parse_shard, run_extraction
+from extract.modeling.precision import PRECISIONS
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
 
 
@@ -40,6 +41,8 @@ def _top_k(value: str) -> int | None:
                    "prepare`): only these are extracted.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1))
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32", show_default=True,
+              help="Detector arithmetic: fp32 (exact), tf32 or bf16 (CUDA; faster, recorded in the store's meta.json).")
 @click.option("--feature-dtype", type=click.Choice(list(FEATURE_ENCODINGS)), default="float16", show_default=True,
               help=feature_dtype_help())
 @click.option("--top-k-classes", default="10", show_default=True,
@@ -51,18 +54,22 @@ def _top_k(value: str) -> int | None:
 @click.option("--mask-seed", default=0, show_default=True, type=int)
 @click.option("--shard", default=None, metavar="i/n",
               help="Process slice i of n (default: RANK/WORLD_SIZE from a launcher, else everything).")
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Image decoding threads.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=0),
+              help="Image decoding processes (0: decode in the job's process). A worker that crashes on a file "
+                   "makes that file a failure and is replaced.")
 @click.option("--strict", is_flag=True, help="Exit with status 1 when any image failed.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def extract_command(images, out, detector, weights, overrides, boxes, image_list, batch_size, device, feature_dtype, top_k_classes,
-                    mask_variants, mask_prob, mask_seed, shard, workers, strict, quiet) -> None:
+def extract_command(images, out, detector, weights, overrides, boxes, image_list, batch_size, device, precision,
+                    feature_dtype, top_k_classes, mask_variants, mask_prob, mask_seed, shard, workers, strict,
+                    quiet) -> None:
     """Extract RoI features for every image under --images into the FeatureStore --out.
 
     Rerunning the same command resumes: stored images are skipped, failed ones retried.
     """
     summary = run_extraction(
         images, out, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
-        boxes=boxes, image_list=image_list, batch_size=batch_size, device=device, feature_dtype=feature_dtype,
+        boxes=boxes, image_list=image_list, batch_size=batch_size, device=device, precision=precision,
+        feature_dtype=feature_dtype,
         top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
         mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
         progress=not quiet,

@@ -11,8 +11,8 @@ from vlbert.tokenization import pad_text
 
 
 def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
-    """Model inputs and targets; `image_files` (a list, not a tensor) is there for end-to-end stages.
-    B groups of G samples give B × G inputs in group order and (B, G, ...) targets."""
+    """Model inputs and targets; `image_files` and `images` (lists, not tensors) are there for
+    end-to-end stages. B groups of G samples give B × G inputs in group order and (B, G, ...) targets."""
     if isinstance(samples[0], SampleGroup):
         size = len(samples[0].samples)
         batch = collate([s for group in samples for s in group.samples], pad_token_id)
@@ -27,6 +27,7 @@ def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0) ->
     else:
         batch = pad_text([s.sequence for s in samples], pad_token_id)
     batch["image_files"] = [s.image_file for s in samples]
+    batch["images"] = [s.image for s in samples]
     visual = [s for s in samples if s.regions is not None]
     if visual:
         n = max(len(s.regions) for s in visual)

@@ -56,6 +56,7 @@ class Sample:
     region_targets: dict[str, np.ndarray] = field(default_factory=dict)  # (N, ...) per RoI
     choices: list[TextSequence] | None = None  # multiple choice: one sequence per candidate
     item_id: Any = None  # the annotation item's id (question_id, sent_id, ...) for prediction files
+    image: np.ndarray | None = None  # end-to-end stages: the decoded pixels (train.end2end.WithImages)
 
 
 @dataclass

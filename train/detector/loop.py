@@ -59,7 +59,7 @@ def training_step(det: Detector, batch: Sequence[DetectionExample], config: Loss
     """All losses of one batch, each averaged over its images (RPN) or RoIs (box head)."""
     images = [det.prepare(example.image) for example in batch]
     targets = [ImageTargets.of(example, image) for example, image in zip(batch, images)]
-    res4 = [det.backbone(image.tensor[None]) for image in images]
+    res4 = det.feature_maps(images)
     losses: dict[str, torch.Tensor] = {}
     for features, target in zip(res4, targets):
         for name, value in rpn_losses(det, features, target, config, generator).items():

@@ -13,9 +13,7 @@ import torch.nn.functional as F
 
 from extract import Detector, PreparedImage
 from train.detector.data import DetectionExample
-from train.detector.targets import POSITIVE, encode_deltas, match, sample
-
-RPN_DELTA_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
+from train.detector.targets import POSITIVE, match, sample
 
 
 @dataclass(frozen=True)
@@ -48,17 +46,18 @@ class ImageTargets:
 def rpn_losses(det: Detector, res4: torch.Tensor, targets: ImageTargets, cfg: LossConfig,
                generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Objectness BCE over sampled anchors and L1 on the positive anchors' deltas, for one image."""
-    logits, deltas = det.proposal_generator.rpn_head(res4)
+    rpn = det.proposal_generator
+    logits, deltas = rpn.rpn_head(res4)
     _, _, height, width = logits.shape
     logits = logits.permute(0, 2, 3, 1).reshape(-1)
     deltas = deltas.permute(0, 2, 3, 1).reshape(-1, 4)
-    anchors = det.proposal_generator.anchors(height, width)
+    anchors = rpn.anchors(height, width)
     matched, labels = match(anchors, targets.boxes, cfg.rpn_negative_below, cfg.rpn_positive_from,
                             low_quality_positives=True)
     positive, negative = sample(labels, cfg.rpn_samples_per_image, cfg.rpn_positive_fraction, generator)
     sampled = torch.cat((positive, negative))
     objectness = (labels[sampled] == POSITIVE).float()
-    target_deltas = encode_deltas(anchors[positive], targets.boxes[matched[positive]], RPN_DELTA_WEIGHTS)
+    target_deltas = rpn.box_coder.encode(anchors[positive], targets.boxes[matched[positive]])
     normaliser = cfg.rpn_samples_per_image
     return {
         "rpn_objectness": F.binary_cross_entropy_with_logits(logits[sampled], objectness, reduction="sum") / normaliser,
@@ -89,13 +88,6 @@ def sample_rois(det: Detector, res4: torch.Tensor, image: PreparedImage, targets
                        [targets.attributes[i] for i in matched[foreground].tolist()])
 
 
-def attribute_logits(det: Detector, features: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
-    """The attribute head conditioned on given classes (teacher forcing; inference uses the argmax)."""
-    predictor = det.roi_heads.box_predictor
-    embedded = predictor.cls_embedding(classes)
-    return predictor.attr_score(F.relu(predictor.fc_attr(torch.cat((features, embedded), dim=1))))
-
-
 def attribute_loss(logits: torch.Tensor, attributes: list[list[int]], num_attributes: int) -> torch.Tensor:
     """Softmax CE against each of an object's attributes, weighted 1/count so every object counts once.
 
@@ -117,8 +109,7 @@ def attribute_loss(logits: torch.Tensor, attributes: list[list[int]], num_attrib
 def box_head_losses(det: Detector, res4: list[torch.Tensor], rois: list[SampledRois]) -> dict[str, torch.Tensor]:
     """Class CE, class-specific L1 box deltas and the attribute loss over the RoIs of a batch."""
     heads = det.roi_heads
-    pooled = [heads.pool(f, torch.cat((r.boxes.new_zeros(len(r.boxes), 1), r.boxes), dim=1)) for f, r in zip(res4, rois)]
-    features = heads.res5(torch.cat(pooled)).mean(dim=(2, 3))
+    features = heads.box_features(res4, [r.boxes for r in rois])
     boxes, classes, target_boxes = (torch.cat([getattr(r, name) for r in rois])
                                     for name in ("boxes", "classes", "target_boxes"))
     num_classes = det.cfg.num_classes
@@ -126,12 +117,12 @@ def box_head_losses(det: Detector, res4: list[torch.Tensor], rois: list[SampledR
 
     foreground = (classes < num_classes).nonzero().squeeze(1)
     deltas = heads.box_predictor.bbox_pred(features).view(len(features), num_classes, 4)
-    target_deltas = encode_deltas(boxes[foreground], target_boxes[foreground], det.cfg.bbox_reg_weights)
+    target_deltas = heads.box_coder.encode(boxes[foreground], target_boxes[foreground])
     losses["roi_boxes"] = F.l1_loss(deltas[foreground, classes[foreground]], target_deltas,
                                     reduction="sum") / len(classes)
     if det.cfg.num_attributes > 0:
         # Foreground RoIs come first within each image, in the order their attribute lists are kept.
         attributes = [a for r in rois for a in r.attributes]
-        logits = attribute_logits(det, features[foreground], classes[foreground])
+        logits = heads.box_predictor.attribute_logits(features[foreground], classes[foreground])
         losses["roi_attributes"] = attribute_loss(logits, attributes, det.cfg.num_attributes)
     return losses

@@ -1,4 +1,5 @@
-"""Training targets: box encoding, IoU matching and balanced sampling (detectron2's conventions)."""
+"""Training targets: IoU matching and balanced sampling (detectron2's conventions); box deltas are
+`extract.modeling.boxes.BoxCoder.encode`."""
 
 from __future__ import annotations
 
@@ -7,18 +8,6 @@ from torchvision.ops import box_iou
 
 # Matcher labels.
 NEGATIVE, IGNORED, POSITIVE = 0, -1, 1
-
-
-def encode_deltas(boxes: torch.Tensor, targets: torch.Tensor,
-                  weights: tuple[float, float, float, float]) -> torch.Tensor:
-    """(N, 4) deltas that `extract.modeling.boxes.apply_deltas` turns `boxes` into `targets` with."""
-    widths, heights = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-    ctr_x, ctr_y = boxes[:, 0] + 0.5 * widths, boxes[:, 1] + 0.5 * heights
-    t_widths, t_heights = targets[:, 2] - targets[:, 0], targets[:, 3] - targets[:, 1]
-    t_ctr_x, t_ctr_y = targets[:, 0] + 0.5 * t_widths, targets[:, 1] + 0.5 * t_heights
-    wx, wy, ww, wh = weights
-    return torch.stack((wx * (t_ctr_x - ctr_x) / widths, wy * (t_ctr_y - ctr_y) / heights,
-                        ww * torch.log(t_widths / widths), wh * torch.log(t_heights / heights)), dim=1)
 
 
 def match(boxes: torch.Tensor, gt_boxes: torch.Tensor, negative_below: float, positive_from: float,

@@ -42,7 +42,7 @@ from train.data.collate import collate
 from train.data.datasets import CaptionPretraining, SeededDataset, TextOnlyCorpus
 from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
-from train.end2end import EndToEndVisual
+from train.end2end import PIXELS, EndToEndVisual
 from train.engine.checkpoint import (
     CheckpointSchedule,
     latest_checkpoint,
@@ -268,7 +268,7 @@ class Trainer:
     def _optimise(self, stage: StageConfig, stage_dir: Path, parts: StageParts, objective: nn.Module, step: int,
                   progress: StageProgress, log: StageLog | MutedStageLog) -> None:
         """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule."""
-        streams = self._streams(stage, step)
+        streams = self._streams(stage, step, parts.visual)
         schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
         with tqdm(total=stage.steps, initial=step, desc=stage.name, disable=self.rank != 0, dynamic_ncols=True) as bar:
             while step < stage.steps:
@@ -293,7 +293,7 @@ class Trainer:
             batch = collate(samples, self.tokenizer.pad_token_id)
             inputs = {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
             with _autocast(self.device):
-                losses = objective(inputs, batch["image_files"])
+                losses = objective(inputs, {k: batch[k] for k in PIXELS})
             (losses["loss"] / stage.grad_accumulation).backward()
             for name, value in losses.items():
                 logged[name] = logged.get(name, 0.0) + value.item() / stage.grad_accumulation
@@ -328,9 +328,11 @@ class Trainer:
         predictions = None
         if task.prediction_suffix is not None:
             predictions = stage_dir / "predictions" / (split + task.prediction_suffix)
+        # Workers decode an end-to-end stage's images; cached features are read in this process.
+        workers = stage.num_workers if parts.visual is not None else 0
         return evaluate(task.evaluator(self.data, dataset), parts.model, parts.visual, dataset,
                         self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id, progress.damaged.usable,
-                        predictions, stage_dir / ITEM_SCORES / f"{split}.json")
+                        predictions, stage_dir / ITEM_SCORES / f"{split}.json", workers)
 
     # ---- pieces ----------------------------------------------------------------------------
 
@@ -381,9 +383,11 @@ class Trainer:
             visual.detector.load_state_dict(load_file(previous / DETECTOR_WEIGHTS))
         return visual
 
-    def _streams(self, stage: StageConfig, step: int) -> list[Iterator[list]]:
+    def _streams(self, stage: StageConfig, step: int, visual: EndToEndVisual | None) -> list[Iterator[list]]:
         seed = self.run.seed * 1000 + self.run.stages.index(stage)
         main = TASKS[stage.task].dataset(self.data, stage, self.data.train, seed, True)
+        if visual is not None:
+            main = visual.with_images(main)  # decoded by the DataLoader's workers
         streams = [_loader(main, EpochBatches(len(main), stage.batch_size, seed), step, stage.num_workers)]
         if stage.task == "pretrain" and stage.text_only and stage.masked_lm and self.corpus is not None:
             text = TextOnlyCorpus(self.corpus, self.tokenizer, self.run.max_length, seed)
@@ -421,10 +425,11 @@ class Objective(nn.Module):
         super().__init__()
         self.model, self.visual, self.stage = model, visual, stage
 
-    def forward(self, inputs: dict[str, torch.Tensor], image_files: list[str | None]) -> dict[str, torch.Tensor]:
+    def forward(self, inputs: dict[str, torch.Tensor], pixels: dict[str, list]) -> dict[str, torch.Tensor]:
+        """`pixels`: the batch's PIXELS entries, which the end-to-end visual side reads."""
         inputs = dict(inputs)
         if self.visual is not None and "appearance" in inputs:
-            inputs["appearance"] = self.visual({**inputs, "image_files": image_files})
+            inputs["appearance"] = self.visual({**inputs, **pixels})
         stage = self.stage
         if stage.task != "pretrain":
             return {"loss": self.model(**model_inputs(self.model, inputs)).loss}
