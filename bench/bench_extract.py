@@ -196,7 +196,7 @@ def flops_per_image(detector: str, device: str, precision: str, image: Path, box
     from torch.utils.flop_counter import FlopCounterMode
 
     model = build_extractor(detector, device=device, precision=precision)
-    compute = _region_computer(model, given=boxes is not None, feature_dtype="float16", top_k=10,
+    compute = _region_computer(model, given=boxes is not None, top_k=10,
                                mask_variants=variants, mask_prob=0.15, mask_seed=0)
     item = extract.job.WorkItem(image.name, image.stem, image, boxes)
     batch = [(item, (model.prepare(load_image(image)), None if boxes is None else np.asarray(boxes, np.float32)))]

@@ -223,7 +223,7 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     items = [item for item in items if in_shard(item.image_id, shard)]
     refused = [(item, error) for item, error in refused if in_shard(item.image_id, shard)]
     pending = [item for item in items if item.image_id not in stored]
-    compute = _region_computer(model, given=boxes is not None, feature_dtype=meta["features"]["dtype"],
+    compute = _region_computer(model, given=boxes is not None,
                                top_k=meta["class_probs"]["top_k"], mask_variants=mask_variants,
                                mask_prob=mask_prob, mask_seed=mask_seed)
     summary = ExtractionSummary(out, shard, len(items) + len(refused), len(items) - len(pending), 0, 0, 0.0, 0)
@@ -302,7 +302,7 @@ def _isolating_failures(compute: Callable, batch: list[tuple[WorkItem, Any]]):
     return records, failures
 
 
-def _region_computer(model: Detector, *, given: bool, feature_dtype: str, top_k: int | None,
+def _region_computer(model: Detector, *, given: bool, top_k: int | None,
                      mask_variants: int, mask_prob: float, mask_seed: int) -> Callable:
     """batch of (item, (prepared, boxes)) → records: detect (detection mode), then one `describe`
     call for every pass that knows its boxes: in given-box mode each image's clean pass, and every
@@ -319,8 +319,8 @@ def _region_computer(model: Detector, *, given: bool, feature_dtype: str, top_k:
         described = iter([r.numpy() for r in model.describe(*map(list, zip(*passes)))] if passes else [])
         regions = [next(described) for _ in batch] if given else detected
         if not mask_variants:
-            return [record_from_regions(r, feature_dtype, top_k) for r in regions]
-        return [record_from_regions(r, feature_dtype, top_k, m, [next(described) for _ in range(mask_variants)])
+            return [record_from_regions(r, top_k) for r in regions]
+        return [record_from_regions(r, top_k, m, [next(described) for _ in range(mask_variants)])
                 for r, m in zip(regions, masks)]
 
     return compute

@@ -167,6 +167,20 @@ def test_a_reader_that_does_not_know_q8_refuses_its_store(tmp_path, monkeypatch)
         FeatureStore(tmp_path / "store")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "q8"])
+def test_the_writer_encodes_features_as_computed_into_the_stores_dtype(tmp_path, dtype):
+    meta = build_meta(feature_dim=16, feature_dtype=dtype, mode="imported", num_classes=1601, top_k_classes=10)
+    computed = record(np.random.default_rng(5), 4, 16, 2)
+    with FeatureStoreWriter(tmp_path / "store", meta) as writer:
+        writer.commit({"raw": computed, "encoded": as_stored(computed, dtype)})
+    with FeatureStore(tmp_path / "store") as store:
+        raw, encoded = store["raw"], store["encoded"]
+        assert raw["features"].dtype == encoded["features"].dtype
+        for name in ("features", "image_feature", "masked_features"):
+            np.testing.assert_array_equal(raw[name], encoded[name])
+        assert len(store.raw("raw")) == len(store.raw("encoded"))
+
+
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     """The same synthetic images extracted by the tiny detector into a float16 and a q8 store."""

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import extract.store.writer
 from extract.store import FeatureStore, FeatureStoreWriter, StoreError, build_meta, decode_record, encode_record
 from extract.store.audit import verify_store
 from extract.store.records import widened
@@ -85,7 +86,9 @@ def test_second_writer_of_a_shard_is_refused(tmp_path):
             FeatureStoreWriter(tmp_path, meta())
 
 
-def test_verify_lists_what_is_wrong(tmp_path):
+def test_verify_lists_what_is_wrong(tmp_path, monkeypatch):
+    # A writer that stores features as it is handed them (as code before the writer encoded them did).
+    monkeypatch.setattr(extract.store.writer, "as_stored", lambda record, dtype: record)
     bad = synthetic_record("bad")
     bad["features"][1, 3] = np.nan
     wrong = synthetic_record("wrong")

@@ -317,10 +317,10 @@ class RecordLayout:
         return problems
 
 
-def record_from_regions(regions: Mapping[str, Any], feature_dtype: str, top_k_classes: int | None,
+def record_from_regions(regions: Mapping[str, Any], top_k_classes: int | None,
                         masks: np.ndarray | None = None, masked: list[Mapping[str, Any]] | None = None) -> dict:
-    """A record to write (see `as_stored`) from `RegionFeatures.numpy()` output, plus the mask
-    draws and their re-run regions."""
+    """A record to write from `RegionFeatures.numpy()` output, plus the mask draws and their re-run
+    regions; features as computed (`FeatureStoreWriter.commit` encodes them)."""
     record = {
         "boxes": regions["boxes"].astype(np.float32),
         "features": regions["features"],
@@ -348,7 +348,7 @@ def record_from_regions(regions: Mapping[str, Any], feature_dtype: str, top_k_cl
         record["masked_features"] = np.stack(
             [m["features"] for m in masked]).reshape(len(masks), len(record["boxes"]), dim)
         record["masked_image_feature"] = np.stack([m["image_feature"] for m in masked])
-    return as_stored(record, feature_dtype)
+    return record
 
 
 def dense_class_probs(record: Mapping[str, Any], num_classes: int) -> np.ndarray:

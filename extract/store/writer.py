@@ -19,7 +19,14 @@ from extract.store.layout import (
     lmdb_errors, open_shard, read_meta, release_shard, shard_dirs, shard_name, write_text_atomic, writer_lock_path,
 )
 from extract.store.records import encode_record
-from extract.store.schema import SCHEMA_VERSION, StoreError, StoreMismatchError, encode_key, meta_mismatches
+from extract.store.schema import (
+    SCHEMA_VERSION,
+    StoreError,
+    StoreMismatchError,
+    as_stored,
+    encode_key,
+    meta_mismatches,
+)
 
 DEFAULT_MAP_SIZE = 1 << 30  # grows by doubling when full; LMDB only reserves address space
 # meta.json entries that stores written before the entry existed lack: (path, the value they had).
@@ -98,8 +105,14 @@ class FeatureStoreWriter:
     def commit(self, records: Mapping[str, Mapping[str, Any]], failures: Mapping[str, tuple[str, str]] = {}) -> int:
         """Stores `records` (image id → record) and `failures` (image id → (image path, error)) in
         one transaction: after a crash either all of them are there or none. A record replaces a
-        failure of the same image. Returns the bytes of the encoded records."""
-        encoded = [(encode_key(image_id), encode_record(record, image_id)) for image_id, record in records.items()]
+        failure of the same image. Returns the bytes of the encoded records.
+
+        Records may hold their features as computed (float32): they are encoded here into the
+        store's feature dtype (`as_stored`; a record already in it is kept as it is), so that with
+        a CommitThread the encoding runs off the caller's critical path."""
+        dtype = self.meta["features"]["dtype"]
+        encoded = [(encode_key(image_id), encode_record(as_stored(record, dtype), image_id))
+                   for image_id, record in records.items()]
         now = time.time()
         failed = [
             (failure_key(image_id), json.dumps({"image": image, "id": image_id, "error": error, "time": now}).encode())
