@@ -6,9 +6,10 @@
 
 Random weights; synthetic 480x640 images (resized by each preset as at test time); 10 given boxes
 per image. When detectron2 is importable, the same weights run in detectron2 side by side (backbone
-+ RPN + RoI head for detection, backbone + `_shared_roi_transform` for given boxes) and the ratio
-ours / detectron2 is printed (for butd-vg, with the caffe stem and dilated res5 patched in as the
-parity test does). Each precision other than fp32 is also compared with fp32 on the same images
++ RPN + RoI head for detection; for given boxes, backbone + `_shared_roi_transform` + box predictor
+on the same boxes and the whole-image box, as ours pools) and the ratio ours / detectron2 is printed
+(for butd-vg, with the caffe stem and dilated res5 patched in as the parity test does). The two
+run in alternation, best of --repeat each, so that load changes on a shared machine hit both. Each precision other than fp32 is also compared with fp32 on the same images
 (`extract.fidelity.compare_to_fp32`: feature cosine, argmax agreement, detected boxes). Last, the
 bottom-up-attention box selection on the first image's real proposals and class probabilities,
 timed against the straightforward one-NMS-per-class loop it replaced (the test's reference).
@@ -47,16 +48,24 @@ def given_boxes(height: int, width: int, count: int = 10) -> torch.Tensor:
 
 def timed(fn, device: str, repeat: int) -> float:
     """Seconds per call: one warm-up call, then the best of `repeat` timed calls."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+    return timed_side_by_side([fn], device, repeat)[0]
+
+
+def timed_side_by_side(fns, device: str, repeat: int) -> list[float]:
+    """Each callable's seconds per call, best of `repeat`: one warm-up call each, then rounds that
+    call each in turn, so that a change of load on a shared machine falls on all of them alike."""
+    for fn in fns:
         fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            best[i] = min(best[i], time.perf_counter() - start)
     return best
 
 
@@ -87,7 +96,8 @@ def detectron2_runner(detector: Detector, device: str):
     def describe(prepared, boxes):
         images = model.preprocess_image(inputs(prepared))
         res4 = model.backbone(images.tensor)["res4"]
-        scaled = [Boxes(p.to_input(b)) for p, b in zip(prepared, boxes)]
+        # The whole-image box too, as every record holds its feature: both sides pool the same RoIs.
+        scaled = [Boxes(p.to_input(torch.cat((p.whole_image_box(), b)))) for p, b in zip(prepared, boxes)]
         model.roi_heads.box_predictor(model.roi_heads._shared_roi_transform([res4], scaled).mean(dim=(2, 3)))
 
     return detect, describe
@@ -114,12 +124,13 @@ def bench(preset: str, device: str, count: int, batch_size: int, repeat: int, pr
     d2 = detectron2_runner(detector, device)
     for precision in precisions:
         detector.precision = precision
-        ours = {"detection": timed(run_detect, device, repeat), "given boxes": timed(run_describe, device, repeat)}
         with_d2 = d2 is not None and precision == "fp32"
-        if with_d2:
-            d2_detect, d2_describe = d2
-            d2_times = {"detection": timed(lambda: run_detect(d2_detect), device, repeat),
-                        "given boxes": timed(lambda: run_describe(d2_describe), device, repeat)}
+        ours, d2_times = {}, {}
+        for mode, run, theirs in (("detection", run_detect, d2 and d2[0]), ("given boxes", run_describe, d2 and d2[1])):
+            if with_d2:
+                ours[mode], d2_times[mode] = timed_side_by_side([run, lambda: run(theirs)], device, repeat)
+            else:
+                ours[mode] = timed(run, device, repeat)
         for mode, seconds in ours.items():
             line = (f"  {mode:12s} {precision:5s} {count / seconds:8.2f} images/s"
                     f"  {1000 * seconds / count:9.1f} ms/image")

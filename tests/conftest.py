@@ -24,6 +24,15 @@ def randomized_state(model: torch.nn.Module, seed: int = 0) -> dict[str, np.ndar
     return state
 
 
+def image_folder(root, count: int):
+    """`root` with `count` synthetic images and one file named like an image that is not one."""
+    from extract.synthetic import write_synthetic_images
+
+    write_synthetic_images(root, count)
+    (root / "notes.jpg").write_text("not an image")
+    return root
+
+
 @pytest.fixture(scope="session")
 def tiny_detector():
     from extract import Detector

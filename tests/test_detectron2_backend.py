@@ -13,14 +13,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import randomized_state
+from conftest import image_folder, randomized_state
 from extract import CheckpointError, ConfigError, Detector, load_image, load_weights, mask_pixels
 from extract.backends import RegionExtractor, build_extractor
 from extract.checkpoint import file_sha256
 from extract.job import run_extraction
 from extract.store import FeatureStore, StoreMismatchError
 from extract.store.audit import verify_store
-from extract.synthetic import synthetic_image, write_synthetic_images
+from extract.synthetic import synthetic_image
 from pipelines.cli import main
 
 # Our C4 layout at R-50 depth with narrow widths, in the variant detectron2 expresses as it is
@@ -84,10 +84,7 @@ def fpn(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
-    write_synthetic_images(root, 5)
-    (root / "notes.jpg").write_text("not an image")
-    return root
+    return image_folder(tmp_path_factory.mktemp("images"), 5)
 
 
 def test_without_detectron2_the_error_says_it_is_optional(monkeypatch, images, tmp_path):

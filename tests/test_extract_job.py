@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from conftest import image_folder
 from extract import Detector
 from extract.backends import build_extractor
 from extract.job import JobError, run_extraction
@@ -34,10 +35,8 @@ def assert_same_records(a: FeatureStore, b: FeatureStore) -> None:
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
-    write_synthetic_images(root, 10)
+    root = image_folder(tmp_path_factory.mktemp("images"), 10)
     (root / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)  # truncated
-    (root / "notes.jpg").write_text("not an image")
     return root
 
 

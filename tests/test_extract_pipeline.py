@@ -18,7 +18,7 @@ from extract.loader import DecodingPipeline
 from extract.store import FeatureStore
 from extract.store.audit import verify_store
 from extract.store.writer import FeatureStoreWriter
-from extract.synthetic import write_synthetic_images
+from conftest import image_folder
 from test_extract_job import assert_same_records
 
 MASKED = dict(mask_variants=1, mask_prob=0.3, mask_seed=3)
@@ -26,10 +26,7 @@ MASKED = dict(mask_variants=1, mask_prob=0.3, mask_seed=3)
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
-    write_synthetic_images(root, 9)
-    (root / "notes.jpg").write_text("not an image")
-    return root
+    return image_folder(tmp_path_factory.mktemp("images"), 9)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import numpy as np
 
 from extract.store.layout import META, read_meta
 from extract.store.reader import FeatureStore
-from extract.store.schema import FIELDS, StoreError, as_stored, build_meta
+from extract.store.schema import FIELDS, StoreError, build_meta
 from extract.store.writer import FeatureStoreWriter
 
 TSV_FIELDS = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
@@ -181,7 +181,7 @@ def _import_npz(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator
             record.setdefault("image_feature", _mean_image_feature(record["features"]))
             record.update(image_h=int(arrays["image_h"]), image_w=int(arrays["image_w"]),
                           box_source=str(arrays["box_source"]) if "box_source" in arrays else "imported")
-            yield image_id, as_stored(record, feature_dtype)
+            yield image_id, record
 
     return meta, records()
 
@@ -220,7 +220,7 @@ def _import_tsv(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator
         raise StoreError(f"{src}: no rows")
     meta = _imported_meta(first["features"].shape[1], feature_dtype, f"tsv:{src}",
                           "objects_id" in first, "attrs_id" in first)
-    return meta, ((r.pop("image_id"), as_stored(r, feature_dtype)) for r in rows())
+    return meta, ((r.pop("image_id"), r) for r in rows())
 
 
 def _tsv_row(src: Path, number: int, line: str) -> dict[str, Any]:
@@ -312,7 +312,7 @@ def _import_h5(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]
                 record = {"boxes": boxes, "features": features, "image_h": height, "image_w": width,
                           "image_feature": f["whole_image_features"][row] if has_whole else _mean_image_feature(features),
                           "box_source": "imported"}
-                yield image_id, as_stored(record, feature_dtype)
+                yield image_id, record
 
     return meta, records()
 

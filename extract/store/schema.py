@@ -2,8 +2,8 @@
 
 This is the one place that defines what a store records and what a record holds; the writer,
 reader, verifier and interop modules all go through it (`records` encodes a record as bytes).
-A record is a dict of NumPy arrays plus `image_h`, `image_w` and `box_source`; a record to write
-holds its feature fields in the store's encoding (`as_stored`), which may be `Encoded` parts.
+A record is a dict of NumPy arrays plus `image_h`, `image_w` and `box_source`; the writer puts a
+record's feature fields into the store's encoding (`as_stored`), which may be `Encoded` parts.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def feature_dtype_help() -> str:
 
 def as_stored(record: Mapping[str, Any], feature_dtype: str) -> dict[str, Any]:
     """The record with its feature and probability fields as a store of `feature_dtype` keeps
-    them (what `FeatureStoreWriter.commit` takes)."""
+    them (what `FeatureStoreWriter.commit` stores); fields already so are kept as they are."""
     encoding = feature_encoding(feature_dtype)
     keep = {"feature": encoding.stored, "probability": lambda values: np.asarray(values, encoding.probability_dtype)}
     return {k: keep[FIELDS[k][0]](v) if FIELDS.get(k, ("",))[0] in keep else v for k, v in record.items()}
