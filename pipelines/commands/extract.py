@@ -42,7 +42,8 @@ def _top_k(value: str) -> int | None:
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1))
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32", show_default=True,
-              help="Detector arithmetic: fp32 (exact), tf32 or bf16 (CUDA; faster, recorded in the store's meta.json).")
+              help="Detector arithmetic, recorded in the store's meta.json: fp32 (the reference numbers), tf32 "
+                   "(CUDA only) or bf16 (for GPUs; slower on CPUs without bfloat16 instructions).")
 @click.option("--feature-dtype", type=click.Choice(list(FEATURE_ENCODINGS)), default="float16", show_default=True,
               help=feature_dtype_help())
 @click.option("--top-k-classes", default="10", show_default=True,
