@@ -27,6 +27,8 @@ from extract.store.schema import FEATURE_ENCODINGS, as_stored
 from extract.synthetic import write_synthetic_images
 from train.data.regions import RegionBank
 
+import bench_store  # bench/ is on the path when a bench runs
+
 CC3M_IMAGES = 3.3e6
 
 
@@ -131,21 +133,8 @@ def class_probabilities(rows: int, classes: int) -> None:
 
 
 def synthetic_record(rng: np.random.Generator, boxes: int, dim: int, variants: int) -> dict:
-    features = butd_like(rng, boxes, dim)
-    record = {
-        "boxes": rng.random((boxes, 4), dtype=np.float32), "features": features,
-        "image_feature": features.mean(axis=0), "objects_id": rng.integers(0, 1600, boxes),
-        "objects_conf": rng.random(boxes, dtype=np.float32), "attrs_id": rng.integers(0, 400, boxes),
-        "attrs_conf": rng.random(boxes, dtype=np.float32),
-        "class_topk_id": rng.integers(0, 1601, (boxes, 10)).astype(np.int32),
-        "class_topk_prob": rng.random((boxes, 10), dtype=np.float32),
-        "image_h": 480, "image_w": 640, "box_source": "proposals",
-    }
-    if variants:  # every row changed: the case of a receptive field covering the image (BUTD)
-        record.update(mask_boxes=rng.random((variants, boxes)) < 0.15,
-                      masked_features=butd_like(rng, variants * boxes, dim).reshape(variants, boxes, dim),
-                      masked_image_feature=butd_like(rng, variants, dim))
-    return record
+    """A record as the detector gives it: float32 BUTD-like rows."""
+    return bench_store.synthetic_record(rng, boxes, dim, variants, draw=butd_like)
 
 
 def best_seconds(fn: Callable[[], object], repeats: int = 20) -> float:

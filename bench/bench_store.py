@@ -34,21 +34,28 @@ def extraction(images: Path, work: Path, detector: str, device: str, batch_size:
     return figures
 
 
-def synthetic_record(rng: np.random.Generator, boxes: int, dim: int, variants: int) -> dict:
-    features = rng.random((boxes, dim), dtype=np.float32).astype(np.float16)
+def uniform_float16(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:
+    return rng.random((rows, dim), dtype=np.float32).astype(np.float16)
+
+
+def synthetic_record(rng: np.random.Generator, boxes: int, dim: int, variants: int,
+                     draw=uniform_float16) -> dict:
+    """A record at BUTD layout whose feature rows come from `draw(rng, rows, dim)`; class
+    probabilities take the features' dtype (float16: as stored, float32: as the detector gives them)."""
+    features = draw(rng, boxes, dim)
     record = {
         "boxes": rng.random((boxes, 4), dtype=np.float32), "features": features,
         "image_feature": features.mean(axis=0), "objects_id": rng.integers(0, 1600, boxes),
         "objects_conf": rng.random(boxes, dtype=np.float32), "attrs_id": rng.integers(0, 400, boxes),
         "attrs_conf": rng.random(boxes, dtype=np.float32),
         "class_topk_id": rng.integers(0, 1601, (boxes, 10)).astype(np.int32),
-        "class_topk_prob": rng.random((boxes, 10), dtype=np.float32).astype(np.float16),
+        "class_topk_prob": rng.random((boxes, 10), dtype=np.float32).astype(features.dtype),
         "image_h": 480, "image_w": 640, "box_source": "proposals",
     }
     if variants:  # every row changed: the case of a receptive field covering the image (BUTD)
         record.update(mask_boxes=rng.random((variants, boxes)) < 0.15,
-                      masked_features=rng.random((variants, boxes, dim), dtype=np.float32).astype(np.float16),
-                      masked_image_feature=rng.random((variants, dim), dtype=np.float32).astype(np.float16))
+                      masked_features=draw(rng, variants * boxes, dim).reshape(variants, boxes, dim),
+                      masked_image_feature=draw(rng, variants, dim))
     return record
 
 
