@@ -2,7 +2,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean gpu
 
 # Recreated whenever the dependency pins change.
 $(STAMP): pyproject.toml constraints.txt
@@ -19,6 +19,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# On a GPU host: the project installed against the host's own torch (no pinned .venv), then the
+# cuda tests and every GPU figure (bench/gpu_report.py), in about 10 minutes on one GPU.
+GPU_PYTHON ?= python3
+gpu:
+	$(GPU_PYTHON) -m pip install --quiet -e '.[test]'
+	$(GPU_PYTHON) bench/gpu_report.py
 
 clean:
 	rm -rf $(VENV) runs

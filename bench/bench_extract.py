@@ -23,32 +23,50 @@ the steady window; "n/a" when pynvml is missing) and the fraction of the FLOP fl
                 with 10 boxes costs far less than its input area alone suggests
   of peak       floor x steady img/s / the GPU's dense peak at that precision (--peak-tflops, or a
                 table of H100/H200/A100 figures by device name)
+  sel ms/img    detection mode: the detector's box selection per image, on the device in use
+                (the host waits for the device before and after it, so this is its whole time)
 On the CPU the first detector and precision, in both modes, also run old-style, side by side:
 decoding in the job's process (`--workers 0`) and each batch committed before the next computes.
+
+`--baseline PATH` instead runs every setting with this checkout and with the code at PATH (another
+checkout, e.g. `git worktree add /tmp/base HEAD`), each job in a fresh process, alternating which
+goes first, `--repeat` times; it prints the medians and ours / baseline (steady img/s, and
+selection ms per image in detection mode), so that "nothing got slower" is measured side by side:
+
+    .venv/bin/python bench/bench_extract.py --baseline /tmp/base --images 32 --repeat 3
+    .venv/bin/python bench/bench_extract.py --baseline /tmp/base --detectors butd-vg --modes detect --variants 0 \\
+        --images 6 --batch-size 3 --repeat 3 --set rpn_post_nms_topk=300 --set min_size=300 --set max_size=500
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+# The code the jobs run: this checkout, or the baseline's in a child process of --baseline.
+CODE = Path(os.environ.get("BENCH_EXTRACT_CODE", ROOT))
+sys.path[:0] = [str(CODE)]
 
+import extract.detector  # noqa: E402
 import extract.job  # noqa: E402
 from extract.backends import build_extractor  # noqa: E402
+from extract.config import parse_override  # noqa: E402
 from extract.images import load_image  # noqa: E402
 from extract.job import _region_computer, run_extraction  # noqa: E402
 from extract.store.writer import FeatureStoreWriter  # noqa: E402
@@ -66,11 +84,32 @@ PEAK_TFLOPS = (
 
 
 @dataclass
+class Job:
+    """One extraction run of the benchmark."""
+
+    images: str
+    boxes: str | None
+    detector: str
+    device: str
+    precision: str
+    variants: int
+    workers: int
+    batch_size: int
+    overrides: dict[str, Any]
+    store: str
+
+
+@dataclass
 class Measured:
     images: int
     run_seconds: float
     commits: list[tuple[float, int]]  # (time, images) of each committed batch
     utilisation: list[tuple[float, int]] = field(default_factory=list)  # (time, GPU %)
+    selection_seconds: float = 0.0  # in the detector's box selection, every image
+
+    @property
+    def selection_ms_per_image(self) -> float:
+        return 1000 * self.selection_seconds / self.images
 
     @property
     def steady(self) -> tuple[float, int]:
@@ -150,6 +189,31 @@ def old_style() -> Iterator[None]:
 
 
 @contextmanager
+def selection_clock(device: str, spent: list[float]) -> Iterator[None]:
+    """Adds the time of each call of the detector's box selection to `spent`: the batched
+    `select_boxes_batch`, or `select_boxes` in code from before it (a baseline)."""
+    name = next(n for n in ("select_boxes_batch", "select_boxes") if hasattr(extract.detector, n))
+    select = getattr(extract.detector, name)
+    on_cuda = device.startswith("cuda")
+
+    def timed(*args, **kwargs):
+        if on_cuda:
+            torch.cuda.synchronize(device)  # what was queued before is not the selection's
+        start = time.perf_counter()
+        result = select(*args, **kwargs)
+        if on_cuda:
+            torch.cuda.synchronize(device)
+        spent.append(time.perf_counter() - start)
+        return result
+
+    setattr(extract.detector, name, timed)
+    try:
+        yield
+    finally:
+        setattr(extract.detector, name, select)
+
+
+@contextmanager
 def gpu_sampler(device: str, samples: list[tuple[float, int]]) -> Iterator[str | None]:
     """Samples the GPU's utilisation every 50 ms; yields why it cannot, or None."""
     if not device.startswith("cuda"):
@@ -175,19 +239,38 @@ def gpu_sampler(device: str, samples: list[tuple[float, int]]) -> Iterator[str |
         thread.join()
 
 
-def measure(images: Path, boxes: Path | None, detector: str, args, precision: str, variants: int,
-            workers: int, work: Path) -> tuple[Measured, str | None]:
+def measure(job: Job) -> tuple[Measured, str | None]:
     commits: list[tuple[float, int]] = []
     utilisation: list[tuple[float, int]] = []
-    with commit_clock(commits), gpu_sampler(args.device, utilisation) as no_utilisation:
+    selection: list[float] = []
+    with commit_clock(commits), selection_clock(job.device, selection), \
+            gpu_sampler(job.device, utilisation) as no_utilisation:
         start = time.perf_counter()
-        summary = run_extraction(images, work / "store", detector, boxes=boxes, batch_size=args.batch_size,
-                                 device=args.device, precision=precision, mask_variants=variants,
-                                 decode_workers=workers, progress=False)
+        summary = run_extraction(job.images, job.store, job.detector, boxes=job.boxes, batch_size=job.batch_size,
+                                 device=job.device, precision=job.precision, mask_variants=job.variants,
+                                 decode_workers=job.workers, overrides=job.overrides, progress=False)
         seconds = time.perf_counter() - start
     if summary.failed:
         raise RuntimeError(f"{summary.failed} images failed: {summary.failures[:3]}")
-    return Measured(summary.written, seconds, commits, utilisation), no_utilisation
+    return Measured(summary.written, seconds, commits, utilisation, sum(selection)), no_utilisation
+
+
+def measure_in_child(job: Job, code: Path) -> Measured:
+    """`measure(job)` in a fresh process that imports `extract` from the checkout at `code`."""
+    env = {**os.environ, "BENCH_EXTRACT_CODE": str(code)}
+    result = subprocess.run([sys.executable, __file__, "--child", json.dumps(asdict(job))], env=env,
+                            capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"the job with the code at {code} failed:\n{result.stderr[-3000:]}")
+    fields = json.loads(result.stdout.splitlines()[-1])
+    return Measured(fields["images"], fields["run_seconds"], [tuple(c) for c in fields["commits"]],
+                    selection_seconds=fields["selection_seconds"])
+
+
+def child(spec: str) -> None:
+    measured, _ = measure(Job(**json.loads(spec)))
+    print(json.dumps({"images": measured.images, "run_seconds": measured.run_seconds, "commits": measured.commits,
+                      "selection_seconds": measured.selection_seconds}))
 
 
 def flops_per_image(detector: str, device: str, precision: str, image: Path, boxes: list | None,
@@ -218,12 +301,25 @@ def main() -> None:
     parser.add_argument("--detectors", default="tiny", help="comma-separated presets (tiny, butd-vg, ...)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precisions", default="fp32", help="comma-separated: fp32, tf32 (CUDA), bf16")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: detect, given")
+    parser.add_argument("--variants", default=",".join(map(str, VARIANTS)), help="comma-separated K values")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="decoding processes of the job")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="detector config override, e.g. rpn_post_nms_topk=50 (repeatable)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak at every precision, instead of the table by device name")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of other code: run every setting with both, side by side")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each code per setting with --baseline")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
     on_cuda = args.device.startswith("cuda")
+    modes, variants = args.modes.split(","), [int(k) for k in args.variants.split(",")]
+    overrides = dict(parse_override(o) for o in args.overrides)
     with tempfile.TemporaryDirectory() as tmp:
         images = Path(tmp) / "images"
         boxes_file = write_inputs(images, args.images)
@@ -231,32 +327,70 @@ def main() -> None:
         first_boxes = json.loads(boxes_file.read_text())[first_image.name]
         print(f"{args.images} JPEGs 480x640 on disk, batch {args.batch_size}, {args.workers} decoding workers, "
               f"device {args.device}" + (f" ({torch.cuda.get_device_name(args.device)})" if on_cuda else "")
-              + f", torch threads {torch.get_num_threads()}")
-        header = f"{'detector':9s} {'prec':5s} {'mode':7s} {'K':>2s} {'steady img/s':>12s} {'run img/s':>10s}"
-        if on_cuda:
-            header += f" {'GPU %':>6s} {'floor TFLOP':>11s} {'of peak':>8s}"
+              + f", torch threads {torch.get_num_threads()}" + (f", overrides {overrides}" if overrides else ""))
         runs = 0
+
+        def job(detector: str, precision: str, mode: str, k: int, workers: int = args.workers) -> Job:
+            nonlocal runs
+            runs += 1
+            return Job(str(images), str(boxes_file) if mode == "given" else None, detector, args.device, precision,
+                       k, workers, args.batch_size, overrides, str(Path(tmp) / f"run{runs}"))
+
         for detector in args.detectors.split(","):
             for precision in args.precisions.split(","):
-                print("\n" + header)
-                for mode in MODES:
+                if args.baseline is not None:
+                    baseline_comparison(args, [(mode, k, lambda m=mode, k=k: job(detector, precision, m, k))
+                                               for mode in modes for k in variants], f"{detector} {precision}")
+                    continue
+                print("\n" + header(on_cuda))
+                for mode in modes:
                     rates = {}
-                    for variants in VARIANTS:
-                        runs += 1
-                        boxes = boxes_file if mode == "given" else None
-                        measured, no_utilisation = measure(images, boxes, detector, args, precision, variants,
-                                                           args.workers, Path(tmp) / f"run{runs}")
-                        rates[variants] = measured.steady_rate
-                        line = (f"{detector:9s} {precision:5s} {mode:7s} {variants:2d} {measured.steady_rate:12.4g} "
-                                f"{measured.images / measured.run_seconds:10.4g}")
+                    for k in variants:
+                        measured, no_utilisation = measure(job(detector, precision, mode, k))
+                        rates[k] = measured.steady_rate
+                        line = row(detector, precision, mode, k, measured)
                         if on_cuda:
                             line += gpu_columns(args, detector, precision, first_image,
-                                                first_boxes if mode == "given" else None, variants, measured,
+                                                first_boxes if mode == "given" else None, k, measured,
                                                 no_utilisation)
                         print(line, flush=True)
-                    print(f"{'':9s} {precision:5s} {mode:7s} K3/K0 time per image: {rates[0] / rates[3]:.2f}x")
-            if not on_cuda and detector == args.detectors.split(",")[0]:
-                old_style_comparison(images, boxes_file, detector, args, Path(tmp))
+                    if 0 in rates and 3 in rates:
+                        print(f"{'':9s} {precision:5s} {mode:7s} K3/K0 time per image: {rates[0] / rates[3]:.2f}x")
+            if args.baseline is None and not on_cuda and detector == args.detectors.split(",")[0]:
+                old_style_comparison(modes, variants, lambda mode, k, workers: job(
+                    detector, args.precisions.split(",")[0], mode, k, workers), args.workers)
+
+
+def header(on_cuda: bool) -> str:
+    line = f"{'detector':9s} {'prec':5s} {'mode':7s} {'K':>2s} {'steady img/s':>12s} {'run img/s':>10s}"
+    return line + f" {'sel ms/img':>10s}" + (f" {'GPU %':>6s} {'floor TFLOP':>11s} {'of peak':>8s}" if on_cuda else "")
+
+
+def row(detector: str, precision: str, mode: str, k: int, measured: Measured) -> str:
+    selection = f"{measured.selection_ms_per_image:.2f}" if mode == "detect" else "-"
+    return (f"{detector:9s} {precision:5s} {mode:7s} {k:2d} {measured.steady_rate:12.4g} "
+            f"{measured.images / measured.run_seconds:10.4g} {selection:>10s}")
+
+
+def baseline_comparison(args, settings: list[tuple[str, int, Any]], label: str) -> None:
+    """Each setting run with this checkout's code and with the baseline's, alternating which goes
+    first, `--repeat` times each, every job in a fresh process: medians and their ratios."""
+    print(f"\n{label}: this checkout ({ROOT}) vs baseline ({args.baseline}), {args.repeat} runs each, alternating; "
+          "medians")
+    print(f"{'mode':7s} {'K':>2s} {'ours img/s':>10s} {'base img/s':>10s} {'ours/base':>9s} "
+          f"{'ours sel ms':>11s} {'base sel ms':>11s} {'base/ours':>9s}   (steady img/s; selection ms per image)")
+    for mode, k, make_job in settings:
+        ours, base = [], []
+        for rep in range(args.repeat):
+            pair = [(ours, ROOT), (base, args.baseline)]
+            for results, code in pair if rep % 2 == 0 else pair[::-1]:
+                results.append(measure_in_child(make_job(), code))
+        rate = [statistics.median(m.steady_rate for m in runs) for runs in (ours, base)]
+        line = f"{mode:7s} {k:2d} {rate[0]:10.4g} {rate[1]:10.4g} {rate[0] / rate[1]:8.2f}x"
+        if mode == "detect":
+            selection = [statistics.median(m.selection_ms_per_image for m in runs) for runs in (ours, base)]
+            line += f" {selection[0]:11.2f} {selection[1]:11.2f} {selection[1] / selection[0]:8.2f}x"
+        print(line, flush=True)
 
 
 def gpu_columns(args, detector: str, precision: str, image: Path, boxes: list | None, variants: int,
@@ -274,18 +408,16 @@ def gpu_columns(args, detector: str, precision: str, image: Path, boxes: list | 
     return columns
 
 
-def old_style_comparison(images: Path, boxes_file: Path, detector: str, args, work: Path) -> None:
-    precision = args.precisions.split(",")[0]
-    print(f"\n{detector} {precision}, side by side: the job as it is vs old-style "
-          "(decoding in the job's process, each batch committed before the next computes)")
-    for mode in MODES:
-        boxes = boxes_file if mode == "given" else None
-        for variants in VARIANTS:
-            new, _ = measure(images, boxes, detector, args, precision, variants, args.workers,
-                             work / f"new-{mode}{variants}")
+def old_style_comparison(modes: list[str], variants: list[int], make_job, workers: int) -> None:
+    """The job as it is vs old-style (decoding in the job's process, each batch committed before the next computes)."""
+    print("\nside by side: the job as it is vs old-style (decoding in the job's process, each batch committed "
+          "before the next computes)")
+    for mode in modes:
+        for k in variants:
+            new, _ = measure(make_job(mode, k, workers))
             with old_style():
-                old, _ = measure(images, boxes, detector, args, precision, variants, 0, work / f"old-{mode}{variants}")
-            print(f"  {mode:6s} K={variants}: {new.steady_rate:7.4g} img/s with {args.workers} workers and the "
+                old, _ = measure(make_job(mode, k, 0))
+            print(f"  {mode:6s} K={k}: {new.steady_rate:7.4g} img/s with {workers} workers and the "
                   f"commit thread, {old.steady_rate:7.4g} img/s old-style: {new.steady_rate / old.steady_rate:.2f}x")
 
 

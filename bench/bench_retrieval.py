@@ -24,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from extract.modeling.precision import PRECISIONS  # noqa: E402
 from train.data.annotations import AnnotationFile  # noqa: E402
 from train.data.datasets import RetrievalCandidates  # noqa: E402
 from train.data.regions import RegionBank  # noqa: E402
@@ -40,7 +41,7 @@ TEST_PAIRS = 1_000 * 5_000
 
 def pairs_per_s(model, dataset: RetrievalCandidates, batch_size: int, device: torch.device, pad: int) -> float:
     evaluator = RetrievalRecall(None, dataset)
-    evaluate(evaluator, model, None, dataset, batch_size, device, pad, lambda samples: samples)
+    evaluate(evaluator, model, None, dataset, batch_size, device, pad, lambda batch: None, PRECISIONS["fp32"])
     return evaluator.result()["pairs_per_s"]
 
 

@@ -1,109 +1,138 @@
-"""Training throughput: samples/s from the cache vs the end-to-end stage, and data loading's share of a step.
+"""Training throughput through the Trainer: samples/s, and the share of training time spent waiting
+for data, measured side by side in one run.
 
-    .venv/bin/python bench/bench_train.py                 # CPU; CUDA too when available
-    .venv/bin/python bench/bench_train.py --steps 20 --batch-size 16
+    .venv/bin/python bench/bench_train.py                                  # CPU, tiny model, 0 and 2 workers
+    .venv/bin/python bench/bench_train.py --baseline /tmp/base             # ... beside the code at /tmp/base
+    python bench/bench_train.py --device cuda --model base --batch-size 32 --precisions fp32,bf16 --workers 4
 
-Builds a small demo world and its FeatureStore (tiny detector) in a temporary folder, then times
-VQA fine-tuning steps of the same model and batch: cached features vs features recomputed by the
-detector with gradients; and, for the cached path, how much of each step waits on data with 0, 2
-and 4 DataLoader workers.
+The demo world gives the annotations (VQA questions) and vocabulary; the FeatureStore holds
+BUTD-sized synthetic records for its images (2048-d float16 features, 100 boxes, top-10 class
+probabilities), so batches move what real training moves. Each configuration trains one VQA
+stage of --steps steps in a fresh run folder, in a subprocess that imports the code under test
+(this tree, or --baseline: a checkout of another commit, e.g. `git worktree add /tmp/base HEAD~1`);
+its figures are the stage's eval.json: samples/s and data_wait_share (the baseline may lack the
+latter). Configurations alternate over --repeats and the best of each is kept, so a change of
+load on a shared machine falls on all of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shlex
+import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import torch
-from torch.utils.data import DataLoader
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from train.data.annotations import AnnotationFile, AnswerVocabulary  # noqa: E402
-from train.data.collate import collate  # noqa: E402
-from train.data.datasets import QuestionAnswering  # noqa: E402
-from train.data.regions import RegionBank  # noqa: E402
-from train.end2end import EndToEndVisual  # noqa: E402
-from training_world import make_world  # noqa: E402
-from vlbert import VLBertConfig  # noqa: E402
-from vlbert.modeling import VLBertForQuestionAnswering  # noqa: E402
-from vlbert.tokenization import load_tokenizer  # noqa: E402
-
-MODEL = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,
-             max_position_embeddings=64, geometry_frequencies=16)
+MODELS = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,
+                 max_position_embeddings=128, geometry_frequencies=16),
+    "base": {},  # VLBertConfig's defaults: VL-BERT-base
+}
+BOXES, DIM = 100, 2048
 
 
-def timed_steps(loader, model, visual, device: str, steps: int) -> tuple[float, float, int]:
-    """(seconds in all, seconds waiting for batches, samples) over `steps` steps after one warm-up."""
-    parameters = [p for m in (model, visual) if m is not None for p in m.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=1e-4)
-    batches = iter(loader)
-    waiting = total = 0.0
-    samples = 0
-    for step in range(steps + 1):
-        start = time.perf_counter()
-        batch = next(batches)
-        fetched = time.perf_counter()
-        inputs = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
-        inputs.pop("mlm_labels")
-        if visual is not None:
-            inputs["appearance"] = visual({**inputs, "image_files": batch["image_files"]})
-        model(**inputs).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if step:  # the first step warms up
-            waiting += fetched - start
-            total += time.perf_counter() - start
-            samples += len(batch["input_ids"])
-    return total, waiting, samples
+def make_data(work: Path, images: int) -> Path:
+    """The demo world (annotations, vocabulary) and a BUTD-sized store of its images."""
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+    from bench_store import synthetic_record
+    from extract.store import FeatureStoreWriter, build_meta
+    from pipelines.world.generate import generate_world
+    from train.data.annotations import read_annotations
+    from train.data.vocabulary import write_world_vocabulary
+
+    world = work / "world"
+    generate_world(world, num_images=images, seed=3)
+    write_world_vocabulary(world, work / "vocab")
+    ids = sorted({a.image_id for split in ("train", "val") for a in read_annotations(world / f"{split}.jsonl")})
+    rng = np.random.default_rng(0)
+    meta = build_meta(feature_dim=DIM, mode="imported", num_classes=1601, top_k_classes=10)
+    with FeatureStoreWriter(work / "store", meta) as writer:
+        for start in range(0, len(ids), 50):
+            writer.commit({i: synthetic_record(rng, BOXES, DIM, 0) for i in ids[start:start + 50]})
+    return work
+
+
+def run_spec(work: Path, out: str, args, workers: int, precision: str) -> dict:
+    stage = dict(name="vqa", task="vqa", steps=args.steps, batch_size=args.batch_size, base_lr=1e-5,
+                 num_workers=workers, checkpoint_minutes=0)
+    if precision != "fp32":  # code from before the field ran fp32 on the CPU and has no such field
+        stage["precision"] = precision
+    return dict(out=str(work / out), store=str(work / "store"), train_annotations=str(work / "world" / "train.jsonl"),
+                eval_annotations=str(work / "world" / "val.jsonl"), vocabulary=str(work / "vocab"),
+                model=MODELS[args.model], max_length=args.max_length, eval_batch_size=args.batch_size,
+                device=args.device, stages=[stage])
+
+
+def train_in_subprocess(code: Path, spec: dict) -> dict:
+    """The stage's eval.json, trained by the code under `code` in a fresh process."""
+    env = dict(os.environ, PYTHONPATH=str(code))
+    done = subprocess.run([sys.executable, __file__, "--train", json.dumps(spec)], env=env, capture_output=True,
+                          text=True, cwd=code)
+    if done.returncode != 0:
+        raise SystemExit(f"training with the code in {code} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def train(spec: dict) -> None:
+    """In the subprocess: `spec` trained by whichever `train` package PYTHONPATH puts first."""
+    from train.engine.config import RunConfig
+    from train.engine.trainer import Trainer
+
+    print(json.dumps(Trainer(RunConfig.from_dict(spec), log=lambda message: None).fit()[0]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", default="tiny", choices=list(MODELS))
     parser.add_argument("--images", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-length", type=int, default=140, help="text + RoIs + [END]: 100 RoIs fit")
+    parser.add_argument("--workers", default="0,2", help="comma-separated DataLoader worker counts")
+    parser.add_argument("--precisions", default="fp32", help="comma-separated, of fp32, tf32, bf16, fp16")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--baseline", type=Path, help="another checkout of the project to time beside this one")
+    parser.add_argument("--train", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.train:
+        return train(json.loads(args.train))
+    print("command:", shlex.join(["python", "bench/bench_train.py", *sys.argv[1:]]))
+    codes = {"this tree": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    configurations = [(code, int(workers), precision) for code in codes for workers in args.workers.split(",")
+                      for precision in args.precisions.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        root = make_world(Path(tmp), images=args.images)
-        tokenizer = load_tokenizer(root / "vocab")
-        bank = RegionBank(str(root / "cache"))
-        annotations = AnnotationFile(root / "world" / "train.jsonl", keep=bank.__contains__)
-        dataset = QuestionAnswering(annotations, bank, tokenizer, 40, AnswerVocabulary.from_annotations(annotations))
-        config = VLBertConfig(**MODEL, vocab_size=len(tokenizer), visual_feature_size=bank.feature_dim,
-                              num_answers=len(dataset.answers))
-        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-        for device in devices:
-            print(f"\n{device}: VQA steps, batch {args.batch_size}, {args.steps} timed steps, tiny detector")
-
-            def loader(workers: int) -> DataLoader:
-                return DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=workers,
-                                  collate_fn=lambda s: collate(s, tokenizer.pad_token_id), drop_last=True,
-                                  persistent_workers=workers > 0)
-
-            rates = {}
-            for mode in ("cached", "end2end"):
-                torch.manual_seed(0)
-                model = VLBertForQuestionAnswering(config).to(device).train()
-                visual = None
-                if mode == "end2end":
-                    visual = EndToEndVisual.from_store_meta(bank.store.meta, str(root / "world"), None).to(device)
-                total, _, samples = timed_steps(loader(0), model, visual, device, args.steps)
-                rates[mode] = samples / total
-                print(f"  {mode:8s} {rates[mode]:8.1f} samples/s")
-            print(f"  cached / end2end: {rates['cached'] / rates['end2end']:.1f}x")
-            for workers in (0, 2, 4):
-                torch.manual_seed(0)
-                model = VLBertForQuestionAnswering(config).to(device).train()
-                total, waiting, samples = timed_steps(loader(workers), model, None, device, args.steps)
-                print(f"  cached, {workers} workers: {samples / total:8.1f} samples/s, "
-                      f"data loading {100 * waiting / total:5.1f}% of step time")
+        work = make_data(Path(tmp), args.images)
+        best: dict[tuple, dict] = {}
+        for repeat in range(args.repeats):
+            for index, (code, workers, precision) in enumerate(configurations):
+                spec = run_spec(work, f"run-{repeat}-{index}", args, workers, precision)
+                result = train_in_subprocess(codes[code], spec)
+                key = (code, workers, precision)
+                if key not in best or result["samples_per_s"] > best[key]["samples_per_s"]:
+                    best[key] = result
+        print(f"{args.device}, model {args.model}, batch {args.batch_size}, {args.steps} steps, {BOXES} RoIs x {DIM}-d "
+              f"float16, best of {args.repeats}")
+        for (code, workers, precision), result in best.items():
+            wait = result.get("data_wait_share")
+            print(f"  {code:9s} {precision:5s} {workers} workers: {result['samples_per_s']:8.1f} samples/s, "
+                  f"waiting for data {'n/a' if wait is None else f'{100 * wait:5.1f}%'} of training time")
+        for workers in args.workers.split(","):
+            for precision in args.precisions.split(","):
+                if args.baseline:
+                    new, old = (best[(code, int(workers), precision)]["samples_per_s"] for code in codes)
+                    print(f"  {precision} {workers} workers: this tree / baseline {new / old:.2f}x")
+        for workers in args.workers.split(","):
+            rates = [best[("this tree", int(workers), p)]["samples_per_s"] for p in args.precisions.split(",")]
+            if len(rates) > 1:
+                print(f"  {workers} workers: " + ", ".join(f"{p} {r / rates[0]:.2f}x of {args.precisions.split(',')[0]}"
+                                                        for p, r in zip(args.precisions.split(","), rates)))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ one batch, without padding; res5 runs over the RoIs of the whole batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 import torch
@@ -25,8 +25,8 @@ from extract.modeling.parts import build_part
 from extract.modeling.precision import precision as find_precision
 from extract.modeling.resnet import ConvNorm
 from extract.modeling.roi_heads import BoxPredictions
-from extract.preprocess import PreparedImage, masked_images, prepare_image
-from extract.selection import select_boxes
+from extract.preprocess import PreparedImage, masked_images, prepare_image, transferred
+from extract.selection import select_boxes_batch
 
 # Images per trunk pass: one batch holds each image's activations (about 150 MB at BUTD size in float32).
 TRUNK_BATCH = 16
@@ -53,11 +53,37 @@ class RegionFeatures:
     box_source: str  # "proposals", "regressed" or "given"
 
     def numpy(self) -> dict[str, np.ndarray | int | str | None]:
-        return {
-            f.name: value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
-            for f in fields(self)
-            for value in [getattr(self, f.name)]
-        }
+        return regions_numpy([self])[0]
+
+
+REGION_ARRAYS = ("boxes", "features", "class_probs", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
+                 "image_feature")
+REGION_SCALARS = ("image_height", "image_width", "box_source")
+
+
+def regions_numpy(regions: Sequence[RegionFeatures],
+                  arrays: Sequence[Collection[str]] | None = None) -> list[dict[str, np.ndarray | int | str | None]]:
+    """Each region set's tensor fields as NumPy arrays (None where a field is None) and its scalars,
+    in one device→host copy for all of them: the tensors' bytes are concatenated on the device,
+    copied once and split on the host. `arrays[i]` names the tensor fields wanted of `regions[i]`
+    (default: every one), so that nothing is copied that nobody reads."""
+    results = [{name: getattr(r, name) for name in (REGION_ARRAYS if arrays is None else arrays[i])}
+               for i, r in enumerate(regions)]
+    parts = [(result, name, value.detach()) for result in results for name, value in result.items()
+             if value is not None]
+    # Widest dtypes first, so that every part starts aligned for its dtype in the host buffer.
+    parts.sort(key=lambda part: -part[2].element_size())
+    if parts:
+        host = torch.cat([t.contiguous().view(-1).view(torch.uint8) for _, _, t in parts]).cpu().numpy()
+        offset = 0
+        for result, name, t in parts:
+            size = t.numel() * t.element_size()
+            dtype = torch.empty(0, dtype=t.dtype).numpy().dtype
+            result[name] = host[offset:offset + size].view(dtype).reshape(t.shape)
+            offset += size
+    for result, r in zip(results, regions):
+        result.update({name: getattr(r, name) for name in REGION_SCALARS})
+    return results
 
 
 class Detector(nn.Module):
@@ -164,13 +190,12 @@ class Detector(nn.Module):
                 for i, f, (p, _) in zip(group, features.split(1), self.proposal_generator.propose(features, sizes)):
                     res4[i], proposals[i] = f, p
             pooled = [torch.cat((image.to_input(image.whole_image_box()), p)) for image, p in zip(images, proposals)]
-            predictions = self.roi_heads(res4, pooled)
+            predictions = [_split_first(pred) for pred in self.roi_heads(res4, pooled)]
+        class_probs = [pred.class_logits.float().softmax(dim=1) for _, pred in predictions]
+        selected = select_boxes_batch(proposals, class_probs, self.cfg.score_thresh, self.cfg.nms_thresh,
+                                      self.cfg.min_boxes, self.cfg.max_boxes)
         results = []
-        for image, p, pred in zip(images, proposals, predictions):
-            whole, pred = _split_first(pred)
-            probs = pred.class_logits.float().softmax(dim=1)
-            keep, _ = select_boxes(p, probs, self.cfg.score_thresh, self.cfg.nms_thresh,
-                                   self.cfg.min_boxes, self.cfg.max_boxes)
+        for image, p, (whole, pred), probs, (keep, _) in zip(images, proposals, predictions, class_probs, selected):
             boxes = p[keep]
             if self.cfg.box_source == "regressed":
                 boxes = self._regress(boxes, pred, keep, probs, image)
@@ -189,13 +214,13 @@ class Detector(nn.Module):
         size, so they run through the trunk together.
         """
         images = self._on_device(images)
-        boxes = [checked_boxes(b, image) for b, image in zip(boxes, images)]
-        images = masked_images(images, boxes, pixel_masks)
-        pooled = [image.to_input(torch.cat((image.whole_image_box().cpu(), b))) for image, b in zip(images, boxes)]
+        boxes = checked_boxes(boxes, images)
+        pooled = [image.to_input(torch.cat((image.whole_image_box(), b))) for image, b in zip(images, boxes)]
+        images = masked_images(images, [p[1:] for p in pooled], pixel_masks)
         with self._precision.applied(self.device):
             predictions = self.roi_heads(self.feature_maps(images), pooled)
         return [
-            self._regions(image, b.to(self.device), pred, whole, "given")
+            self._regions(image, b, pred, whole, "given")
             for image, b, (whole, pred) in zip(images, boxes, map(_split_first, predictions))
         ]
 
@@ -238,7 +263,7 @@ class Detector(nn.Module):
     def _regress(self, boxes: torch.Tensor, pred: BoxPredictions, keep: torch.Tensor, probs: torch.Tensor,
                  image: PreparedImage) -> torch.Tensor:
         classes = probs[keep, :-1].argmax(dim=1)
-        deltas = pred.box_deltas[keep].view(len(keep), -1, 4)[torch.arange(len(keep)), classes]
+        deltas = pred.box_deltas[keep].view(len(keep), -1, 4)[torch.arange(len(keep), device=keep.device), classes]
         regressed = self.roi_heads.box_coder.decode(deltas, boxes)
         return clip_boxes(regressed, image.input_height, image.input_width)
 
@@ -266,10 +291,19 @@ def _split_first(pred: BoxPredictions) -> tuple[BoxPredictions, BoxPredictions]:
     return pred.take(slice(0, 1)), pred.take(slice(1, None))
 
 
-def checked_boxes(boxes: torch.Tensor | np.ndarray, image: PreparedImage) -> torch.Tensor:
-    """(N, 4) float32 CPU boxes clamped to `image` (original pixels); BoxError names a box that is
-    not finite, inverted, or empty once clamped. Every backend's `describe` checks its boxes so."""
-    boxes = torch.as_tensor(boxes, dtype=torch.float32).detach().cpu().reshape(-1, 4)
+def checked_boxes(boxes: Sequence[torch.Tensor | np.ndarray], images: Sequence[PreparedImage]) -> list[torch.Tensor]:
+    """Each image's (N, 4) float32 boxes (original pixels, xyxy) clamped to it, on the images'
+    device; BoxError names a box that is not finite, inverted, or empty once clamped. Every
+    backend's `describe` checks its boxes so. The checks run on the host: boxes on the device
+    travel there in one copy, and host boxes to the device in one copy."""
+    boxes = [torch.as_tensor(b, dtype=torch.float32).detach().reshape(-1, 4) for b in boxes]
+    for b, image in zip(transferred(boxes, torch.device("cpu")), images):
+        _check_boxes(b, image)
+    device = images[0].tensor.device if images else torch.device("cpu")
+    return [clip_boxes(b, image.height, image.width) for b, image in zip(transferred(boxes, device), images)]
+
+
+def _check_boxes(boxes: torch.Tensor, image: PreparedImage) -> None:
     size = f"{image.width}x{image.height}"
     for i, (x1, y1, x2, y2) in enumerate(boxes.tolist()):
         if not all(np.isfinite((x1, y1, x2, y2))):
@@ -281,4 +315,3 @@ def checked_boxes(boxes: torch.Tensor | np.ndarray, image: PreparedImage) -> tor
     if empty.any():
         i = int(empty.nonzero()[0])
         raise BoxError(f"box {i} {boxes[i].tolist()}: empty inside the {size} image")
-    return clamped

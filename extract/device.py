@@ -3,6 +3,8 @@ is one clear error instead of a failure deep inside the first forward pass."""
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
 
@@ -29,3 +31,89 @@ def check_device(name: str | torch.device) -> torch.device:
     elif device.type != "cpu":
         raise DeviceError(f"device {name!r}: unsupported device type {device.type!r} (expected cpu, cuda or mps)")
     return device
+
+
+def rank_device(device: str, env: Mapping[str, str]) -> str:
+    """The device of this process under a launcher that starts several per node (torchrun sets
+    LOCAL_RANK and LOCAL_WORLD_SIZE): a bare 'cuda' becomes cuda:LOCAL_RANK. Extraction jobs and
+    training runs both place their ranks so.
+
+    An explicit cuda:N is refused there rather than remapped: it would put every rank on GPU N,
+    and no remapping is right for every intent (GPU N + LOCAL_RANK? only rank 0 on N?), while
+    running somewhere other than asked would be silent. Without LOCAL_WORLD_SIZE, a LOCAL_RANK
+    above 0 says there are several.
+    """
+    if "LOCAL_RANK" not in env:
+        return device
+    local_rank = launcher_variable(env, "LOCAL_RANK", 0)
+    local_world = launcher_variable(env, "LOCAL_WORLD_SIZE", local_rank + 1)
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        return device  # not a device name: check_device says so
+    if parsed.type != "cuda":
+        return device
+    if parsed.index is None:
+        return f"cuda:{local_rank}"
+    if local_world > 1:
+        raise DeviceError(f"device {device!r} under a launcher with {local_world} processes on this node "
+                          f"(LOCAL_RANK={local_rank}): every rank would run on {device}; use device cuda, which "
+                          "gives each rank cuda:LOCAL_RANK (CUDA_VISIBLE_DEVICES chooses the GPUs)")
+    return device
+
+
+def launcher_variable(env: Mapping[str, str], name: str, default: int) -> int:
+    """An integer a launcher sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)."""
+    try:
+        return int(env.get(name, default))
+    except ValueError:
+        raise DeviceError(f"{name}={env[name]!r}: expected an integer (set by the launcher)") from None
+
+
+class StickyDeviceError(RuntimeError):
+    """The device failed in a way that poisons its CUDA context (a device-side assert, an illegal
+    memory access, ...): nothing more can run on it in this process."""
+
+
+# How CUDA errors that leave the context unusable read (CUDA runtime and driver, cuBLAS, cuDNN; HIP
+# says the same). Lower case.
+STICKY_CUDA_MESSAGES = (
+    "device-side assert triggered",
+    "an illegal memory access was encountered",
+    "an illegal instruction was encountered",
+    "unspecified launch failure",
+    "misaligned address",
+    "the launch timed out and was terminated",
+    "uncorrectable ecc error",
+    "hardware stack error",
+    "invalid program counter",
+    "cublas_status_execution_failed",
+    "cudnn_status_execution_failed",
+    "cuda_error_illegal_address",
+    "cuda_error_assert",
+    "cuda_error_launch_failed",
+    "cuda_error_ecc_uncorrectable",
+)
+
+
+def is_sticky_cuda_error(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it was raised from or while handling, is a CUDA error that
+    leaves the process's CUDA context unusable: every later CUDA call fails too, so retrying on
+    the same device (image by image, in halves) cannot succeed and only repeats the error.
+
+    Out of memory is not sticky (the caching allocator frees and the work can be split); neither
+    is any error that is not a RuntimeError. `torch.AcceleratorError` (the type of every CUDA
+    runtime error in recent torch) counts unless it is out of memory: stopping on a rare recoverable
+    one costs a rerun, while going on after a sticky one records every remaining image as failed.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, RuntimeError) and not isinstance(exc, torch.cuda.OutOfMemoryError):
+            message = str(exc).lower()
+            if any(sticky in message for sticky in STICKY_CUDA_MESSAGES):
+                return True
+            if isinstance(exc, getattr(torch, "AcceleratorError", ())) and "out of memory" not in message:
+                return True
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -4,7 +4,8 @@ Three stages overlap: worker processes decode the images (extract/loader.py), th
 prepares and runs them on batches, and a commit thread writes each batch's records and failures
 in one LMDB transaction while the next batch computes. A killed job loses only the batches in
 flight, and a rerun skips every committed image (in any shard). A batch that runs out of CUDA
-memory runs again in halves.
+memory runs again in halves; a CUDA error that leaves the device unusable stops the job
+(`StickyDeviceError`) without recording the batch in flight as failed, so a rerun retries it.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ from tqdm import tqdm
 
 from extract.backends import build_extractor
 from extract.checkpoint import file_sha256
-from extract.detector import Detector
+from extract.detector import REGION_ARRAYS, Detector, regions_numpy
+from extract.device import StickyDeviceError, check_device, is_sticky_cuda_error, launcher_variable, rank_device
 from extract.images import IMAGE_EXTENSIONS, image_id, list_images, load_image
 from extract.loader import DecodingPipeline, failure_reason
 from extract.masking import draw_masks
+from extract.modeling.precision import precision as find_precision
 from extract.store.layout import META
 from extract.store.reader import FeatureStore
-from extract.store.schema import build_meta, encode_key, record_from_regions
+from extract.store.schema import MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
 from extract.store.writer import DEFAULT_MAP_SIZE, CommitThread, FeatureStoreWriter
 
 
@@ -87,17 +90,15 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-def resolve_shard_and_device(shard: tuple[int, int] | None, device: str) -> tuple[tuple[int, int], str]:
+def resolve_shard_and_device(shard: tuple[int, int] | None, device: str,
+                             env: Mapping[str, str] = os.environ) -> tuple[tuple[int, int], str]:
     """An explicit shard wins; otherwise a launcher's RANK/WORLD_SIZE (torchrun) pick the slice,
-    and LOCAL_RANK the GPU when the device is a bare 'cuda'."""
-    env = os.environ
+    and `rank_device` the device."""
     if shard is None:
-        shard = (int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)))
+        shard = (launcher_variable(env, "RANK", 0), launcher_variable(env, "WORLD_SIZE", 1))
         if not 0 <= shard[0] < shard[1]:
             raise JobError(f"RANK={shard[0]}, WORLD_SIZE={shard[1]}: expected 0 <= RANK < WORLD_SIZE")
-    if device == "cuda" and "LOCAL_RANK" in env:
-        device = f"cuda:{int(env['LOCAL_RANK'])}"
-    return shard, device
+    return shard, rank_device(device, env)
 
 
 def in_shard(image_id: str, shard: tuple[int, int]) -> bool:
@@ -196,6 +197,7 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
         raise JobError(f"batch size {batch_size}, mask variants {mask_variants}, decode workers {decode_workers}: "
                        "expected >= 1, >= 0 and >= 0")
     shard, device = resolve_shard_and_device(shard, device)
+    find_precision(precision).check(check_device(device))  # before anything else is read or built
     if boxes is not None and image_list is not None:
         raise JobError("give a boxes file or an image list, not both: the boxes file lists its images")
     items, refused = work_items(images, Path(boxes) if boxes is not None else None,
@@ -246,16 +248,25 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
             commits.submit(records, {i.image_id: (i.path, e) for i, e in failures + failed})
 
         batch, failures = [], list(refused)
-        for item, decoded, error in files:
-            if error is not None:
-                failures.append((item, error))
-            else:
-                pixels, image_boxes = decoded
-                batch.append((item, (model.prepare(pixels), image_boxes)))
-            if len(batch) + len(failures) >= batch_size:
-                commit(batch, failures)
-                batch, failures = [], []
-        commit(batch, failures)
+        try:
+            for item, decoded, error in files:
+                if error is not None:
+                    failures.append((item, error))
+                else:
+                    pixels, image_boxes = decoded
+                    batch.append((item, (model.prepare(pixels), image_boxes)))
+                if len(batch) + len(failures) >= batch_size:
+                    commit(batch, failures)
+                    batch, failures = [], []
+            commit(batch, failures)
+        except Exception as exc:
+            # Leaving the `with` lets the commit thread write the batches already submitted; the
+            # one in flight is not recorded at all, so that a rerun computes it again.
+            if is_sticky_cuda_error(exc):
+                raise StickyDeviceError(f"device {device}: {_first_line(exc)}; the job stopped and the images in "
+                                        "flight were not recorded: rerun the same command to resume "
+                                        "(CUDA_LAUNCH_BLOCKING=1 names the failing kernel)") from exc
+            raise
     summary.seconds = time.perf_counter() - start
     return summary
 
@@ -274,16 +285,23 @@ def _decode(item: WorkItem) -> tuple[np.ndarray, np.ndarray | None]:
     return load_image(item.file), boxes
 
 
+def _first_line(exc: BaseException) -> str:
+    """The exception's type and first line: CUDA errors add lines of debugging advice."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
 def _isolating_failures(compute: Callable, batch: list[tuple[WorkItem, Any]]):
     """(records by id, failures) for a batch. A batch that fails runs again in pieces, so that
     only the images that fail on their own are reported: after a CUDA out-of-memory in halves
-    (its cached memory released first), down to single images; after any other error image by image."""
+    (its cached memory released first), down to single images; after any other error image by image.
+    A sticky CUDA error (`is_sticky_cuda_error`) is raised as it is: every piece would fail with it."""
     try:
         return {item.image_id: record for (item, _), record in zip(batch, compute(batch))}, []
-    except torch.cuda.OutOfMemoryError as exc:
-        reason, out_of_memory = failure_reason(exc), True
     except Exception as exc:  # noqa: BLE001 - narrowed down below, every failure is reported
-        reason, out_of_memory = failure_reason(exc), False
+        if is_sticky_cuda_error(exc):
+            raise
+        reason, out_of_memory = failure_reason(exc), isinstance(exc, torch.cuda.OutOfMemoryError)
     if len(batch) == 1:
         return {}, [(batch[0][0], reason)]
     if out_of_memory:
@@ -307,20 +325,24 @@ def _region_computer(model: Detector, *, given: bool, top_k: int | None,
     """batch of (item, (prepared, boxes)) → records: detect (detection mode), then one `describe`
     call for every pass that knows its boxes: in given-box mode each image's clean pass, and every
     image's K masked-pixel variants. An image's passes share its input size, so the detector runs
-    them through the trunk as one batch."""
+    them through the trunk as one batch. Detected boxes stay on the device for the variants, and
+    what the records keep comes to the host in one copy at the end."""
     def compute(batch: list[tuple[WorkItem, Any]]) -> list[dict]:
         prepared = [p for _, (p, _) in batch]
-        detected = [] if given else [r.numpy() for r in model.detect(prepared)]
-        boxes = [b for _, (_, b) in batch] if given else [r["boxes"] for r in detected]
+        detected = [] if given else model.detect(prepared)
+        boxes = [b for _, (_, b) in batch] if given else [r.boxes for r in detected]
         masks = [draw_masks(item.image_id, len(b), mask_variants, mask_prob, mask_seed)
                  for (item, _), b in zip(batch, boxes)]
         passes = [(p, b, None) for p, b in zip(prepared, boxes)] if given else []
         passes += [(p, b, m[k]) for p, b, m in zip(prepared, boxes, masks) for k in range(mask_variants)]
-        described = iter([r.numpy() for r in model.describe(*map(list, zip(*passes)))] if passes else [])
-        regions = [next(described) for _ in batch] if given else detected
+        described = model.describe(*map(list, zip(*passes))) if passes else []
+        clean = described[: len(batch)] if given else detected
+        variants = described[len(batch):] if given else described
+        arrays = regions_numpy(clean + variants, [REGION_ARRAYS] * len(clean) + [MASKED_REGION_ARRAYS] * len(variants))
+        regions, masked = arrays[: len(batch)], iter(arrays[len(batch):])
         if not mask_variants:
             return [record_from_regions(r, top_k) for r in regions]
-        return [record_from_regions(r, top_k, m, [next(described) for _ in range(mask_variants)])
+        return [record_from_regions(r, top_k, m, [next(masked) for _ in range(mask_variants)])
                 for r, m in zip(regions, masks)]
 
     return compute

@@ -1,42 +1,69 @@
-"""Bottom-up-attention box selection: which proposals of an image are kept, and in what order."""
+"""Bottom-up-attention box selection: which proposals of each image are kept, and in what order.
+
+The images of a batch are selected in one pass: their proposals are padded into a batch
+dimension and each (image, class) pair is one column of the per-class NMS, so images never
+interact and the host waits for the device three times a batch, whatever its number of images.
+"""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from torchvision.ops import nms
+
+# Score of the padding rows: below every probability, so a padding row never tops a class, never
+# beats a box's floor and sorts after every real box (whose confidence is at least 0).
+PADDING_SCORE = -1.0
 
 
 def select_boxes(boxes: torch.Tensor, class_probs: torch.Tensor, score_thresh: float, nms_thresh: float,
                  min_boxes: int, max_boxes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices of the kept boxes, sorted by confidence (descending), and their confidences.
+    """One image's kept box indices, sorted by confidence (descending), and their confidences
+    (`select_boxes_batch` for one image)."""
+    return select_boxes_batch([boxes], [class_probs], score_thresh, nms_thresh, min_boxes, max_boxes)[0]
+
+
+def select_boxes_batch(boxes: Sequence[torch.Tensor], class_probs: Sequence[torch.Tensor], score_thresh: float,
+                       nms_thresh: float, min_boxes: int, max_boxes: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per image, the indices of its kept boxes sorted by confidence (descending), and their confidences.
 
     A box's confidence is its highest foreground probability among the classes in which it
     survives per-class NMS; boxes at or above `score_thresh` are kept, topped up to `min_boxes`
-    by confidence and cut to `max_boxes`. `class_probs` is (N, C + 1) with background last.
+    by confidence and cut to `max_boxes`. `class_probs[i]` is image i's (N_i, C + 1) probabilities
+    with background last, `boxes[i]` its (N_i, 4) boxes. Each image's result is what it gets alone.
     """
-    num_boxes, num_fg = class_probs.shape[0], class_probs.shape[1] - 1
-    if num_boxes == 0:
-        return torch.zeros(0, dtype=torch.long, device=boxes.device), class_probs.new_zeros(0)
-    scores = class_probs[:, :num_fg].float()
-    if not torch.isfinite(scores).all():
+    if not boxes:
+        return []
+    counts = [len(b) for b in boxes]
+    num_fg = class_probs[0].shape[1] - 1
+    scores = _padded([p[:, :num_fg].float() for p in class_probs], PADDING_SCORE)
+    # One pass instead of isfinite's four: a NaN or infinity carries into the sum, and float32 values
+    # summed in float64 cannot overflow.
+    if not torch.isfinite(scores.sum(dtype=torch.float64)):
         raise ValueError("box selection: the box head's class probabilities are not finite (broken weights?)")
+    if max(counts) == 0:
+        return [(torch.zeros(0, dtype=torch.long, device=scores.device), scores.new_zeros(0)) for _ in boxes]
     with _one_thread_on_cpu(scores.device):
-        max_conf = surviving_confidence(boxes.float(), scores, nms_thresh)
+        max_conf = surviving_confidence(_padded([b.float() for b in boxes], 0.0), scores, nms_thresh)
+        confidences, order = max_conf.sort(dim=1, descending=True, stable=True)
+        confident = (max_conf >= score_thresh).sum(dim=1).tolist()
+    kept = [min(max(c, min_boxes), max_boxes, n) for c, n in zip(confident, counts)]
+    return [(order[i, :k], confidences[i, :k]) for i, k in enumerate(kept)]
 
-    order = torch.sort(max_conf, descending=True, stable=True).indices
-    num_confident = int((max_conf >= score_thresh).sum())
-    num_kept = min(max(num_confident, min_boxes), max_boxes, num_boxes)
-    keep = order[:num_kept]
-    return keep, max_conf[keep]
+
+def _padded(tensors: list[torch.Tensor], value: float) -> torch.Tensor:
+    """(B, max N_i, ...) of (N_i, ...) tensors, short ones padded with `value`; one is only viewed so."""
+    return tensors[0][None] if len(tensors) == 1 else pad_sequence(tensors, batch_first=True, padding_value=value)
 
 
 def surviving_confidence(boxes: torch.Tensor, scores: torch.Tensor, nms_thresh: float) -> torch.Tensor:
-    """(N,) each box's highest score (N, C) among the classes whose NMS keeps it; 0 if none does.
+    """(B, N) each box's highest score (B, N, C) among the classes whose NMS keeps it; 0 if none does.
 
-    The numbers of one torchvision NMS per class over all boxes, from far less NMS:
+    Image b's rows are its boxes; rows scoring below every probability pad shorter images. The
+    numbers of one torchvision NMS per image and class over all its boxes, from far less NMS:
     - A class's top box always survives that class's NMS, so a box's confidence is at least its
       score in the classes it alone tops: its floor.
     - A class can raise a box's confidence only where its score beats the box's floor (a
@@ -45,77 +72,94 @@ def surviving_confidence(boxes: torch.Tensor, scores: torch.Tensor, nms_thresh: 
       its boxes scoring at least its lowest candidate: a prefix of its score order, which
       torchvision's stable sort orders as in the full run (ties by index).
     """
-    top, top_box = scores.max(dim=0)
-    alone = (scores == top).sum(dim=0) == 1
-    floor = scores.new_zeros(len(scores)).scatter_reduce(0, top_box[alone], top[alone], "amax")
-    lowest = torch.where(scores > floor[:, None], scores, torch.inf).min(dim=0).values
-    depth = (scores >= lowest).sum(dim=0)  # per class, the length of its prefix
-    depth, classes = depth.sort(descending=True, stable=True)
-    depth, classes = depth[depth > 0], classes[depth > 0]
-    if len(classes) == 0:
+    count, rows, num_classes = scores.shape
+    top, top_box = scores.max(dim=1)
+    alone = (scores == top[:, None]).sum(dim=1) == 1
+    # A class topped by several boxes gives 0, which cannot raise a floor.
+    floor = scores.new_zeros(count, rows).scatter_reduce(1, top_box, torch.where(alone, top, 0.0), "amax")
+    lowest = torch.where(scores > floor[:, :, None], scores, torch.inf).min(dim=1).values
+    depth = (scores >= lowest[:, None]).sum(dim=1).view(-1)  # per (image, class) column, its prefix length
+    depth, columns = depth.sort(descending=True, stable=True)
+    # active[r]: how many columns still need rank r decided (the first ones, deepest first), counted
+    # in the ascending depths without an output sized by the data (bincount's would wait for it).
+    ranks = torch.arange(rows, device=depth.device)
+    active = (len(depth) - torch.searchsorted(depth.flip(0), ranks, right=True)).tolist()
+    active = [a for a in active if a > 0]
+    if not active:
         return floor
-    # Whichever loop is shorter: one NMS per class that needs one (few classes), or all those
-    # classes' NMS at once, one step per rank (the 1600 classes of Visual Genome).
-    if len(classes) <= int(depth[0]):
-        boxes_kept, scores_kept = _nms_per_class(boxes, scores.index_select(1, classes), lowest[classes], nms_thresh)
+    columns = columns[: active[0]]
+    images = columns // num_classes
+    column_scores = scores[images, :, columns % num_classes]  # (K, N)
+    # Whichever loop is shorter: one NMS per column (few classes), or all columns' NMS at once, one
+    # step per rank (the 1600 classes of Visual Genome). The first waits for the device in every
+    # NMS (torchvision's CUDA NMS copies its mask to the host), so CUDA always takes the second.
+    if not scores.is_cuda and len(columns) <= len(active):
+        lowest = lowest.view(-1)[columns]
+        kept_rows, kept_scores = _nms_per_column(boxes, column_scores, images, lowest, nms_thresh)
     else:
-        boxes_kept, scores_kept = _nms_by_rank(boxes, scores.index_select(1, classes), depth, nms_thresh)
-    return floor.scatter_reduce(0, boxes_kept, scores_kept, "amax")
+        kept_rows, kept_scores = _nms_by_rank(boxes, column_scores, images, active, nms_thresh)
+    return floor.view(-1).scatter_reduce(0, kept_rows, kept_scores, "amax").view(count, rows)
 
 
-def _nms_per_class(boxes: torch.Tensor, scores: torch.Tensor, lowest: torch.Tensor,
-                   nms_thresh: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(box, score) of every survivor of each class's NMS over its boxes scoring >= `lowest`."""
-    boxes_kept, scores_kept = [], []
-    for column, low in zip(scores.t(), lowest.tolist()):
+def _nms_per_column(boxes: torch.Tensor, column_scores: torch.Tensor, images: torch.Tensor, lowest: torch.Tensor,
+                    nms_thresh: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row in the flattened (B * N) boxes, score) of every survivor of each column's NMS over its
+    image's boxes scoring >= `lowest`."""
+    rows = boxes.shape[1]
+    kept_rows, kept_scores = [], []
+    for column, low, image in zip(column_scores, lowest.tolist(), images.tolist()):
         members = (column >= low).nonzero().squeeze(1)
-        kept = members[nms(boxes.index_select(0, members), column[members], nms_thresh)]
-        boxes_kept.append(kept)
-        scores_kept.append(column[kept])
-    return torch.cat(boxes_kept), torch.cat(scores_kept)
+        kept = members[nms(boxes[image].index_select(0, members), column[members], nms_thresh)]
+        kept_rows.append(kept + image * rows)
+        kept_scores.append(column[kept])
+    return torch.cat(kept_rows), torch.cat(kept_scores)
 
 
-def _nms_by_rank(boxes: torch.Tensor, scores: torch.Tensor, depth: torch.Tensor,
+def _nms_by_rank(boxes: torch.Tensor, column_scores: torch.Tensor, images: torch.Tensor, active: list[int],
                  nms_thresh: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(box, score) of every survivor within each class's first `depth` ranks (classes sorted by
-    depth, deepest first): greedy NMS of all classes together, rank by rank, suppression held
-    as 64-box bit words."""
-    max_depth = int(depth[0])
-    # rank → box per class; ties in index order, as torchvision's stable sort orders them.
-    order = scores.t().sort(dim=1, descending=True, stable=True).indices[:, :max_depth].t()
-    # The first active[r] classes still need rank r decided.
-    active = (depth[None, :] > torch.arange(max_depth, device=depth.device)[:, None]).sum(dim=1).tolist()
-    suppresses = _packed(_suppresses(boxes, nms_thresh))
+    """(row in the flattened (B * N) boxes, score or 0) of each column's first `depth` ranks, the
+    score where NMS keeps the box: greedy NMS of all columns together, rank by rank, suppression
+    held as 64-box bit words. Columns come deepest first; `active[r]` of them need rank r."""
+    rows = boxes.shape[1]
+    # rank → box per column; ties in index order, as torchvision's stable sort orders them.
+    order = column_scores.sort(dim=1, descending=True, stable=True).indices[:, : len(active)].t()
+    flat_rows = order + images * rows
+    suppresses = _packed(_suppresses(boxes, nms_thresh)).flatten(0, 1)
     word, bit = order >> 6, order & 63
-    suppressed = torch.zeros(scores.shape[1], suppresses.shape[1], dtype=torch.long, device=scores.device)
-    kept = torch.zeros(max_depth, scores.shape[1], dtype=torch.bool, device=scores.device)
+    suppressed = torch.zeros(len(images), suppresses.shape[1], dtype=torch.long, device=boxes.device)
+    kept = torch.zeros(order.shape, dtype=torch.bool, device=boxes.device)
     # index_select and gather rather than advanced indexing: the latter's row gather runs an OpenMP
     # region per call, which costs milliseconds whenever another process holds a core.
     for rank, count in enumerate(active):
         words = suppressed[:count].gather(1, word[rank, :count, None]).squeeze(1)
         alive = (words >> bit[rank, :count]) & 1 == 0
         kept[rank, :count] = alive
-        suppressed[:count] |= torch.where(alive[:, None], suppresses.index_select(0, order[rank, :count]), 0)
-    return order[kept], scores.gather(0, order)[kept]
+        suppressed[:count] |= torch.where(alive[:, None], suppresses.index_select(0, flat_rows[rank, :count]), 0)
+    # Ranks a column does not need, and suppressed boxes, give 0: no confidence is below it.
+    scores = torch.where(kept, column_scores.gather(1, order.t()).t(), 0.0)
+    return flat_rows.reshape(-1), scores.reshape(-1)
 
 
 def _packed(bits: torch.Tensor) -> torch.Tensor:
-    """(N, M) bool → (N, ceil(M / 64)) int64 words, bit b of word w holding column 64 w + b."""
-    words = -(-bits.shape[1] // 64)
-    padded = torch.nn.functional.pad(bits, (0, 64 * words - bits.shape[1])).view(len(bits), words, 64)
+    """(..., M) bool → (..., ceil(M / 64)) int64 words, bit b of word w holding column 64 w + b."""
+    words = -(-bits.shape[-1] // 64)
+    padded = torch.nn.functional.pad(bits, (0, 64 * words - bits.shape[-1])).unflatten(-1, (words, 64))
     weights = torch.ones(64, dtype=torch.long, device=bits.device) << torch.arange(64, device=bits.device)
-    return (padded.long() * weights).sum(dim=2)
+    return (padded.long() * weights).sum(dim=-1)
 
 
 def _suppresses(boxes: torch.Tensor, nms_thresh: float) -> torch.Tensor:
-    """(N, N) bool: box i suppresses box j in NMS (IoU > threshold), computed as torchvision's NMS
-    kernels compute it (float32 IoU; the CPU kernel compares it with the threshold in double)."""
-    x1, y1, x2, y2 = boxes.unbind(dim=1)
+    """(..., N, N) bool: box i suppresses box j of the same image (..., N, 4) in NMS (IoU > threshold),
+    computed as torchvision's NMS kernels compute it (float32 IoU; the CPU kernel compares it with
+    the threshold in double). Padding boxes (all zeros) have IoU NaN, which suppresses nothing."""
+    x1, y1, x2, y2 = boxes.unbind(dim=-1)
     areas = (x2 - x1) * (y2 - y1)
-    width = (torch.minimum(x2[:, None], x2[None]) - torch.maximum(x1[:, None], x1[None])).clamp(min=0)
-    height = (torch.minimum(y2[:, None], y2[None]) - torch.maximum(y1[:, None], y1[None])).clamp(min=0)
+    width = (torch.minimum(x2[..., :, None], x2[..., None, :])
+             - torch.maximum(x1[..., :, None], x1[..., None, :])).clamp(min=0)
+    height = (torch.minimum(y2[..., :, None], y2[..., None, :])
+              - torch.maximum(y1[..., :, None], y1[..., None, :])).clamp(min=0)
     inter = width * height
-    iou = inter / (areas[:, None] + areas[None, :] - inter)
+    iou = inter / (areas[..., :, None] + areas[..., None, :] - inter)
     if iou.is_cuda:
         return iou > torch.tensor(nms_thresh, dtype=torch.float32)
     return iou.double() > nms_thresh

@@ -8,7 +8,7 @@ import torch
 from torchvision.ops import box_iou
 
 from train.data.annotations import AnnotationFile, AnswerVocabulary
-from train.data.collate import collate
+from train.data.collate import collate, to_device
 from train.data.datasets import CaptionPretraining, QuestionAnswering, ReferringExpressions, TextOnlyCorpus
 from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
@@ -41,7 +41,9 @@ def test_regions_put_the_whole_image_first(parts, world):
     assert np.allclose(regions.appearance[1:], record["features"])
     assert not regions.variant_masks[:, 0].any() and regions.variant_masks[:, 1:].any(axis=1).all()
     assert regions.class_probs[0].sum() == 0 and np.allclose(regions.class_probs[1:].sum(1), 1, atol=0.05)
-    assert regions.appearance.dtype == np.float32 and bank[image_id].variant_masks is None and bank[image_id].class_probs is None
+    # Features keep the store's float16 until they reach the device, where they widen exactly.
+    assert regions.appearance.dtype == regions.variant_appearance.dtype == np.float16
+    assert bank[image_id].variant_masks is None and bank[image_id].class_probs is None
 
 
 def test_pixel_masking_takes_one_cached_variant(parts):
@@ -163,6 +165,7 @@ def test_end_to_end_features_match_the_cache_before_tuning(parts, world):
     tokenizer, annotations, bank = parts
     dataset = QuestionAnswering(annotations, bank, tokenizer, 48, AnswerVocabulary.from_annotations(annotations))
     batch = collate([dataset[0], dataset[1]], tokenizer.pad_token_id)
+    batch.update(to_device(batch, torch.device("cpu")))  # as the trainer hands it over: features widened
     visual = EndToEndVisual.from_store_meta(bank.store.meta, str(world / "world"), None)
     with torch.no_grad():
         recomputed = visual(batch)
@@ -171,8 +174,10 @@ def test_end_to_end_features_match_the_cache_before_tuning(parts, world):
 
 
 def test_two_processes_train_like_one_with_the_whole_batch(world):
-    """DDP with gloo: 2 processes of batch 2 see the same samples per step as 1 process of batch 4
-    (each rank takes every other index of one permutation) and average the same gradients."""
+    """DDP with gloo: 2 processes of batch 2, or of batch 1 accumulating 2 micro-batches (gradients
+    all-reduced once, on the last), see the same samples per step as 1 process of batch 4 (each rank
+    takes every other index of one permutation) and average the same gradients. Evaluation is
+    split between the ranks and merged: every item is scored once."""
     import os
     import subprocess
     import sys
@@ -183,15 +188,22 @@ def test_two_processes_train_like_one_with_the_whole_batch(world):
     tests = Path(__file__).parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests), str(tests.parent)]))
     script = str(tests / "distributed_run.py")
-    subprocess.run([sys.executable, script, str(world), "single", "4"], check=True, env=env, timeout=600)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-                    script, str(world), "ddp", "2"], check=True, env=env, timeout=600)
-    single = load_file(world / "single" / "stages" / "0-vqa" / "final" / "model.safetensors")
-    ddp = load_file(world / "ddp" / "stages" / "0-vqa" / "final" / "model.safetensors")
+    subprocess.run([sys.executable, script, str(world), "single", "4", "1"], check=True, env=env, timeout=600)
+    for out, batch_size, accumulation in (("ddp", "2", "1"), ("ddp-accumulated", "1", "2")):
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                        "29517", script, str(world), out, batch_size, accumulation], check=True, env=env, timeout=600)
+    stage = Path("stages") / "0-vqa"
+    single = load_file(world / "single" / stage / "final" / "model.safetensors")
     trained = losses(world / "single")
     assert len(trained) == 3 and trained[-1][2] < trained[0][2]
-    for name in single:
-        assert torch.allclose(single[name], ddp[name], atol=1e-5), name
+    scored = json.loads((world / "single" / stage / "item_scores" / "val.json").read_text())["items"]
+    for out in ("ddp", "ddp-accumulated"):
+        ddp = load_file(world / out / stage / "final" / "model.safetensors")
+        for name in single:
+            assert torch.allclose(single[name], ddp[name], atol=1e-5), (out, name)
+        assert json.loads((world / out / stage / "item_scores" / "val.json").read_text())["items"].keys() \
+            == scored.keys()
+        assert json.loads((world / out / stage / "eval.json").read_text())["samples"] == len(scored)
 
 
 def test_multiple_choice_samples_and_a_stage(parts, world):

@@ -32,7 +32,7 @@ from train.engine.damaged import DamagedRecords
 from train.end2end import EndToEndVisual
 from train.engine.trainer import Trainer
 from test_store_integrity import data_file, flip_bit_in
-from training_world import make_world, run_config
+from training_world import interrupt_optimiser_step, make_world, run_config
 
 PRETRAIN = StageConfig("pretrain", "pretrain", steps=4, batch_size=2, base_lr=5e-4)
 VQA = StageConfig("vqa", "vqa", steps=3, batch_size=2, base_lr=5e-4)
@@ -71,19 +71,6 @@ def board_steps(out, stage_key: str, tag: str) -> list[int]:
 
 def final_weights(out, stage_key: str) -> bytes:
     return (out / "stages" / stage_key / "final" / "model.safetensors").read_bytes()
-
-
-def interrupt_optimiser_step(monkeypatch, call: int) -> None:
-    """Ctrl-C on the `call`-th optimiser step (before it updates anything)."""
-    original, calls = torch.optim.AdamW.step, {"n": 0}
-
-    def step(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == call:
-            raise KeyboardInterrupt
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", step)
 
 
 def resume_an_hour_later(monkeypatch) -> None:
@@ -245,7 +232,9 @@ def test_skipped_damaged_records_are_counted_and_the_run_completes(world, monkey
     damaged = {*train_images[:2], eval_annotations[0].image_id}
     failures = damage(monkeypatch, damaged)
     messages = []
-    run = run_config(world, "damaged-skip", [replace(VQA, steps=6, batch_size=4)], damaged_records="skip")
+    # Read in this process (no workers), where `damage` counts the reads.
+    stage = replace(VQA, steps=6, batch_size=4, num_workers=0)
+    run = run_config(world, "damaged-skip", [stage], damaged_records="skip")
     result = Trainer(run, log=messages.append).fit()[0]
 
     skipped_per_step = [r.get("damaged_skipped", 0) for r in metrics(world / "damaged-skip") if "step" in r]
@@ -280,7 +269,7 @@ def test_a_bit_flipped_in_a_stored_record_stops_training_or_is_skipped(world, tm
 def test_a_batch_of_only_damaged_records_is_an_error():
     markers = [DamagedSample("a", "damaged"), DamagedSample("b", "damaged")]
     with pytest.raises(StoreError, match="too damaged to skip around"):
-        DamagedRecords(skip=True).usable(markers)
+        DamagedRecords(skip=True).check(markers, with_images=len(markers))
 
 
 # ---- one-line errors for ordinary mistakes ----------------------------------------------------
@@ -458,7 +447,7 @@ def reading_processes(monkeypatch, log) -> None:
 
 
 def test_end_to_end_images_are_decoded_by_the_workers_and_train_as_in_one_process(world, tmp_path, monkeypatch):
-    stage = replace(VQA, steps=2, visual="end2end")
+    stage = replace(VQA, steps=2, visual="end2end", num_workers=0)
     reading_processes(monkeypatch, tmp_path / "readers")
     Trainer(run_config(world, "e2e-in-process", [stage])).fit()
     assert set((tmp_path / "readers").read_text().split()) == {str(os.getpid())}

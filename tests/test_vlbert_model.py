@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import BertConfig, BertForPreTraining, BertModel
 
 from vlbert import (
@@ -286,6 +287,40 @@ def test_mixed_precision_forward_and_backward(dtype):
     assert abs(output.loss.item() - reference.loss.item()) < 0.05 * reference.loss.item()
     output.loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.0])
+def test_mlm_loss_from_the_labelled_positions_equals_the_loss_over_every_positions_logits(fraction):
+    """The head runs on the labelled positions only; loss and gradients are those of logits for
+    every position with the unlabelled ones dropped, also when none is labelled (0, not NaN)."""
+    torch.manual_seed(0)
+    model = VLBertForPreTraining(tiny())
+    batch = make_batch(model.config)
+    g = torch.Generator().manual_seed(5)
+    labels = batch["input_ids"].masked_fill(torch.rand(batch["input_ids"].shape, generator=g) >= fraction, -100)
+    labelled = labels != -100
+    assert labelled.any() == (fraction > 0)
+
+    output = model(**batch, mlm_labels=labels)
+    output.mlm_loss.backward()
+    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    every_position = model(**batch).mlm_logits
+    if labelled.any():
+        reference = F.cross_entropy(every_position[labelled], labels[labelled])
+    else:
+        reference = every_position.sum() * 0.0
+    reference.backward()
+
+    assert every_position.shape == (*labels.shape, model.config.vocab_size)
+    assert output.mlm_logits.shape == (int(labelled.sum()), model.config.vocab_size)
+    torch.testing.assert_close(output.mlm_logits, every_position[labelled])
+    torch.testing.assert_close(output.mlm_loss, reference)
+    assert gradients.keys() == {name for name, p in model.named_parameters() if p.grad is not None}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert torch.isfinite(gradients[name]).all(), name
+            torch.testing.assert_close(gradients[name], p.grad, msg=name)
 
 
 def _soft_targets(shape, box_mask, seed=1):

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import torch
+
 from extract.job import run_extraction
 from pipelines.world.generate import generate_world
 from train.data.vocabulary import write_world_vocabulary
@@ -26,3 +28,16 @@ def run_config(root: Path, out: str, stages: list[StageConfig], **overrides) -> 
                   corpus=str(world / "corpus.txt"), model=dict(TINY_MODEL), max_length=48)
     values.update(overrides)
     return RunConfig(stages=stages, **values)
+
+
+def interrupt_optimiser_step(monkeypatch, call: int) -> None:
+    """Ctrl-C on the `call`-th optimiser step (before it updates anything)."""
+    original, calls = torch.optim.AdamW.step, {"n": 0}
+
+    def step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from extract.detector import Detector
 from extract.images import ImageError, load_image
-from extract.preprocess import mask_pixels
+from extract.preprocess import PreparedImage, mask_pixels
 from train.data.datasets import DamagedSample, Sample, SampleGroup
 
 FROZEN_PREFIXES = ("backbone.stem.", "backbone.res2.", "proposal_generator.", "roi_heads.box_predictor.")
@@ -27,10 +27,17 @@ PIXELS = ("image_files", "images")  # the batch entries (lists, not tensors) tha
 
 
 class EndToEndVisual(nn.Module):
-    def __init__(self, detector: Detector, images_root: str | Path) -> None:
+    """`batch_images`: run all of a batch's images through the detector in one call (the trunk then
+    takes the images of one input size together, res5 every RoI at once); None (the default) does
+    so on CUDA only. On the CPU images go one per call: a call over the whole batch computes the
+    same features but sums res5's weight gradients in another order (final weights then differ by
+    ~2e-7), and the one-image order keeps training bitwise reproducible there."""
+
+    def __init__(self, detector: Detector, images_root: str | Path, batch_images: bool | None = None) -> None:
         super().__init__()
         self.detector = detector
         self.images_root = Path(images_root)
+        self.batch_images = batch_images
         for name, parameter in detector.named_parameters():
             parameter.requires_grad_(not name.startswith(FROZEN_PREFIXES))
 
@@ -72,21 +79,41 @@ class EndToEndVisual(nn.Module):
         `batch["images"]` holds the pixels decoded with the samples; a sample without them (a batch
         collated from a dataset not wrapped by `with_images`, or an image its worker could not
         read) is read here, where an unreadable image raises ImageError as it always has."""
-        appearance = torch.zeros_like(batch["appearance"])
+        cached = batch["appearance"]
+        appearance = torch.zeros(cached.shape, dtype=torch.float32, device=cached.device)  # the cache may hold float16
+        rows, images, boxes = self._detector_inputs(batch)
+        if not rows:  # text-only samples
+            return appearance
+        if self.batches_images():
+            features = self.detector.box_features(images, boxes)
+        else:
+            features = [self.detector.box_features([image], [b])[0] for image, b in zip(images, boxes)]
+        for i, f in zip(rows, features):
+            appearance[i, : len(f)] = f
+        return appearance
+
+    def batches_images(self) -> bool:
+        return self.detector.device.type == "cuda" if self.batch_images is None else self.batch_images
+
+    def _detector_inputs(self, batch: dict) -> tuple[list[int], list[PreparedImage], list[torch.Tensor]]:
+        """(the batch rows with boxes, their prepared images with masked RoIs' pixels zeroed, their
+        boxes in input pixels). One host sync for the whole batch: how many boxes each row has and
+        whether any is masked."""
+        masked = batch["masked_regions"].bool() & batch["box_mask"].bool()
+        counts, any_masked = torch.stack((batch["box_mask"].sum(1), masked.any(1).long())).tolist()
         pixels = batch.get("images") or [None] * len(batch["image_files"])
-        for i, (decoded, image_file) in enumerate(zip(pixels, batch["image_files"])):
-            count = int(batch["box_mask"][i].sum())
+        rows, images, boxes = [], [], []
+        for i, (decoded, image_file, count) in enumerate(zip(pixels, batch["image_files"], counts)):
             if count == 0:
                 continue
             image = self.detector.prepare(load_image(self.images_root / image_file) if decoded is None else decoded)
-            boxes = image.to_input(batch["boxes"][i, :count])
-            masked = batch["masked_regions"][i, :count].to(boxes.device)
-            if masked.any():
-                image = image.with_tensor(mask_pixels(image.tensor, boxes[masked]))
-            # One image per call: a call over the whole batch computes the same features, but sums
-            # res5's weight gradients in another order (final weights then differ by ~2e-7).
-            appearance[i, :count] = self.detector.box_features([image], [boxes])[0]
-        return appearance
+            input_boxes = image.to_input(batch["boxes"][i, :count])
+            if any_masked[i]:
+                image = image.with_tensor(mask_pixels(image.tensor, input_boxes, masked[i, :count]))
+            rows.append(i)
+            images.append(image)
+            boxes.append(input_boxes)
+        return rows, images, boxes
 
 
 class WithImages(Dataset):

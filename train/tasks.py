@@ -10,12 +10,13 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import operator
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cache, cached_property, reduce
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -107,16 +108,37 @@ def _forward_inputs(cls: type) -> frozenset[str]:
 # ---- evaluation: one Evaluator per task, fed batch by batch -----------------------------------
 
 
+def _union(first: dict, second: dict) -> dict:
+    return {**first, **second}
+
+
+def _filled(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Two shards' score matrices, each NaN where the other scored."""
+    return np.where(np.isnan(first), second, first)
+
+
 class Evaluator:
     """Scores a task's outputs batch by batch; `result()` gives {"metric", "value", "chance"} (value
     None where the split has no labels), `write(path)` the predictions file, and `item_scores()`
     each scored item's score (id → 0–1), whose mean is `value`: what paired comparisons and
-    bootstrap intervals resample without running the model again."""
+    bootstrap intervals resample without running the model again.
+
+    `merged` names what `add` accumulates and how two shards' values combine: ranks evaluate
+    slices of a split, and rank 0 merges their `state()`s in rank order."""
 
     metric = ""
+    merged: ClassVar[dict[str, Callable[[Any, Any], Any]]] = {}
 
     def add(self, samples: list[Sample], inputs: dict[str, torch.Tensor], output) -> None:
         raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.merged}
+
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        """Takes the combined accumulations of every shard's `state()` (this one's among them)."""
+        for name, combine in self.merged.items():
+            setattr(self, name, reduce(combine, [state[name] for state in states]))
 
     def result(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -132,6 +154,7 @@ class MaskedWordAccuracy(Evaluator):
     """Pre-training: masked words predicted right, against always predicting the most common word."""
 
     metric = "masked_word_accuracy"
+    merged = {"correct": operator.add, "count": operator.add, "words": operator.add}
 
     def __init__(self, data: TaskData, dataset: AnnotatedDataset) -> None:
         self.correct, self.count, self.words = 0, 0, Counter()
@@ -153,6 +176,7 @@ class AnswerAccuracy(Evaluator):
     frequent training answer; predictions as the VQA submission JSON."""
 
     metric = "vqa_accuracy"
+    merged = {"predicted": _union}
 
     def __init__(self, data: TaskData, dataset: QuestionAnswering) -> None:
         self.answers = data.answers
@@ -192,6 +216,7 @@ class ChoiceAccuracy(Evaluator):
     leaderboard CSV's columns of their step."""
 
     metric = "choice_accuracy"
+    merged = {"positions": operator.add, "scores": _union, "right": _union}
 
     def __init__(self, data: TaskData, dataset: AnnotatedDataset) -> None:
         self.positions = Counter()
@@ -259,6 +284,7 @@ class GroundingAccuracy(Evaluator):
     uniformly drawn RoI; predictions as [{"sent_id", "box"}]."""
 
     metric = "refexp_accuracy"
+    merged = {"predicted": _union, "chance": operator.add}
 
     def __init__(self, data: TaskData, dataset: ReferringExpressions) -> None:
         self.truth = {}
@@ -345,6 +371,7 @@ class RetrievalRecall(Evaluator):
     Predictions: each query's right match, its rank and the top 10."""
 
     metric = "t2i_recall@1"
+    merged = {"scores": _filled, "pairs": operator.add, "seconds": max}
 
     def __init__(self, data: TaskData, dataset: RetrievalCandidates) -> None:
         self.dataset = dataset

@@ -9,11 +9,11 @@ IGNORE_INDEX = -100  # label of text elements that are not predicted
 
 
 def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over the labelled tokens of the batch; 0 when none is labelled."""
-    labelled = labels != IGNORE_INDEX
-    if not labelled.any():
+    """Cross-entropy of the labelled tokens' logits (M, vocab) against their word ids (M,), averaged
+    over the batch's M labelled tokens; 0 when there are none, with zero gradients rather than NaN."""
+    if labels.shape[0] == 0:
         return logits.sum() * 0.0
-    return F.cross_entropy(logits[labelled].float(), labels[labelled])
+    return F.cross_entropy(logits.float(), labels)
 
 
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

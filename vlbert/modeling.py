@@ -573,7 +573,9 @@ def _copy_transform(target: HeadTransform, state_dict: dict[str, torch.Tensor], 
 @dataclass
 class PreTrainingOutput:
     vlbert: VLBertOutput
-    mlm_logits: torch.Tensor  # (B, T, vocab)
+    # Without mlm_labels, (B, T, vocab): every text position. With them, (M, vocab): only the M
+    # labelled positions (mlm_labels != -100, in row-major order), all that the loss reads.
+    mlm_logits: torch.Tensor
     region_logits: torch.Tensor | None  # (B, N, detector classes)
     relationship_logits: torch.Tensor | None  # (B, 2)
     loss: torch.Tensor | None = None
@@ -616,9 +618,17 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
         **inputs,
     ) -> PreTrainingOutput:
         """`inputs` as `VLBertModel.forward`; labels: mlm (B, T) ids or -100, region (B, N, classes)
-        detector class distributions (all-zero rows are not predicted), relationship (B,) 1 = matching."""
+        detector class distributions (all-zero rows are not predicted), relationship (B,) 1 = matching.
+
+        With `mlm_labels`, the vocabulary-wide MLM head runs on the labelled positions only (about
+        15% of the text), so `mlm_logits` holds their rows alone; picking them syncs with the host
+        once (their count)."""
         encoded = self.vlbert(**inputs)
-        mlm_logits = self.mlm_head(encoded.text_hidden_state, self.vlbert.embeddings.word_embeddings.weight)
+        text = encoded.text_hidden_state
+        if mlm_labels is not None:
+            labelled = mlm_labels != losses.IGNORE_INDEX
+            text, mlm_labels = text[labelled], mlm_labels[labelled]
+        mlm_logits = self.mlm_head(text, self.vlbert.embeddings.word_embeddings.weight)
         region_logits = self.region_head(encoded.region_hidden_state) if encoded.num_regions else None
         relationship_logits = (
             self.relationship_head(encoded.pooled_output) if self.relationship_head is not None else None

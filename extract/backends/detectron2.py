@@ -33,7 +33,7 @@ from extract.config import SELECTION_FIELDS, ConfigError, DetectorConfig, apply_
 from extract.detector import RegionFeatures, checked_boxes
 from extract.device import check_device
 from extract.preprocess import PreparedImage, masked_images, prepare_image
-from extract.selection import select_boxes
+from extract.selection import select_boxes_batch
 
 INIT_SEED = 0  # random weights (no --weights) are drawn from this seed, so a rerun resumes the same model
 INPUT_FORMATS = ("BGR", "RGB")
@@ -150,25 +150,24 @@ class Detectron2Extractor:
             maps.append(features)
             proposals.append(self.model.proposal_generator(image_list, features, None)[0][0].proposal_boxes.tensor)
         rois = [torch.cat((image.to_input(image.whole_image_box()), p)) for image, p in zip(images, proposals)]
-        results = []
-        for image, p, (features, probs) in zip(images, proposals, self._box_head(maps, rois)):
-            keep, _ = select_boxes(p, probs[1:], self.cfg.score_thresh, self.cfg.nms_thresh,
-                                   self.cfg.min_boxes, self.cfg.max_boxes)
-            results.append(_regions(image, image.to_original(p[keep]), features[1:][keep], probs[1:][keep],
-                                    features[0], "proposals"))
-        return results
+        heads = self._box_head(maps, rois)
+        selected = select_boxes_batch(proposals, [probs[1:] for _, probs in heads], self.cfg.score_thresh,
+                                      self.cfg.nms_thresh, self.cfg.min_boxes, self.cfg.max_boxes)
+        return [_regions(image, image.to_original(p[keep]), features[1:][keep], probs[1:][keep], features[0],
+                         "proposals")
+                for image, p, (features, probs), (keep, _) in zip(images, proposals, heads, selected)]
 
     @torch.no_grad()
     def describe(self, images: Sequence[PreparedImage], boxes: Sequence[torch.Tensor | np.ndarray],
                  pixel_masks: Sequence[torch.Tensor | np.ndarray | None] | None = None) -> list[RegionFeatures]:
         """Regions for the caller's boxes (original pixels, xyxy, order kept, clamped to the image)."""
         images = [self._on_device(image) for image in images]
-        boxes = [checked_boxes(b, image) for b, image in zip(boxes, images)]
-        images = masked_images(images, boxes, pixel_masks)
+        boxes = checked_boxes(boxes, images)
+        rois = [image.to_input(torch.cat((image.whole_image_box(), b))) for image, b in zip(images, boxes)]
+        images = masked_images(images, [r[1:] for r in rois], pixel_masks)
         maps = [self._backbone(image)[1] for image in images]
-        rois = [image.to_input(torch.cat((image.whole_image_box().cpu(), b))) for image, b in zip(images, boxes)]
         return [
-            _regions(image, b.to(self.device), features[1:], probs[1:], features[0], "given")
+            _regions(image, b, features[1:], probs[1:], features[0], "given")
             for image, b, (features, probs) in zip(images, boxes, self._box_head(maps, rois))
         ]
 

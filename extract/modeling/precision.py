@@ -1,4 +1,5 @@
-"""Numeric precisions the detector's forwards can run in, by name (`Detector.build(precision=...)`).
+"""Numeric precisions by name: the detector's forwards (`Detector.build(precision=...)`) and a
+training stage's steps (`precision:` in a run config, which adds fp16 with loss scaling).
 
 Only the networks (trunk, RPN head, res5, box and attribute heads) change precision: RoI
 pooling, box decoding, NMS, box selection and every softmax run in float32 in each of them.
@@ -6,7 +7,7 @@ pooling, box decoding, NMS, box selection and every softmax run in float32 in ea
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -25,22 +26,31 @@ class Precision:
     summary: str
     autocast: torch.dtype | None = None  # networks run under autocast to this dtype
     tf32: bool = False  # CUDA matmuls and convolutions in TensorFloat-32 (CUDA only)
+    loss_scaling: bool = False  # training scales the loss (float16's range is too narrow for gradients)
 
     def check(self, device: torch.device) -> None:
         if self.tf32 and device.type != "cuda":
             raise PrecisionError(f"precision {self.name}: TensorFloat-32 exists on CUDA devices only, "
                                  f"not on {device}; use fp32 or bf16")
+        if self.autocast is torch.float16 and device.type != "cuda":
+            raise PrecisionError(f"precision {self.name}: float16 autocast runs on CUDA devices only, "
+                                 f"not on {device}; use fp32 or bf16")
+        if self.autocast is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise PrecisionError(f"precision {self.name}: {torch.cuda.get_device_name(device)} has no bfloat16 "
+                                 "support; use fp16, tf32 or fp32")
 
     @contextmanager
     def applied(self, device: torch.device) -> Iterator[None]:
         """Runs a forward in this precision; global settings are restored on exit."""
         self.check(device)
-        with ExitStack() as stack:
-            if device.type == "cuda":
-                stack.enter_context(_cuda_fp32_math("tf32" if self.tf32 else "ieee"))
-            if self.autocast is not None:
-                stack.enter_context(torch.autocast(device.type, dtype=self.autocast))
-            yield
+        with self.float32_math(device):
+            with torch.autocast(device.type, dtype=self.autocast) if self.autocast else nullcontext():
+                yield
+
+    def float32_math(self, device: torch.device):
+        """float32 matmuls and convolutions as this precision has them (TF32 or IEEE on CUDA): a
+        backward pass runs outside autocast but must keep the forward's float32 arithmetic."""
+        return _cuda_fp32_math("tf32" if self.tf32 else "ieee") if device.type == "cuda" else nullcontext()
 
 
 @contextmanager
@@ -64,9 +74,13 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("bf16", "networks under bfloat16 autocast; pooling, box decoding, selection and softmax in float32",
               autocast=torch.bfloat16),
 )}
+# Training adds float16 autocast with a gradient scaler (GPUs without bfloat16, before Ampere).
+TRAINING_PRECISIONS: dict[str, Precision] = {**PRECISIONS, "fp16": Precision(
+    "fp16", "CUDA only: networks under float16 autocast, the loss scaled against underflow",
+    autocast=torch.float16, loss_scaling=True)}
 
 
-def precision(name: str) -> Precision:
-    if name not in PRECISIONS:
-        raise PrecisionError(f"precision {name!r}: expected one of {', '.join(PRECISIONS)}")
-    return PRECISIONS[name]
+def precision(name: str, known: dict[str, Precision] = PRECISIONS) -> Precision:
+    if name not in known:
+        raise PrecisionError(f"precision {name!r}: expected one of {', '.join(known)}")
+    return known[name]

@@ -317,6 +317,10 @@ class RecordLayout:
         return problems
 
 
+# What a record keeps of a masked-pixel variant's regions (`record_from_regions`): its features.
+MASKED_REGION_ARRAYS = ("features", "image_feature")
+
+
 def record_from_regions(regions: Mapping[str, Any], top_k_classes: int | None,
                         masks: np.ndarray | None = None, masked: list[Mapping[str, Any]] | None = None) -> dict:
     """A record to write from `RegionFeatures.numpy()` output, plus the mask draws and their re-run

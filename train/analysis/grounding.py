@@ -25,7 +25,7 @@ from torchvision.ops import box_iou
 from extract.device import check_device
 from train.analysis.figures import draw_example, draw_heat_map
 from train.analysis.phrases import PHRASE_READERS, Phrase
-from train.data.collate import collate
+from train.data.collate import collate, to_device
 from train.data.datasets import Sample
 from train.data.files import DataError, write_atomically
 from train.data.regions import RegionBank
@@ -212,7 +212,7 @@ def batch_attention(model: VLBertModel, batch: dict[str, Any], inside: tuple[np.
                     device: torch.device) -> torch.Tensor:
     """(B, layers, heads, N) on the CPU: the model's attention from each sample's phrase pieces
     (`inside`, one mask per sample) to its regions, as the model sees them at evaluation."""
-    inputs = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
+    inputs = to_device(batch, device)
     given = {k: v for k, v in model_inputs(model, inputs, targets=False).items() if k != "masked_regions"}
     output = model(**given, output_attentions=True)
     phrase_mask = torch.zeros_like(batch["text_mask"])

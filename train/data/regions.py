@@ -16,12 +16,12 @@ MAX_REGIONS = 100  # RoIs per image, the whole-image box not counted
 class Regions:
     """Arrays for N = 1 + RoIs elements; element 0 is the whole image."""
 
-    appearance: np.ndarray  # (N, D) float32
+    appearance: np.ndarray  # (N, D) as stored (float16, or float32 decoded from q8): widened on the device
     boxes: np.ndarray  # (N, 4) float32, original pixels
     image_size: tuple[int, int]  # (width, height)
     class_probs: np.ndarray | None  # (N, C) detector class distributions (row 0 all zero: never a target)
     variant_masks: np.ndarray | None  # (K, N) bool: RoIs whose pixels each cached variant masked
-    variant_appearance: np.ndarray | None  # (K, N, D)
+    variant_appearance: np.ndarray | None  # (K, N, D), as `appearance`
 
     def __len__(self) -> int:
         return len(self.boxes)
@@ -83,10 +83,9 @@ class RegionBank:
         masks = appearance = None
         if variants and "mask_boxes" in record:
             masks = np.concatenate([np.zeros((len(record["mask_boxes"]), 1), bool), record["mask_boxes"][:, :n]], 1)
-            appearance = np.concatenate([record["masked_image_feature"][:, None], record["masked_features"][:, :n]],
-                                        1, dtype=np.float32)
+            appearance = np.concatenate([record["masked_image_feature"][:, None], record["masked_features"][:, :n]], 1)
         return Regions(
-            appearance=np.concatenate([record["image_feature"][None], record["features"][:n]], dtype=np.float32),
+            appearance=np.concatenate([record["image_feature"][None], record["features"][:n]]),
             boxes=np.concatenate([whole_box, record["boxes"][:n]]).astype(np.float32),
             image_size=(width, height),
             class_probs=targets,

@@ -1,4 +1,4 @@
-"""Training checkpoints in safetensors: model weights, optimizer, scheduler and RNG state.
+"""Training checkpoints in safetensors: model weights, optimizer, scheduler and each rank's RNG state.
 
 A checkpoint is a directory written under a temporary name and renamed into place, so a crash
 never leaves a half-written one that a resume would pick up. A stage writes one every N steps,
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from time import monotonic
 
@@ -21,28 +22,42 @@ STATE_JSON = "training_state.json"
 
 
 def save_checkpoint(directory: Path, model, optimizer: torch.optim.Optimizer, scheduler, step: int,
-                    progress: dict | None = None, extra: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+                    progress: dict | None = None, extra: dict[str, dict[str, torch.Tensor]] | None = None,
+                    random_states: list[dict[str, torch.Tensor]] | None = None, scaler: dict | None = None) -> None:
     """`progress`: counters to carry over a resume (e.g. seconds and samples so far); `extra`: more
-    safetensors files (name: tensors) that belong in the checkpoint, such as a tuned detector's."""
+    safetensors files (name: tensors) that belong in the checkpoint, such as a tuned detector's;
+    `random_states`: each rank's `random_state()`, in rank order (default: this process's);
+    `scaler`: the fp16 gradient scaler's state."""
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     for name, extra_tensors in (extra or {}).items():
         save_file(extra_tensors, tmp / name)
     tensors, scalars = _optimizer_state(optimizer)
-    tensors["rng.cpu"] = torch.get_rng_state()
-    if torch.cuda.is_available():
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"rng.cuda.{i}"] = state
+    random_states = random_states or [random_state(None)]
+    for rank, states in enumerate(random_states):
+        tensors.update({f"rng.{rank}.{kind}": state for kind, state in states.items()})
     save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / STATE_TENSORS)
     (tmp / STATE_JSON).write_text(json.dumps({"step": step, "progress": progress or {}, "optimizer": scalars,
-                                              "scheduler": scheduler.state_dict()}, indent=1))
+                                              "scheduler": scheduler.state_dict(), "world_size": len(random_states),
+                                              "scaler": scaler}, indent=1))
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)
 
 
-def load_training_state(directory: Path, optimizer: torch.optim.Optimizer, scheduler) -> tuple[int, dict]:
-    """Restores optimizer, scheduler and RNG state; returns the checkpoint's step and progress counters."""
+@dataclass
+class TrainingState:
+    step: int
+    progress: dict  # the counters `save_checkpoint` was given
+    scaler: dict | None  # the fp16 gradient scaler's state
+    random_state_note: str | None  # why this rank's random state was not restored, or None
+
+
+def load_training_state(directory: Path, optimizer: torch.optim.Optimizer, scheduler, rank: int = 0,
+                        world_size: int = 1, device: torch.device | None = None) -> TrainingState:
+    """Restores optimizer and scheduler state, and rank `rank`'s random state when the checkpoint
+    was written by as many ranks. Load it after the model has moved to its device: the optimizer
+    state then moves to each parameter's device and dtype."""
     tensors = load_file(directory / STATE_TENSORS)
     meta = json.loads((directory / STATE_JSON).read_text())
     state = {int(k.split(".")[1]): {} for k in tensors if k.startswith("optimizer.")}
@@ -52,11 +67,45 @@ def load_training_state(directory: Path, optimizer: torch.optim.Optimizer, sched
             state[int(index)][name] = value
     optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer"]["param_groups"]})
     scheduler.load_state_dict(meta["scheduler"])
-    torch.set_rng_state(tensors["rng.cpu"])
-    cuda_states = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
-    if cuda_states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda_states)
-    return int(meta["step"]), meta.get("progress", {})
+    saved_ranks = _random_states(tensors, meta, device)
+    note = None
+    if len(saved_ranks) == world_size:
+        restore_random_state(saved_ranks[rank], device)
+    else:
+        note = (f"{directory} was written by {len(saved_ranks)} process(es), this run has {world_size}: random "
+                "states start afresh, so dropout draws differ from an uninterrupted run (data order does not)")
+    return TrainingState(int(meta["step"]), meta.get("progress", {}), meta.get("scaler"), note)
+
+
+def random_state(device: torch.device | None) -> dict[str, torch.Tensor]:
+    """This process's CPU generator state, and its CUDA device's when it trains on one."""
+    state = {"cpu": torch.get_rng_state()}
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_random_state(state: dict[str, torch.Tensor], device: torch.device | None) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _random_states(tensors: dict[str, torch.Tensor], meta: dict, device: torch.device | None) -> list[dict]:
+    """Each saving rank's random state. Checkpoints of one process from before per-rank states
+    held `rng.cpu` and one `rng.cuda.<i>` per visible GPU."""
+    if "world_size" not in meta:
+        state = {"cpu": tensors["rng.cpu"]}
+        index = 0 if device is None or device.index is None else device.index
+        if f"rng.cuda.{index}" in tensors:
+            state["cuda"] = tensors[f"rng.cuda.{index}"]
+        return [state]
+    ranks: list[dict] = [{} for _ in range(int(meta["world_size"]))]
+    for key, value in tensors.items():
+        if key.startswith("rng."):
+            _, rank, kind = key.split(".")
+            ranks[int(rank)][kind] = value
+    return ranks
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:

@@ -20,6 +20,7 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping
 import yaml
 
 from extract.config import yaml_problem
+from extract.modeling.precision import TRAINING_PRECISIONS
 from train.data.datasets import ROI_MASKING_MODES
 from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
@@ -30,13 +31,15 @@ DAMAGED_RECORD_POLICIES = ("fail", "skip")
 
 # Fields that do not change what a run computes: a rerun in the same run folder may change them
 # (and run.json then records the new values), any other difference is refused. They say where
-# outputs go, the device, evaluation batching, data-loading workers, checkpointing, and whether
-# damaged records are skipped (switching to "skip" after a failure is the point of the option).
-# `stages[]` stands for every stage.
+# outputs go, evaluation batching, data-loading workers, checkpointing, and whether damaged
+# records are skipped (switching to "skip" after a failure is the point of the option).
+# `stages[]` stands for every stage. The device counts by its type only (`COMPARED_AS`): another
+# GPU computes the same, a CPU does not.
 RESULT_NEUTRAL_FIELDS = frozenset({
-    "out", "device", "eval_batch_size", "damaged_records", "stages[].num_workers", "stages[].checkpoint_every",
+    "out", "eval_batch_size", "damaged_records", "stages[].num_workers", "stages[].checkpoint_every",
     "stages[].checkpoint_minutes", "stages[].keep_checkpoints",
 })
+COMPARED_AS: dict[str, Callable[[Any], Any]] = {"device": lambda name: str(name).split(":")[0]}
 
 EXISTING_PATH = {"must_exist": True}  # field metadata: an input the Trainer checks before training
 
@@ -77,7 +80,10 @@ class StageConfig:
     checkpoint_every: int = 0  # steps; 0: no step trigger
     checkpoint_minutes: float = 10.0  # wall time since the last checkpoint; 0: no time trigger
     keep_checkpoints: int = 2  # the newest ones kept per stage; 0: all
-    num_workers: int = 0
+    # DataLoader processes that read, make and collate samples (0: the training process does).
+    num_workers: int = 2
+    # fp32 (TF32 off on CUDA: the reference numbers), tf32 (CUDA), bf16, or fp16 (CUDA, loss scaled).
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         problem = self._problem()
@@ -91,6 +97,8 @@ class StageConfig:
             return f"visual {self.visual!r} is not one of {VISUAL_MODES}"
         if self.optimizer not in tuple(OPTIMIZERS):
             return f"optimizer {self.optimizer!r} is not one of {tuple(OPTIMIZERS)}"
+        if self.precision not in TRAINING_PRECISIONS:
+            return f"precision {self.precision!r} is not one of {', '.join(TRAINING_PRECISIONS)}"
         if self.roi_masking not in ROI_MASKING_MODES:
             return f"roi_masking {self.roi_masking!r} is not one of {ROI_MASKING_MODES}"
         if self.task == "pretrain" and not (self.masked_lm or self.masked_roi or self.relationship):
@@ -298,9 +306,23 @@ _ABSENT = object()  # a field or stage one side of a comparison does not have
 def run_differences(recorded: Mapping[str, Any], run: RunConfig) -> list[str]:
     """Every way `run` differs from the run a run folder recorded (its run.json), one line each,
     leaving out RESULT_NEUTRAL_FIELDS."""
-    return [f"{path}: the run folder has {_shown(old)}, this config has {_shown(new)}"
-            for path, old, new in _differences(recorded, run.to_dict(), "")
-            if re.sub(r"\[\d+\]", "[]", path) not in RESULT_NEUTRAL_FIELDS]
+    found = []
+    for path, old, new in _differences(_with_precision(recorded), run.to_dict(), ""):
+        field_name = re.sub(r"\[\d+\]", "[]", path)
+        compared = COMPARED_AS.get(field_name, lambda value: value)
+        if field_name not in RESULT_NEUTRAL_FIELDS and compared(old) != compared(new):
+            found.append(f"{path}: the run folder has {_shown(old)}, this config has {_shown(new)}")
+    return found
+
+
+def _with_precision(recorded: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A run.json from before stages had a precision, with the one they ran in: bf16 autocast on
+    CUDA, fp32 elsewhere."""
+    stages = recorded.get("stages")
+    if not isinstance(stages, list) or all(not isinstance(s, dict) or "precision" in s for s in stages):
+        return recorded
+    ran = "bf16" if COMPARED_AS["device"](recorded.get("device", "cpu")) == "cuda" else "fp32"
+    return {**recorded, "stages": [{"precision": ran, **s} if isinstance(s, dict) else s for s in stages]}
 
 
 def _differences(old: Any, new: Any, path: str) -> Iterator[tuple[str, Any, Any]]:

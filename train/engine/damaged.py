@@ -1,8 +1,9 @@
 """What a stage does with samples whose FeatureStore record is damaged (`damaged_records`): fail
 with one line naming the record, or train and evaluate without them and count them.
 
-Datasets hand such samples over as DamagedSample markers; the policy runs in the main process, so
-its error is never a DataLoader worker's re-raise and its counts are the stage's.
+Datasets hand such samples over as DamagedSample markers, which travel beside the collated batch
+(`train.engine.batches.Batch`); the policy runs in the training process, so its error is never a
+DataLoader worker's re-raise and its counts are the stage's.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from extract.store.schema import DamagedRecordError, StoreError
-from train.data.datasets import DamagedSample, Sample
+from train.data.datasets import DamagedSample
 
 NAMED_RECORDS = 5  # damaged record ids a message lists
 
@@ -29,20 +30,19 @@ class DamagedRecords:
     def saved(self) -> dict:
         return {"damaged_skipped": self.skipped, "damaged_ids": self.records}
 
-    def usable(self, samples: list[Sample | DamagedSample]) -> list[Sample]:
-        """`samples` without damaged ones. Raises DamagedRecordError for the first damaged one unless
-        skipping, and StoreError when a whole batch is damaged (too many to train around)."""
-        damaged = [s for s in samples if isinstance(s, DamagedSample)]
+    def check(self, damaged: list[DamagedSample], with_images: int) -> None:
+        """Applies the policy to a batch's damaged samples (of `with_images` samples that read the
+        store): DamagedRecordError for the first unless skipping, StoreError when all of them are
+        damaged (too many to train around); otherwise they are counted."""
         if damaged and not self.skip:
             raise DamagedRecordError(f"{_naming_the_record(damaged[0])} (--skip-damaged, or damaged_records: skip, "
                                      "trains without damaged records)", damaged[0].image_id)
         image_ids = list(dict.fromkeys(s.image_id for s in damaged))
-        if damaged and len(damaged) == len(samples):
+        if damaged and len(damaged) == with_images:
             raise StoreError(f"every sample of a batch has a damaged record ({_listed(image_ids)}): the store is too "
                              "damaged to skip around; extract it again")
         self.skipped += len(damaged)
         self.records += [image_id for image_id in image_ids if image_id not in self.records]
-        return [s for s in samples if not isinstance(s, DamagedSample)]
 
     def summary(self) -> str:
         return f"skipped {self.skipped} sample(s) of {len(self.records)} damaged record(s): {_listed(self.records)}"

@@ -1,5 +1,10 @@
 """A stage's evaluation: its task's metric on a split, next to the chance level measured on the same
-split, and the split's predictions in the benchmark's format."""
+split, and the split's predictions in the benchmark's format.
+
+In a run of several processes every rank evaluates a contiguous slice of the split and rank 0
+merges the evaluators (`Evaluator.merge`), in rank order, so predictions come in the order of a
+single process's; no rank waits idle on another's whole evaluation.
+"""
 
 from __future__ import annotations
 
@@ -8,43 +13,59 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import Dataset, Subset
 
-from train.data.collate import collate
+from extract.modeling.precision import Precision
 from train.data.files import write_atomically
 from train.end2end import PIXELS
+from train.data.collate import to_device
+from train.engine.batches import Batch, evaluation_batches
+from train.engine.distributed import World, gathered
 from train.tasks import Evaluator, model_inputs
 
 
 @torch.no_grad()
-def evaluate(evaluator: Evaluator, model, visual, dataset, batch_size: int, device: torch.device, pad_token_id: int,
-             usable: Callable[[list], list], predictions: Path | None = None, items: Path | None = None,
-             workers: int = 0) -> dict:
-    """{"metric", "value", "chance", "samples", ...} of `evaluator` over `dataset`; the predictions
-    are written to `predictions` and each item's score to `items` ({"metric", "items": {id: score}})
-    when given. `usable` takes each batch's samples and returns those to evaluate (the
-    damaged-record policy). With the end-to-end `visual` side, `workers` DataLoader processes
-    decode the images."""
+def evaluate(evaluator: Evaluator, model, visual, dataset: Dataset, batch_size: int, device: torch.device,
+             pad_token_id: int, check_damaged: Callable[[Batch], None], precision: Precision,
+             predictions: Path | None = None, items: Path | None = None, workers: int = 0,
+             world: World = World()) -> dict | None:
+    """{"metric", "value", "chance", "samples", "precision", ...} of `evaluator` over `dataset` on
+    rank 0 (None on the others); the predictions are written to `predictions` and each item's
+    score to `items` ({"metric", "items": {id: score}}) when given. `check_damaged` applies the
+    damaged-record policy to each batch. With the end-to-end `visual` side, `workers` DataLoader
+    processes decode the images."""
     if visual is not None:
         dataset = visual.with_images(dataset)
-    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=list, num_workers=workers)
-    for samples in loader:
-        samples = usable(samples)
-        if not samples:
+    for batch in evaluation_batches(shard(dataset, world), batch_size, workers, pad_token_id, device.type == "cuda"):
+        check_damaged(batch)
+        if batch.inputs is None:
             continue
-        batch = collate(samples, pad_token_id)
-        inputs = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
-        if visual is not None:
-            inputs["appearance"] = visual({**inputs, **{k: batch[k] for k in PIXELS}})
-        # The masked-RoI token is a training-time corruption: the model sees every RoI as itself.
-        given = {k: v for k, v in model_inputs(model, inputs, targets=False).items() if k != "masked_regions"}
-        evaluator.add(samples, inputs, model(**given))
+        inputs = to_device(batch.inputs, device)
+        with precision.applied(device):
+            if visual is not None:
+                inputs["appearance"] = visual({**inputs, **{k: batch.inputs[k] for k in PIXELS}})
+            # The masked-RoI token is a training-time corruption: the model sees every RoI as itself.
+            given = {k: v for k, v in model_inputs(model, inputs, targets=False).items() if k != "masked_regions"}
+            output = model(**given)
+        evaluator.add(batch.samples, inputs, output)
+    shards = gathered(evaluator.state(), world)
+    if shards is None:
+        return None
+    evaluator.merge(shards)
     if predictions is not None:
         predictions.parent.mkdir(parents=True, exist_ok=True)
         evaluator.write(predictions)
-    result = evaluator.result()
+    result = {**evaluator.result(), "precision": precision.name}
     scores = evaluator.item_scores()
     if items is not None and scores:
         items.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(items, json.dumps({"metric": result["metric"], "items": scores}))
     return result
+
+
+def shard(dataset: Dataset, world: World) -> Dataset:
+    """Rank r's contiguous r-th of `dataset` (sizes differ by one at most)."""
+    if not world.distributed:
+        return dataset
+    size = len(dataset)
+    return Subset(dataset, range(world.rank * size // world.size, (world.rank + 1) * size // world.size))

@@ -11,10 +11,13 @@ Layout of `run.out`:
                                    each `predict` split) in the benchmark's format
     stages/<i>-<name>/item_scores/<split>.json    each evaluated item's score (bootstrap intervals
                                    and paired comparisons resample these)
-Before anything trains, the config's paths, the device, and the store's arrays for every stage are
-checked. Resuming finds the first unfinished stage and its latest checkpoint (or starts it again
-at step 0, and says which); data order and dropout continue exactly, so a resumed run logs the
-same losses as an uninterrupted one, each step once.
+Before anything trains, the config's paths, the device, every stage's precision on it, and the
+store's arrays for every stage are checked. Resuming finds the first unfinished stage and its
+latest checkpoint (or starts it again at step 0, and says which); data order and dropout continue
+exactly, so a resumed run logs the same losses as an uninterrupted one, each step once.
+
+Under torchrun each rank trains on cuda:LOCAL_RANK (`train.engine.distributed`), evaluates a slice
+of each split, and saves its random state into rank 0's checkpoints.
 """
 
 from __future__ import annotations
@@ -29,29 +32,31 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from extract.device import check_device
+from extract.device import check_device, rank_device
+from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision
 from train.data.annotations import AnnotationFile
-from train.data.collate import collate
-from train.data.datasets import CaptionPretraining, SeededDataset, TextOnlyCorpus
+from train.data.datasets import CaptionPretraining, TextOnlyCorpus
 from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
 from train.end2end import PIXELS, EndToEndVisual
+from train.data.collate import to_device
+from train.engine.batches import Batch, EpochBatches, stage_batches
 from train.engine.checkpoint import (
     CheckpointSchedule,
     latest_checkpoint,
     load_training_state,
     prune_checkpoints,
+    random_state,
     save_checkpoint,
 )
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
 from train.engine.damaged import DamagedRecords
+from train.engine.distributed import World, any_rank, barrier, gathered, start_process_group
 from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.stage_log import METRICS, TENSORBOARD, MutedStageLog, StageLog
@@ -67,41 +72,6 @@ STAGES = "stages"
 RUN_OUTPUTS = (STAGES, METRICS, TENSORBOARD, RUN_FILE)
 
 
-def world() -> tuple[int, int]:
-    """(rank, world size) under torchrun or any launcher setting RANK and WORLD_SIZE."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-class EpochBatches:
-    """Index batches for one process: a seeded permutation per epoch, sliced per rank, drop-last."""
-
-    def __init__(self, size: int, batch_size: int, seed: int) -> None:
-        self.rank, self.world_size = world()
-        self.size, self.batch_size, self.seed = size, batch_size, seed
-        self.per_epoch = size // (batch_size * self.world_size)
-        if self.per_epoch == 0:
-            raise ValueError(f"{size} samples cannot fill one batch of {batch_size} on {self.world_size} process(es)")
-
-    def epochs_from(self, step: int) -> Iterator[tuple[int, list[list[int]]]]:
-        """(epoch, its remaining index batches) from global step `step` on, forever."""
-        epoch, offset = divmod(step, self.per_epoch)
-        while True:
-            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100003 + epoch))
-            mine = order[self.rank :: self.world_size].tolist()
-            yield epoch, [mine[b * self.batch_size : (b + 1) * self.batch_size] for b in range(offset, self.per_epoch)]
-            epoch, offset = epoch + 1, 0
-
-
-def _loader(dataset: SeededDataset, batches: EpochBatches, step: int, workers: int) -> Iterator[list]:
-    """Samples batch by batch; one DataLoader per epoch so that every worker sees the epoch's seed."""
-    for epoch, epoch_batches in batches.epochs_from(step):
-        dataset.set_epoch(epoch)
-        # A generator of its own: a DataLoader draws its workers' base seed from the global RNG
-        # otherwise, which would shift dropout after a resume.
-        yield from DataLoader(dataset, batch_sampler=epoch_batches, collate_fn=list, num_workers=workers,
-                              generator=torch.Generator().manual_seed(epoch))
-
-
 @dataclass
 class StageParts:
     """What a stage trains and how: the model, the end-to-end visual side (or None), the optimiser."""
@@ -111,6 +81,8 @@ class StageParts:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     parameters: list[nn.Parameter]  # the trained ones, for gradient clipping
+    precision: Precision
+    scaler: torch.amp.GradScaler  # fp16's loss scaling; disabled (a no-op) in the other precisions
 
 
 @dataclass
@@ -120,30 +92,43 @@ class StageProgress:
     started: float  # time.perf_counter() at which the stage would have started, had it never stopped
     samples: int
     damaged: DamagedRecords
+    data_wait: float = 0.0  # seconds the training process waited for batches
 
     @classmethod
     def from_saved(cls, saved: dict, skip_damaged: bool) -> StageProgress:
         """With the counters a checkpoint saved (`saved()`; {} for a stage starting afresh)."""
         return cls(time.perf_counter() - saved.get("seconds", 0.0), saved.get("samples", 0),
-                   DamagedRecords.from_saved(skip_damaged, saved))
+                   DamagedRecords.from_saved(skip_damaged, saved), saved.get("data_wait_s", 0.0))
 
     @property
     def seconds(self) -> float:
         return time.perf_counter() - self.started
 
     def saved(self) -> dict:
-        return {"seconds": self.seconds, "samples": self.samples, **self.damaged.saved()}
+        return {"seconds": self.seconds, "samples": self.samples, "data_wait_s": self.data_wait,
+                **self.damaged.saved()}
+
+    def next_batch(self, batches: Iterator[Batch]) -> Batch:
+        waited = time.perf_counter()
+        batch = next(batches)
+        self.data_wait += time.perf_counter() - waited
+        return batch
 
 
 class Trainer:
     def __init__(self, run: RunConfig, log: Callable[[str], None] = print) -> None:
         """Checks what would otherwise fail later: the config's paths (RunConfigError), the device
-        (DeviceError), the store (StoreError when it is none) and that it can feed every stage."""
+        (DeviceError), each stage's precision on it (PrecisionError), the store (StoreError when it
+        is none) and that it can feed every stage."""
         self.run = run
-        self.rank, self.world_size = world()
-        self.log = log if self.rank == 0 else _silent
+        self.world = World.from_env()
+        self.log = log if self.world.rank == 0 else _silent
         run.check_paths()
-        self.device = check_device(run.device)
+        # This rank's GPU under a launcher (cuda:LOCAL_RANK), then checked: one line for a typo or a
+        # GPU this machine lacks.
+        self.device = check_device(rank_device(run.device, os.environ))
+        for stage in run.stages:
+            precision(stage.precision, TRAINING_PRECISIONS).check(self.device)
         self.out = run.out_dir
         self.regions = RegionBank(run.store, run.max_regions)
         self._check_store_feeds_every_stage()
@@ -161,8 +146,8 @@ class Trainer:
 
         `out` must hold this run or none: a run.json that differs beyond RESULT_NEUTRAL_FIELDS is
         refused (RunMismatchError) unless `restart`, which removes the previous run's outputs first."""
-        if self.world_size > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        if self.world.distributed:
+            start_process_group(self.device)
         self._claim_run_folder(restart)
         results = []
         previous: Path | None = Path(self.run.init_from) if self.run.init_from else None
@@ -216,13 +201,13 @@ class Trainer:
             raise RunMismatchError(f"{self.out} holds a run with another config; pass restart=True (--restart) to "
                                    "discard it, or use another output folder:\n"
                                    + "\n".join(f"  {difference}" for difference in differences))
-        self._barrier()  # every process has read run.json before rank 0 replaces it
-        if self.rank == 0:
+        barrier(self.world)  # every process has read run.json before rank 0 replaces it
+        if self.world.rank == 0:
             if restart:
                 self._remove_outputs()
             self.out.mkdir(parents=True, exist_ok=True)
             recorded.write_text(json.dumps(self.run.to_dict(), indent=1))
-        self._barrier()
+        barrier(self.world)
 
     def _remove_outputs(self) -> None:
         previous = [self.out / name for name in RUN_OUTPUTS if (self.out / name).exists()]
@@ -241,17 +226,19 @@ class Trainer:
         parts = self._parts(stage, previous)
         step, saved = self._start(stage, stage_dir, parts)
         progress = StageProgress.from_saved(saved, skip_damaged=self.run.damaged_records == "skip")
-        objective = self._objective(stage, parts)
+        batches = self._batches(stage, step, parts.visual)
+        objective = self._objective(stage, parts, batches)
         with self._stage_log(stage, stage_dir, step) as log:
-            self._optimise(stage, stage_dir, parts, objective, step, progress, log)
+            self._optimise(stage, stage_dir, parts, objective, batches, step, progress, log)
             seconds = progress.seconds
+            del batches  # its DataLoader workers stop before evaluation starts its own
             self._save(stage, stage_dir / f"checkpoint-{stage.steps}", parts, stage.steps, progress)
-            if self.rank == 0:
-                self._finish(stage, stage_dir, parts, seconds, progress, log)
-        self._barrier()
+            self._finish(stage, stage_dir, parts, seconds, progress, log)
+        barrier(self.world)
 
     def _start(self, stage: StageConfig, stage_dir: Path, parts: StageParts) -> tuple[int, dict]:
-        """Loads the stage's latest checkpoint, if any: (the step to start from, the saved progress)."""
+        """Loads the stage's latest checkpoint, if any: (the step to start from, the saved progress).
+        The model is on its device already, so the optimizer state loads onto it too."""
         checkpoint = latest_checkpoint(stage_dir)
         if checkpoint is None:
             attempted = (self.out / TENSORBOARD / stage_dir.name).exists()  # an interrupted attempt logged there
@@ -261,58 +248,83 @@ class Trainer:
         parts.model.load_state_dict(load_file(checkpoint / "model.safetensors"))
         if parts.visual is not None:
             parts.visual.detector.load_state_dict(load_file(checkpoint / DETECTOR_WEIGHTS))
-        step, saved = load_training_state(checkpoint, parts.optimizer, parts.scheduler)
-        self.log(f"stage {stage.name}: resuming from {checkpoint} (step {step})")
-        return step, saved
+        state = load_training_state(checkpoint, parts.optimizer, parts.scheduler, self.world.rank, self.world.size,
+                                    self.device)
+        if state.scaler is not None and parts.scaler.is_enabled():
+            parts.scaler.load_state_dict(state.scaler)
+        self.log(f"stage {stage.name}: resuming from {checkpoint} (step {state.step})")
+        if state.random_state_note is not None:
+            self.log(f"stage {stage.name}: {state.random_state_note}")
+        return state.step, state.progress
 
-    def _optimise(self, stage: StageConfig, stage_dir: Path, parts: StageParts, objective: nn.Module, step: int,
-                  progress: StageProgress, log: StageLog | MutedStageLog) -> None:
+    def _optimise(self, stage: StageConfig, stage_dir: Path, parts: StageParts, objective: nn.Module,
+                  batches: Iterator[Batch], step: int, progress: StageProgress, log: StageLog | MutedStageLog) -> None:
         """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule."""
-        streams = self._streams(stage, step, parts.visual)
         schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
-        with tqdm(total=stage.steps, initial=step, desc=stage.name, disable=self.rank != 0, dynamic_ncols=True) as bar:
+        with tqdm(total=stage.steps, initial=step, desc=stage.name, disable=self.world.rank != 0,
+                  dynamic_ncols=True) as bar:
             while step < stage.steps:
                 skipped_before = progress.damaged.skipped
-                losses = self._optimiser_step(stage, parts, objective, streams, progress)
+                losses = self._optimiser_step(stage, parts, objective, batches, progress)
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses['loss']:.3f}")
                 log.step(step, parts.scheduler.get_last_lr()[0], losses, progress.damaged.skipped - skipped_before)
-                if step < stage.steps and schedule.due(step):
+                if step < stage.steps and self._checkpoint_due(schedule, step):
                     self._save(stage, stage_dir / f"checkpoint-{step}", parts, step, progress)
                     schedule.written()
 
     def _optimiser_step(self, stage: StageConfig, parts: StageParts, objective: nn.Module,
-                        streams: list[Iterator[list]], progress: StageProgress) -> dict[str, float]:
-        """One step over `grad_accumulation` batches; returns the losses averaged over them."""
+                        batches: Iterator[Batch], progress: StageProgress) -> dict[str, float]:
+        """One step over `grad_accumulation` micro-batches; returns the losses averaged over them.
+
+        Gradients are all-reduced once, on the last micro-batch; the losses stay on the device
+        until the step is done, and come to the host in one copy."""
         parts.optimizer.zero_grad(set_to_none=True)
-        logged: dict[str, float] = {}
-        for _ in range(stage.grad_accumulation):
-            samples = [s for stream in streams for s in progress.damaged.usable(next(stream))]
-            progress.samples += len(samples)
-            batch = collate(samples, self.tokenizer.pad_token_id)
-            inputs = {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
-            with _autocast(self.device):
-                losses = objective(inputs, {k: batch[k] for k in PIXELS})
-            (losses["loss"] / stage.grad_accumulation).backward()
+        totals: dict[str, torch.Tensor] = {}
+        for micro in range(stage.grad_accumulation):
+            batch = progress.next_batch(batches)
+            progress.damaged.check(batch.damaged, batch.with_images)
+            progress.samples += batch.usable
+            inputs = to_device(batch.inputs, self.device)
+            last = micro == stage.grad_accumulation - 1
+            with nullcontext() if last or not isinstance(objective, DistributedDataParallel) else objective.no_sync():
+                with parts.precision.applied(self.device):
+                    losses = objective(inputs, {k: batch.inputs[k] for k in PIXELS})
+                with parts.precision.float32_math(self.device):
+                    parts.scaler.scale(losses["loss"] / stage.grad_accumulation).backward()
             for name, value in losses.items():
-                logged[name] = logged.get(name, 0.0) + value.item() / stage.grad_accumulation
+                totals[name] = totals.get(name, 0) + value.detach() / stage.grad_accumulation
         if stage.clip_grad_norm > 0:
+            parts.scaler.unscale_(parts.optimizer)
             torch.nn.utils.clip_grad_norm_(parts.parameters, stage.clip_grad_norm)
-        parts.optimizer.step()
+        parts.scaler.step(parts.optimizer)
+        parts.scaler.update()
         parts.scheduler.step()
-        return logged
+        return dict(zip(totals, torch.stack(list(totals.values())).float().tolist()))
+
+    def _checkpoint_due(self, schedule: CheckpointSchedule, step: int) -> bool:
+        """The schedule's decision, the same on every rank: each rank keeps its own clock, and
+        saving is collective (every rank's random state goes into the checkpoint)."""
+        due = schedule.due(step)
+        return any_rank(due, self.world, self.device) if schedule.seconds > 0 else due
 
     def _finish(self, stage: StageConfig, stage_dir: Path, parts: StageParts, seconds: float,
-                progress: StageProgress, log: StageLog) -> None:
-        """Evaluates the stage (writing its predictions), logs the result and writes its final model (rank 0)."""
+                progress: StageProgress, log: StageLog | MutedStageLog) -> None:
+        """Evaluates the stage on every rank (writing its predictions); rank 0 logs the result and
+        writes the final model."""
         parts.model.eval()
         scores = self._evaluate(stage, stage_dir, parts, self.eval_annotations, progress)
         for annotations in self.predict_annotations:
             self._evaluate(stage, stage_dir, parts, annotations, progress)
+        if self.world.rank != 0:
+            return
+        # data_wait_share: the share of training time spent waiting for batches (rank 0's): near 0
+        # when the workers keep up with the device.
         result = {"stage": stage.name, "task": stage.task, "visual": stage.visual, "steps": stage.steps,
-                  "wall_s": round(seconds, 2), "samples_per_s": round(progress.samples * self.world_size / seconds, 2),
-                  **scores, "damaged_skipped": progress.damaged.skipped}
+                  "wall_s": round(seconds, 2), "samples_per_s": round(progress.samples * self.world.size / seconds, 2),
+                  "data_wait_share": round(progress.data_wait / seconds, 4), **scores,
+                  "damaged_skipped": progress.damaged.skipped}
         # Logged before the final model marks the stage done: a crash in between evaluates again.
         log.evaluation(result, stage.steps)
         self._save_final(stage_dir, parts, result)
@@ -321,43 +333,62 @@ class Trainer:
             self.log(f"stage {stage.name}: {progress.damaged.summary()}")
 
     def _evaluate(self, stage: StageConfig, stage_dir: Path, parts: StageParts, annotations: AnnotationFile,
-                  progress: StageProgress) -> dict:
+                  progress: StageProgress) -> dict | None:
+        """The split's evaluation on rank 0, None on the other ranks."""
         task = TASKS[stage.task]
         dataset = task.dataset(self.data, stage, annotations, self.run.seed, False)
         split = annotations.path.stem
         predictions = None
         if task.prediction_suffix is not None:
             predictions = stage_dir / "predictions" / (split + task.prediction_suffix)
-        # Workers decode an end-to-end stage's images; cached features are read in this process.
-        workers = stage.num_workers if parts.visual is not None else 0
         return evaluate(task.evaluator(self.data, dataset), parts.model, parts.visual, dataset,
-                        self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id, progress.damaged.usable,
-                        predictions, stage_dir / ITEM_SCORES / f"{split}.json", workers)
+                        self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id,
+                        lambda batch: progress.damaged.check(batch.damaged, batch.with_images), parts.precision,
+                        predictions, stage_dir / ITEM_SCORES / f"{split}.json", stage.num_workers, self.world)
 
     # ---- pieces ----------------------------------------------------------------------------
 
     def _parts(self, stage: StageConfig, previous: Path | None) -> StageParts:
-        model = self._model(stage, previous)
+        """The stage's model (and end-to-end detector) on the device, and its optimiser."""
+        model = self._model(stage, previous).to(self.device).train()
         visual = self._visual(stage, previous)
+        if visual is not None:
+            visual.to(self.device).train()
         parameters = [p for m in (model, visual) if m is not None for p in m.parameters() if p.requires_grad]
-        total_batch = stage.batch_size * self.world_size * stage.grad_accumulation
+        total_batch = stage.batch_size * self.world.size * stage.grad_accumulation
         optimizer = OPTIMIZERS[stage.optimizer](parameter_groups(model, visual, stage.weight_decay),
                                                 stage.base_lr * total_batch)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(stage))
-        return StageParts(model, visual, optimizer, scheduler, parameters)
+        stage_precision = precision(stage.precision, TRAINING_PRECISIONS)
+        scaler = torch.amp.GradScaler(self.device.type, enabled=stage_precision.loss_scaling)
+        return StageParts(model, visual, optimizer, scheduler, parameters, stage_precision, scaler)
 
-    def _objective(self, stage: StageConfig, parts: StageParts) -> nn.Module:
-        parts.model.to(self.device).train()
-        if parts.visual is not None:
-            parts.visual.to(self.device).train()
+    def _objective(self, stage: StageConfig, parts: StageParts, batches: "PeekedBatches") -> nn.Module:
         objective = Objective(parts.model, parts.visual, stage)
-        if self.world_size > 1:
-            # Heads a task leaves unused (the pooler in VQA, say) get no gradient: DDP must allow that.
-            objective = DistributedDataParallel(objective, find_unused_parameters=True)
-        return objective
+        if not self.world.distributed:
+            return objective
+        # DDP searches the graph for parameters without a gradient every step only where a stage
+        # leaves some unused (the pooler in VQA, say): where it does not, the search is wasted.
+        unused = any_rank(self._leaves_parameters_unused(objective, parts, batches.peek()), self.world, self.device)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        # No buffer changes in training (frozen norms, anchors), and every rank loaded the same ones:
+        # broadcasting them before each forward would only cost time and undo the folded norms.
+        return DistributedDataParallel(objective, device_ids=device_ids, find_unused_parameters=unused,
+                                       broadcast_buffers=False)
+
+    def _leaves_parameters_unused(self, objective: nn.Module, parts: StageParts, batch: Batch) -> bool:
+        """Whether the loss of `batch` reaches some trained parameter not at all. A forward pass
+        whose random draws are undone, so training continues as if it never ran."""
+        if batch.inputs is None:
+            return True
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), parts.precision.applied(self.device):
+            loss = objective(to_device(batch.inputs, self.device), {k: batch.inputs[k] for k in PIXELS})["loss"]
+        reached = graph_parameters(loss)
+        return any(id(p) not in reached for p in parts.parameters)
 
     def _stage_log(self, stage: StageConfig, stage_dir: Path, start: int) -> StageLog | MutedStageLog:
-        return StageLog(self.out, stage_dir.name, stage.name, start) if self.rank == 0 else MutedStageLog()
+        return StageLog(self.out, stage_dir.name, stage.name, start) if self.world.rank == 0 else MutedStageLog()
 
     def _model(self, stage: StageConfig, previous: Path | None):
         task = TASKS[stage.task]
@@ -383,24 +414,31 @@ class Trainer:
             visual.detector.load_state_dict(load_file(previous / DETECTOR_WEIGHTS))
         return visual
 
-    def _streams(self, stage: StageConfig, step: int, visual: EndToEndVisual | None) -> list[Iterator[list]]:
+    def _batches(self, stage: StageConfig, step: int, visual: EndToEndVisual | None) -> "PeekedBatches":
+        """The stage's micro-batches from optimiser step `step` on: the task's samples, and in
+        pre-training as many text-only ones, made and collated by `num_workers` processes."""
         seed = self.run.seed * 1000 + self.run.stages.index(stage)
         main = TASKS[stage.task].dataset(self.data, stage, self.data.train, seed, True)
         if visual is not None:
             main = visual.with_images(main)  # decoded by the DataLoader's workers
-        streams = [_loader(main, EpochBatches(len(main), stage.batch_size, seed), step, stage.num_workers)]
+        streams = [(main, EpochBatches(len(main), stage.batch_size, seed, self.world))]
         if stage.task == "pretrain" and stage.text_only and stage.masked_lm and self.corpus is not None:
             text = TextOnlyCorpus(self.corpus, self.tokenizer, self.run.max_length, seed)
-            streams.append(_loader(text, EpochBatches(len(text), stage.batch_size, seed + 1), step, 0))
-        return streams
+            streams.append((text, EpochBatches(len(text), stage.batch_size, seed + 1, self.world)))
+        return PeekedBatches(stage_batches(streams, step * stage.grad_accumulation, stage.num_workers,
+                                           self.tokenizer.pad_token_id, self.device.type == "cuda"))
 
     def _save(self, stage: StageConfig, directory: Path, parts: StageParts, step: int,
               progress: StageProgress) -> None:
-        """A checkpoint (rank 0 only), then the stage's oldest beyond `keep_checkpoints` removed."""
-        if self.rank != 0:
+        """A checkpoint, with every rank's random state, written by rank 0; then the stage's oldest
+        beyond `keep_checkpoints` removed."""
+        random_states = gathered(random_state(self.device), self.world)
+        if random_states is None:
             return
         extra = {DETECTOR_WEIGHTS: _detector_state(parts.visual)} if parts.visual is not None else None
-        save_checkpoint(directory, parts.model, parts.optimizer, parts.scheduler, step, progress.saved(), extra)
+        scaler = parts.scaler.state_dict() if parts.scaler.is_enabled() else None
+        save_checkpoint(directory, parts.model, parts.optimizer, parts.scheduler, step, progress.saved(), extra,
+                        random_states, scaler)
         prune_checkpoints(directory.parent, stage.keep_checkpoints)
 
     def _save_final(self, stage_dir: Path, parts: StageParts, result: dict) -> None:
@@ -412,9 +450,40 @@ class Trainer:
         (stage_dir / "eval.json").write_text(json.dumps(result, indent=1))
         os.replace(tmp, final)
 
-    def _barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier()
+
+class PeekedBatches:
+    """An iterator of batches whose first can be looked at before it is consumed."""
+
+    def __init__(self, batches: Iterator[Batch]) -> None:
+        self.batches, self.first = batches, None
+
+    def peek(self) -> Batch:
+        if self.first is None:
+            self.first = next(self.batches)
+        return self.first
+
+    def __iter__(self) -> PeekedBatches:
+        return self
+
+    def __next__(self) -> Batch:
+        if self.first is not None:
+            batch, self.first = self.first, None
+            return batch
+        return next(self.batches)
+
+
+def graph_parameters(loss: torch.Tensor) -> set[int]:
+    """The ids of the parameters that `loss`'s autograd graph accumulates gradients into."""
+    reached, seen, pending = set(), set(), [loss.grad_fn]
+    while pending:
+        node = pending.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):  # AccumulateGrad: a leaf tensor
+            reached.add(id(node.variable))
+        pending.extend(next_node for next_node, _ in node.next_functions)
+    return reached
 
 
 class Objective(nn.Module):
@@ -450,7 +519,3 @@ def _detector_state(visual: EndToEndVisual) -> dict[str, torch.Tensor]:
 def _silent(message: str) -> None:
     """The log of processes other than rank 0."""
 
-
-def _autocast(device: torch.device):
-    """bf16 autocast on CUDA; full precision on the CPU."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()

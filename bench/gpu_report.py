@@ -1,0 +1,86 @@
+"""Everything a GPU host can tell about this project, in about 10 minutes on one GPU: the device,
+driver and library versions, the `cuda` tests, and every GPU figure of the benchmarks.
+
+    make gpu                     # installs the project against the host's own torch, then runs this
+    python bench/gpu_report.py   # the same, once the project is installed
+
+It runs against whatever torch the interpreter has (no pinned virtual environment): the point is
+to learn how this code does on that host. Each part runs in a subprocess under its own time limit
+(a part that runs out is reported as such and the next one starts); every figure is printed as the
+benchmark prints it, with the command that measured it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (what it measures, command, seconds it may take)
+PARTS = [
+    ("the cuda tests", [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider"], 240),
+    ("extraction: BUTD-size detector, detection mode, images/s, GPU utilisation, share of the FLOP floor, "
+     "selection ms per image",
+     [sys.executable, "bench/bench_extract.py", "--device", "cuda", "--detectors", "butd-vg", "--precisions",
+      "fp32,tf32,bf16", "--modes", "detect", "--variants", "0", "--images", "48", "--batch-size", "8"], 180),
+    ("training: VL-BERT-base, batch 32, samples/s and the share of time waiting for data, fp32 beside bf16",
+     [sys.executable, "bench/bench_train.py", "--device", "cuda", "--model", "base", "--batch-size", "32",
+      "--precisions", "fp32,bf16", "--workers", "4", "--steps", "40", "--repeats", "1"], 150),
+]
+
+
+def versions() -> list[str]:
+    import torch
+
+    lines = [f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda}, "
+             f"cuDNN {torch.backends.cudnn.version()})"]
+    if not torch.cuda.is_available():
+        return lines + ["no CUDA device: nothing to measure here (the cuda tests skip, the benchmarks need a GPU)"]
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        lines.append(f"cuda:{index} {props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability "
+                     f"{props.major}.{props.minor}, bf16 {'yes' if torch.cuda.is_bf16_supported() else 'no'}")
+    lines.append(f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        lines.append(f"driver {smi.stdout.strip().splitlines()[0]}" if smi.returncode == 0 else "driver: nvidia-smi failed")
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        lines.append("driver: nvidia-smi not found")
+    return lines
+
+
+def run_part(title: str, command: list[str], limit: float) -> bool:
+    print(f"\n== {title}\n$ {shlex.join(command)}", flush=True)
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=ROOT, timeout=limit)
+    except subprocess.TimeoutExpired:
+        print(f"-- stopped after {limit:.0f} s (its time limit): no figure from this part", flush=True)
+        return False
+    print(f"-- {time.perf_counter() - start:.0f} s, exit status {done.returncode}", flush=True)
+    return done.returncode == 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--skip", default="", help="comma-separated part numbers (1 tests, 2 extraction, 3 training)")
+    args = parser.parse_args()
+    print("\n".join(versions()), flush=True)
+    import torch
+
+    if not torch.cuda.is_available():
+        return 1
+    skipped = {int(part) for part in args.skip.split(",") if part}
+    results = [run_part(*part) for number, part in enumerate(PARTS, 1) if number not in skipped]
+    print(f"\n{sum(results)} of {len(results)} parts completed")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
