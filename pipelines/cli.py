@@ -16,7 +16,7 @@ import click
 from extract.checkpoint import CheckpointError
 from extract.config import ConfigError
 from extract.detector import BoxError
-from extract.device import DeviceError
+from extract.device import DeviceError, StickyDeviceError
 from extract.images import ImageError
 from extract.job import JobError
 from extract.store.schema import StoreError, StoreMismatchError
@@ -47,6 +47,7 @@ EXPECTED_ERRORS = (
     ExpectedError(PipelineError, USAGE),
     ExpectedError(CheckpointError, USAGE),
     ExpectedError(DataError, USAGE),
+    ExpectedError(StickyDeviceError, FAILED),
     ExpectedError(StoreError, FAILED),
     ExpectedError(ImageError, FAILED),
     ExpectedError(BoxError, FAILED),

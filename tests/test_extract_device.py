@@ -209,7 +209,7 @@ def test_launcher_variables_that_are_not_numbers_are_named():
 def fake_cuda(monkeypatch, count=1, bf16=True):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0) if bf16 else (7, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
 
 
@@ -225,7 +225,7 @@ def store_state(store):
     (["--device", "cuda:2"], lambda mp: fake_cuda(mp, count=2),
      "Error: device 'cuda:2': this machine has 2 CUDA device(s)"),
     (["--device", "cuda:0", "--precision", "bf16"], lambda mp: fake_cuda(mp, bf16=False),
-     "Error: precision bf16: Tesla V100-SXM2-16GB has no bfloat16 support"),
+     "Error: precision bf16: Tesla V100-SXM2-16GB (compute capability 7.0) has no native bfloat16"),
     (["--device", "cuda:0"], lambda mp: [mp.setenv(k, v) for k, v in TORCHRUN.items()],
      "Error: device 'cuda:0' under a launcher with 4 processes on this node (LOCAL_RANK=1)"),
 ], ids=["no-cuda", "no-such-gpu", "no-bf16", "torchrun-explicit-gpu"])

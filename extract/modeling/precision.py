@@ -35,9 +35,13 @@ class Precision:
         if self.autocast is torch.float16 and device.type != "cuda":
             raise PrecisionError(f"precision {self.name}: float16 autocast runs on CUDA devices only, "
                                  f"not on {device}; use fp32 or bf16")
-        if self.autocast is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise PrecisionError(f"precision {self.name}: {torch.cuda.get_device_name(device)} has no bfloat16 "
-                                 "support; use fp16, tf32 or fp32")
+        if self.autocast is torch.bfloat16 and device.type == "cuda":
+            # The GPU asked for, natively: older ones emulate bfloat16 at a fraction of fp32's speed.
+            major, minor = torch.cuda.get_device_capability(device)
+            if major < 8:
+                raise PrecisionError(f"precision {self.name}: {torch.cuda.get_device_name(device)} (compute capability "
+                                     f"{major}.{minor}) has no native bfloat16, which needs 8.0 (Ampere) or later; "
+                                     "use tf32 or fp32")
 
     @contextmanager
     def applied(self, device: torch.device) -> Iterator[None]:

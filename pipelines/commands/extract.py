@@ -5,7 +5,6 @@ from pathlib import Path
 import click
 
 from extract.config import parse_override
-from extract.device import StickyDeviceError
 from extract.job import parse_shard, run_extraction
 from extract.modeling.precision import PRECISIONS
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
@@ -68,20 +67,14 @@ def extract_command(images, out, detector, weights, overrides, boxes, image_list
 
     Rerunning the same command resumes: stored images are skipped, failed ones retried.
     """
-    try:
-        summary = run_extraction(
-            images, out, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
-            boxes=boxes, image_list=image_list, batch_size=batch_size, device=device, precision=precision,
-            feature_dtype=feature_dtype,
-            top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
-            mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
-            progress=not quiet,
-        )
-    except StickyDeviceError as exc:
-        # The job failed (status 1) with its one line; --debug keeps the CUDA error's traceback.
-        if click.get_current_context().find_root().params.get("debug"):
-            raise
-        raise click.ClickException(str(exc)) from exc
+    summary = run_extraction(
+        images, out, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
+        boxes=boxes, image_list=image_list, batch_size=batch_size, device=device, precision=precision,
+        feature_dtype=feature_dtype,
+        top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
+        mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
+        progress=not quiet,
+    )
     click.echo(summary.report())
     if strict and summary.failed:
         raise click.ClickException(f"{summary.failed} image(s) failed (--strict)")
