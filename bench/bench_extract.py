@@ -42,9 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -58,10 +56,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
+from checkouts import ROOT, checkout, run_child
+
 # The code the jobs run: this checkout, or the baseline's in a child process of --baseline.
-CODE = Path(os.environ.get("BENCH_EXTRACT_CODE", ROOT))
-sys.path[:0] = [str(CODE)]
+sys.path[:0] = [str(checkout())]
 
 import extract.detector  # noqa: E402
 import extract.job  # noqa: E402
@@ -257,12 +255,7 @@ def measure(job: Job) -> tuple[Measured, str | None]:
 
 def measure_in_child(job: Job, code: Path) -> Measured:
     """`measure(job)` in a fresh process that imports `extract` from the checkout at `code`."""
-    env = {**os.environ, "BENCH_EXTRACT_CODE": str(code)}
-    result = subprocess.run([sys.executable, __file__, "--child", json.dumps(asdict(job))], env=env,
-                            capture_output=True, text=True)
-    if result.returncode:
-        raise RuntimeError(f"the job with the code at {code} failed:\n{result.stderr[-3000:]}")
-    fields = json.loads(result.stdout.splitlines()[-1])
+    fields = run_child(__file__, code, asdict(job))
     return Measured(fields["images"], fields["run_seconds"], [tuple(c) for c in fields["commits"]],
                     selection_seconds=fields["selection_seconds"])
 

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from checkouts import ROOT, checkout, run_child
+
 MODELS = {
     "tiny": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,
                  max_position_embeddings=128, geometry_frequencies=16),
@@ -69,18 +68,9 @@ def run_spec(work: Path, out: str, args, workers: int, precision: str) -> dict:
                 device=args.device, stages=[stage])
 
 
-def train_in_subprocess(code: Path, spec: dict) -> dict:
-    """The stage's eval.json, trained by the code under `code` in a fresh process."""
-    env = dict(os.environ, PYTHONPATH=str(code))
-    done = subprocess.run([sys.executable, __file__, "--train", json.dumps(spec)], env=env, capture_output=True,
-                          text=True, cwd=code)
-    if done.returncode != 0:
-        raise SystemExit(f"training with the code in {code} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def train(spec: dict) -> None:
-    """In the subprocess: `spec` trained by whichever `train` package PYTHONPATH puts first."""
+    """In the child process: `spec` trained by the checkout's code; prints the stage's eval.json."""
+    sys.path.insert(0, str(checkout()))
     from train.engine.config import RunConfig
     from train.engine.trainer import Trainer
 
@@ -99,10 +89,10 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32", help="comma-separated, of fp32, tf32, bf16, fp16")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--baseline", type=Path, help="another checkout of the project to time beside this one")
-    parser.add_argument("--train", help=argparse.SUPPRESS)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.train:
-        return train(json.loads(args.train))
+    if args.child:
+        return train(json.loads(args.child))
     print("command:", shlex.join(["python", "bench/bench_train.py", *sys.argv[1:]]))
     codes = {"this tree": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
     configurations = [(code, int(workers), precision) for code in codes for workers in args.workers.split(",")
@@ -113,7 +103,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for index, (code, workers, precision) in enumerate(configurations):
                 spec = run_spec(work, f"run-{repeat}-{index}", args, workers, precision)
-                result = train_in_subprocess(codes[code], spec)
+                result = run_child(__file__, codes[code], spec)
                 key = (code, workers, precision)
                 if key not in best or result["samples_per_s"] > best[key]["samples_per_s"]:
                     best[key] = result
