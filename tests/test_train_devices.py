@@ -14,8 +14,12 @@ from click.testing import CliRunner
 from extract.modeling.precision import PRECISIONS
 from pipelines.cli import main
 from train.data.annotations import AnnotationFile
+from extract.store.reader import FeatureStore
+from extract.store.schema import DamagedRecordError
 from train.data.collate import collate, to_device
+from train.data.datasets import TextOnlyCorpus
 from train.data.regions import RegionBank
+from train.data.sources.text import TextCorpus
 from train.engine.batches import EpochBatches, stage_batches
 from train.engine.checkpoint import load_training_state, random_state, save_checkpoint
 from train.engine.config import RunConfigError, StageConfig, run_differences
@@ -201,9 +205,6 @@ def _training_streams(world):
     data = TaskData(bank, tokenizer, 48, AnnotationFile(world / "world" / "train.jsonl", keep=bank.__contains__))
     pretrain = StageConfig("pretrain", "pretrain", steps=1, batch_size=3)
     dataset = TASKS["pretrain"].dataset(data, pretrain, data.train, 7, True)
-    from train.data.datasets import TextOnlyCorpus
-    from train.data.sources.text import TextCorpus
-
     text = TextOnlyCorpus(TextCorpus(str(world / "world" / "corpus.txt")), tokenizer, 48, 8)
     return [(dataset, EpochBatches(len(dataset), 3, 7, World())), (text, EpochBatches(len(text), 3, 8, World()))], \
         tokenizer
@@ -245,9 +246,6 @@ def test_a_resumed_stage_with_gradient_accumulation_continues_the_same_batches(w
 
 
 def test_damaged_records_are_counted_the_same_when_workers_collate(world, monkeypatch):
-    from extract.store.reader import FeatureStore
-    from extract.store.schema import DamagedRecordError
-
     damaged = AnnotationFile(world / "world" / "train.jsonl")[0].image_id
     original = FeatureStore.__getitem__
 

@@ -363,7 +363,7 @@ class Trainer:
         scaler = torch.amp.GradScaler(self.device.type, enabled=stage_precision.loss_scaling)
         return StageParts(model, visual, optimizer, scheduler, parameters, stage_precision, scaler)
 
-    def _objective(self, stage: StageConfig, parts: StageParts, batches: "PeekedBatches") -> nn.Module:
+    def _objective(self, stage: StageConfig, parts: StageParts, batches: PeekedBatches) -> nn.Module:
         objective = Objective(parts.model, parts.visual, stage)
         if not self.world.distributed:
             return objective
@@ -414,7 +414,7 @@ class Trainer:
             visual.detector.load_state_dict(load_file(previous / DETECTOR_WEIGHTS))
         return visual
 
-    def _batches(self, stage: StageConfig, step: int, visual: EndToEndVisual | None) -> "PeekedBatches":
+    def _batches(self, stage: StageConfig, step: int, visual: EndToEndVisual | None) -> PeekedBatches:
         """The stage's micro-batches from optimiser step `step` on: the task's samples, and in
         pre-training as many text-only ones, made and collated by `num_workers` processes."""
         seed = self.run.seed * 1000 + self.run.stages.index(stage)
