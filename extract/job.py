@@ -21,7 +21,6 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from extract.backends import build_extractor
 from extract.checkpoint import file_sha256
@@ -31,6 +30,7 @@ from extract.images import IMAGE_EXTENSIONS, image_id, list_images, load_image
 from extract.loader import DecodingPipeline, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
+from extract.progress import progress_bar
 from extract.store.layout import META
 from extract.store.reader import FeatureStore
 from extract.store.schema import MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
@@ -241,7 +241,7 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     # The workers are forked before the store is opened, so that they hold none of its files.
     with DecodingPipeline(_decode, pending, decode_workers, 2 * batch_size) as files, \
             FeatureStoreWriter(out, meta, shard, initial_map_size) as writer, \
-            tqdm(total=len(pending) + len(refused), unit="img", disable=not progress, dynamic_ncols=True) as bar, \
+            progress_bar(len(pending) + len(refused), unit="img", enabled=progress) as bar, \
             CommitThread(writer, committed) as commits:
         def commit(batch: list[tuple[WorkItem, Any]], failures: list[tuple[WorkItem, str]]) -> None:
             records, failed = _isolating_failures(compute, batch) if batch else ({}, [])

@@ -35,10 +35,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 from extract.device import check_device, rank_device
 from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision
+from extract.progress import progress_bar
 from train.data.annotations import AnnotationFile
 from train.data.datasets import CaptionPretraining, TextOnlyCorpus
 from train.data.regions import RegionBank
@@ -261,8 +261,7 @@ class Trainer:
                   batches: Iterator[Batch], step: int, progress: StageProgress, log: StageLog | MutedStageLog) -> None:
         """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule."""
         schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
-        with tqdm(total=stage.steps, initial=step, desc=stage.name, disable=self.world.rank != 0,
-                  dynamic_ncols=True) as bar:
+        with progress_bar(stage.steps, stage.name, "step", initial=step, enabled=self.world.rank == 0) as bar:
             while step < stage.steps:
                 skipped_before = progress.damaged.skipped
                 losses = self._optimiser_step(stage, parts, objective, batches, progress)
