@@ -1,4 +1,4 @@
-"""VL-BERT configuration: one dataclass, VL-BERT-base defaults, a `tiny` preset for tests."""
+"""VL-BERT configuration: one dataclass, VL-BERT-base defaults, named sizes (base, large, tiny)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GEOMETRY_FORMS = ("center", "corner")
+
+# Named model sizes: the fields each changes from VLBertConfig's defaults (which are VL-BERT-base's).
+# A trainer replaces the vocabulary, feature and class counts with its tokenizer's and store's.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "base": {},  # BERT-base: 12 layers, 768 wide, 12 heads (110M text parameters)
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+    "tiny": dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                 max_position_embeddings=96, visual_feature_size=24, geometry_frequencies=4,
+                 num_detector_classes=11, num_answers=7),  # a few layers for tests and smoke runs
+}
 
 
 @dataclass
@@ -71,21 +81,16 @@ class VLBertConfig:
         return 4 * 2 * self.geometry_frequencies
 
     @classmethod
+    def sized(cls, size: str = "base", **overrides) -> VLBertConfig:
+        """The named size of MODEL_SIZES, `overrides` replacing its fields."""
+        if size not in MODEL_SIZES:
+            raise ValueError(f"model size {size!r} is not one of {', '.join(MODEL_SIZES)}")
+        return cls(**{**MODEL_SIZES[size], **overrides})
+
+    @classmethod
     def tiny(cls, **overrides) -> VLBertConfig:
         """A few-layer, narrow model for tests (random weights; seconds on a CPU)."""
-        sizes = dict(
-            vocab_size=128,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=96,
-            visual_feature_size=24,
-            geometry_frequencies=4,
-            num_detector_classes=11,
-            num_answers=7,
-        )
-        return cls(**{**sizes, **overrides})
+        return cls.sized("tiny", **overrides)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

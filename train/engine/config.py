@@ -25,6 +25,7 @@ from train.data.datasets import ROI_MASKING_MODES
 from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
 from vlbert import VLBertConfig
+from vlbert.config import MODEL_SIZES
 
 VISUAL_MODES = ("cached", "end2end")
 DAMAGED_RECORD_POLICIES = ("fail", "skip")
@@ -131,7 +132,10 @@ class RunConfig:
     # weights (default: the store's checkpoint).
     images: str | None = field(default=None, metadata=EXISTING_PATH)
     detector_weights: str | None = field(default=None, metadata=EXISTING_PATH)
-    model: dict[str, Any] = field(default_factory=dict, metadata={"fields_of": VLBertConfig})
+    # A named size (base, large, tiny: vlbert.config.MODEL_SIZES) or VLBertConfig fields, with an
+    # optional `size` they change; the tokenizer and store set the vocabulary and feature sizes.
+    # Without init_from or bert, the model starts from random weights at this size (default: base).
+    model: dict[str, Any] = field(default_factory=dict, metadata={"checked_by": lambda v, where: model_settings(v, where)})
     # A save_pretrained directory (e.g. converted official weights), or a BERT checkpoint
     # directory saved by transformers (text side, sizes).
     init_from: str | None = field(default=None, metadata=EXISTING_PATH)
@@ -148,6 +152,10 @@ class RunConfig:
             raise RunConfigError(f"damaged_records {self.damaged_records!r} is not one of {DAMAGED_RECORD_POLICIES}")
         if not self.stages:
             raise RunConfigError("stages: a run needs at least one stage")
+        starts_from = "init_from" if self.init_from else "bert" if self.bert else None
+        if "size" in self.model and starts_from:
+            raise RunConfigError(f"model.size: {starts_from} sets the model's sizes; give a size only to start from "
+                                 "random weights")
         names = [stage.name for stage in self.stages]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:  # metrics.jsonl tells stages apart by name
@@ -254,11 +262,17 @@ def _check_names(specs: dict[str, dataclasses.Field], values: Mapping, where: st
 
 
 def _unknown(name: str, known: list[str]) -> str:
+    return f"unknown field {name!r}" + _did_you_mean(name, known)
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
-    return f"unknown field {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _checked(value: Any, hint: Any, spec: dataclasses.Field, where: str) -> Any:
+    if "checked_by" in spec.metadata:
+        return spec.metadata["checked_by"](value, where)
     if typing.get_origin(hint) in (types.UnionType, typing.Union):
         if value is None and type(None) in typing.get_args(hint):
             return None
@@ -269,9 +283,27 @@ def _checked(value: Any, hint: Any, spec: dataclasses.Field, where: str) -> Any:
         raise RunConfigError(f"{where}: expected {field_type.expected}, found {_describe(value)}")
     if base is list and args and dataclasses.is_dataclass(args[0]):
         return [from_mapping(args[0], item, f"{where}[{i}]") for i, item in enumerate(value)]
-    if "fields_of" in spec.metadata:
-        return checked_fields(spec.metadata["fields_of"], value, where)
     return field_type.normalise(value)
+
+
+def model_settings(value: Any, where: str = "model") -> dict[str, Any]:
+    """A run's `model:` as a mapping: a size's name becomes {"size": name}; the fields are checked as
+    VLBertConfig checks them (a misspelt `matching_loss` fails here, not when its stage starts)."""
+    if isinstance(value, str):
+        value = {"size": value}
+    if not isinstance(value, Mapping):
+        raise RunConfigError(f"{where}: expected a model size ({', '.join(MODEL_SIZES)}) or a mapping of "
+                             f"VL-BERT config fields, found {_describe(value)}")
+    size = value.get("size", "base")
+    if size not in MODEL_SIZES:
+        raise RunConfigError(f"{where}.size: {size!r} is not one of {', '.join(MODEL_SIZES)}"
+                             + _did_you_mean(str(size), list(MODEL_SIZES)))
+    fields = checked_fields(VLBertConfig, {k: v for k, v in value.items() if k != "size"}, where)
+    try:
+        VLBertConfig.sized(size, **fields)
+    except ValueError as exc:
+        raise RunConfigError(f"{where}: {exc}") from None
+    return {"size": size, **fields} if "size" in value else fields
 
 
 def _describe(value: Any) -> str:

@@ -135,8 +135,9 @@ class Trainer:
         self.tokenizer = load_tokenizer(run.vocabulary)
         self.data = TaskData(self.regions, self.tokenizer, run.max_length, self._annotations(run.train_annotations),
                              run.answers)
-        self.eval_annotations = self._annotations(run.eval_annotations)
-        self.predict_annotations = [self._annotations(path) for path in run.predict]
+        self.eval_annotations = self._annotations(run.eval_annotations, required=True)
+        self.predict_annotations = [self._annotations(path, required=True) for path in run.predict]
+        self.log(f"model: {self._model_origin()}")
         self.corpus = TextCorpus(run.corpus) if run.corpus else None
 
     # ---- public ----------------------------------------------------------------------------
@@ -184,13 +185,28 @@ class Trainer:
             problems.append(EndToEndVisual.store_problem(meta, self.run.images))
         return next((problem for problem in problems if problem), None)
 
-    def _annotations(self, path: str) -> AnnotationFile:
-        """The annotations of `path` whose images the store holds (says how many it lacks)."""
+    def _annotations(self, path: str, required: bool = False) -> AnnotationFile:
+        """The annotations of `path` whose images the store holds (says how many it lacks);
+        `required`: RunConfigError when that is none, before anything trains."""
         annotations = AnnotationFile(path, keep=self.regions.__contains__)
+        if required and not len(annotations):
+            held = f"none of its {annotations.dropped} images is in the store {self.run.store}" \
+                if annotations.dropped else "it holds no annotation"
+            raise RunConfigError(f"{path}: {held}: nothing to evaluate on")
         if annotations.dropped:
             self.log(f"{path}: {annotations.dropped} of {annotations.dropped + len(annotations)} images are not in "
                      f"the store {self.run.store}; their items are left out")
         return annotations
+
+    def _model_origin(self) -> str:
+        if self.run.init_from:
+            return f"{self.run.init_from} (its sizes and weights)"
+        if self.run.bert:
+            return f"BERT {self.run.bert} for the text side; the visual side from random weights"
+        size = self.run.model.get("size", "base")
+        given = "" if self.run.model else " (no `model:` given)"
+        return (f"VL-BERT-{size}{given}, every weight random; `model:` picks a size (base, large, tiny) or "
+                "fields, `bert:` or `init_from:` starts from a checkpoint")
 
     def _claim_run_folder(self, restart: bool) -> None:
         """Refuses a run folder holding a run with another config unless `restart`, then records this
@@ -264,11 +280,12 @@ class Trainer:
         with progress_bar(stage.steps, stage.name, "step", initial=step, enabled=self.world.rank == 0) as bar:
             while step < stage.steps:
                 skipped_before = progress.damaged.skipped
+                lr = parts.scheduler.get_last_lr()[0]  # the rate this step applies; the step then advances it
                 losses = self._optimiser_step(stage, parts, objective, batches, progress)
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses['loss']:.3f}")
-                log.step(step, parts.scheduler.get_last_lr()[0], losses, progress.damaged.skipped - skipped_before)
+                log.step(step, lr, losses, progress.damaged.skipped - skipped_before)
                 if step < stage.steps and self._checkpoint_due(schedule, step):
                     self._save(stage, stage_dir / f"checkpoint-{step}", parts, step, progress)
                     schedule.written()
@@ -391,7 +408,7 @@ class Trainer:
 
     def _model(self, stage: StageConfig, previous: Path | None):
         task = TASKS[stage.task]
-        overrides = dict(self.run.model)
+        overrides = {k: v for k, v in self.run.model.items() if k != "size"}
         overrides.update(vocab_size=len(self.tokenizer), visual_feature_size=self.regions.feature_dim,
                          num_detector_classes=self.regions.num_classes or 1,
                          num_answers=len(self.data.answers) if task.uses_answers() else 1,
@@ -403,7 +420,7 @@ class Trainer:
             bert_sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                           "max_position_embeddings")
             return cls.from_bert(self.run.bert, **{k: v for k, v in overrides.items() if k not in bert_sizes})
-        return cls(VLBertConfig(**overrides))
+        return cls(VLBertConfig.sized(self.run.model.get("size", "base"), **overrides))
 
     def _visual(self, stage: StageConfig, previous: Path | None) -> EndToEndVisual | None:
         if stage.visual != "end2end":
