@@ -95,3 +95,16 @@ def test_metrics_log_the_learning_rate_each_step_applied(world, tmp_path):
     factor = learning_rate_factor(stage)
     assert logged == pytest.approx([1e-3 * 2 * factor(step) for step in range(3)])
     assert logged[0] < logged[1]  # warming up: the first step's rate is the smallest
+
+
+def test_a_tokenizer_that_does_not_fit_the_starting_checkpoint_is_refused(world, tmp_path):
+    start = tmp_path / "start"
+    start.mkdir()
+    (start / "config.json").write_text(json.dumps({"vocab_size": 30522}))
+    config = write_run(world, tmp_path, init_from=str(start), model={})
+    result = CliRunner().invoke(main, ["train", config])
+    vocabulary = len((world / "vocab" / "vocab.txt").read_text().splitlines())
+    assert result.exit_code == 2
+    assert result.output == (f"Error: {world / 'vocab' / 'vocab.txt'}: {vocabulary} word pieces, but the model's "
+                             "vocab_size is 30522; use the vocabulary the model was trained with\n")
+    assert not (tmp_path / "run").exists()

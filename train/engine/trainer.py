@@ -41,6 +41,7 @@ from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision
 from extract.progress import progress_bar
 from train.data.annotations import AnnotationFile
 from train.data.datasets import CaptionPretraining, TextOnlyCorpus
+from train.data.files import read_json
 from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
 from train.end2end import PIXELS, EndToEndVisual
@@ -62,7 +63,8 @@ from train.engine.optimization import OPTIMIZERS, learning_rate_factor, paramete
 from train.engine.stage_log import METRICS, TENSORBOARD, MutedStageLog, StageLog
 from train.tasks import TASKS, TaskData, model_inputs
 from vlbert import VLBertConfig
-from vlbert.tokenization import load_tokenizer
+from vlbert.modeling import CONFIG_NAME
+from vlbert.tokenization import check_vocabulary_size, load_tokenizer
 
 DETECTOR_WEIGHTS = "detector.safetensors"
 RUN_FILE = "run.json"
@@ -133,6 +135,7 @@ class Trainer:
         self.regions = RegionBank(run.store, run.max_regions)
         self._check_store_feeds_every_stage()
         self.tokenizer = load_tokenizer(run.vocabulary)
+        self._check_tokenizer_fits_model()
         self.data = TaskData(self.regions, self.tokenizer, run.max_length, self._annotations(run.train_annotations),
                              run.answers)
         self.eval_annotations = self._annotations(run.eval_annotations, required=True)
@@ -184,6 +187,15 @@ class Trainer:
         if stage.visual == "end2end":
             problems.append(EndToEndVisual.store_problem(meta, self.run.images))
         return next((problem for problem in problems if problem), None)
+
+    def _check_tokenizer_fits_model(self) -> None:
+        """A checkpoint to start from fixes the vocabulary size; the tokenizer must have that many
+        word pieces (from random weights, the model takes the tokenizer's)."""
+        start = self.run.init_from or self.run.bert
+        if start:
+            config = read_json(Path(start) / CONFIG_NAME)
+            if isinstance(config, dict) and isinstance(config.get("vocab_size"), int):
+                check_vocabulary_size(self.tokenizer, config["vocab_size"], self.run.vocabulary)
 
     def _annotations(self, path: str, required: bool = False) -> AnnotationFile:
         """The annotations of `path` whose images the store holds (says how many it lacks);
