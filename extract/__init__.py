@@ -1,15 +1,25 @@
-"""Extraction stage: the bottom-up-attention Faster R-CNN C4 detector and the jobs that run it."""
+"""Extraction stage: the bottom-up-attention Faster R-CNN C4 detector and the jobs that run it.
 
-from extract.checkpoint import CheckpointError, load_weights, read_state_dict
-from extract.config import PRESETS, ConfigError, DetectorConfig, load_config
-from extract.detector import BoxError, Detector, RegionFeatures
-from extract.device import DeviceError, check_device
-from extract.images import ImageError, load_image
-from extract.preprocess import PreparedImage, mask_pixels, prepare_image
-from extract.selection import select_boxes
+The names below load their module on first use, so that importing a light part (`extract.images`,
+`extract.progress`) does not import torch and the detector."""
 
-__all__ = [
-    "PRESETS", "BoxError", "CheckpointError", "ConfigError", "Detector", "DetectorConfig", "DeviceError", "ImageError",
-    "PreparedImage", "RegionFeatures", "check_device", "load_config", "load_image", "load_weights", "mask_pixels",
-    "prepare_image", "read_state_dict", "select_boxes",
-]
+import importlib
+
+_EXPORTS = {
+    "CheckpointError": "extract.checkpoint", "load_weights": "extract.checkpoint", "read_state_dict": "extract.checkpoint",
+    "PRESETS": "extract.config", "ConfigError": "extract.config", "DetectorConfig": "extract.config",
+    "load_config": "extract.config",
+    "BoxError": "extract.detector", "Detector": "extract.detector", "RegionFeatures": "extract.detector",
+    "DeviceError": "extract.device", "check_device": "extract.device",
+    "ImageError": "extract.images", "load_image": "extract.images",
+    "PreparedImage": "extract.preprocess", "mask_pixels": "extract.preprocess", "prepare_image": "extract.preprocess",
+    "select_boxes": "extract.selection",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'extract' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

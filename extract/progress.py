@@ -1,7 +1,8 @@
 """Progress of long work: a bar on a terminal, a plain line now and then in a redirected log.
 
 A bar redraws itself many times a second; in a log file each redraw stays, which filled 1 MB for
-one demo run. Off a terminal the same calls print one line every `every_s` seconds and at the end.
+one demo run. Off a terminal the same calls print one line every `every_s` seconds, and one at the
+end of work that printed any (work shorter than that prints nothing: its command reports it anyway).
 """
 
 from __future__ import annotations
@@ -32,14 +33,15 @@ def _is_terminal(file: TextIO) -> bool:
 
 
 class ProgressLines:
-    """`desc: done/total unit (percent, rate/s) postfix` every `every_s` seconds and once at the end."""
+    """`desc: done/total unit (percent, rate/s) postfix` every `every_s` seconds, and at the end after
+    any such line."""
 
     def __init__(self, total: int | None, desc: str, unit: str, initial: int, file: TextIO, every_s: float) -> None:
         self.total, self.desc, self.unit, self.file, self.every_s = total, desc, unit, file, every_s
         self.n = self._start_n = initial
         self._start = self._last = time.monotonic()
         self._postfix = ""
-        self._closed = False
+        self._printed = self._closed = False
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -52,11 +54,12 @@ class ProgressLines:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._print()
+            if self._printed:
+                self._print()
 
     def _print(self) -> None:
         now = time.monotonic()
-        self._last = now
+        self._last, self._printed = now, True
         done = f"{self.n}/{self.total}" if self.total else str(self.n)
         share = f"{100 * self.n / self.total:.0f}%, " if self.total else ""
         rate = (self.n - self._start_n) / max(now - self._start, 1e-9)

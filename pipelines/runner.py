@@ -2,29 +2,48 @@
 
     name: vqa
     out: runs/vqa
-    inputs:                    # what a user gives with `--set NAME=VALUE`; null: no default
+    inputs:                    # what a user gives with `--set NAME=VALUE`; null: must be given
       data: null
+      vlbert: null             # given as a folder, or as null: none (start from scratch)
       lr: 1.0e-5
     steps:
       - {name: data, kind: prepare, source: vqa2, root: "${inputs.data}"}
       - {name: cache, kind: extract, images: "${inputs.data}", image_list: "${data}/images.txt"}
-      - {name: finetune, kind: train, store: "${cache}", ..., stages: [{..., base_lr: "${inputs.lr}"}]}
+      - {name: finetune, kind: train, store: "${cache}", init_from: "${inputs.vlbert}", ...,
+         stages: [{name: vqa, ..., base_lr: "${inputs.lr}"}]}
 
-Step kinds: world, prepare, extract, vocabulary, train, report (pipelines/steps.py). In a value,
-`${step}` is an earlier step's folder, `${here}` the pipeline file's folder and `${inputs.NAME}` an
-input's value: a value that is only the reference takes the input's type (`lr: 1.0e-5` stays a
-number), one with text around it the text of the value. In `--set NAME=VALUE`, VALUE is read as
-YAML (`3` is a number, `yes` true, `null` no value; quote to keep text: `--set 'name="yes"'`), and
-`1e-5` reaches a number field as the number it spells; `--set out=DIR` sets `out`. An input's
-default may use `${here}`. A prepare step's keys other than source, root, images and max_missing
-are the source's options. Other top-level keys may hold mappings or lists that steps share
-through YAML anchors and merge keys (`<<: *common`); nothing else reads them.
+Step kinds: world, prepare, extract, vocabulary, train, evaluate, report (pipelines/steps.py). In a
+value, `${step}` is an earlier step's folder, `${here}` the pipeline file's folder and
+`${inputs.NAME}` an input's value: a value that is only the reference takes the input's type
+(`lr: 1.0e-5` stays a number), one with text around it the text of the value. In `--set
+NAME=VALUE`, VALUE is read as YAML (`3` is a number, `yes` true, `null` none; quote to keep text:
+`--set 'name="yes"'`), and `1e-5` reaches a number field as the number it spells; `--set out=DIR`
+sets `out`. An input's default may use `${here}`. An input whose default is null must be given:
+a value, or `null` for none, which a field that may be empty (a checkpoint to start from, a
+corpus) takes as absent; a text that uses it (`${inputs.data}/x`) needs a value. A prepare step's
+keys other than source, root, images and max_missing are the source's options. Other top-level
+keys may hold mappings or lists that steps share through YAML anchors and merge keys
+(`<<: *common`); nothing else reads them.
 
-The whole file is checked when it loads, before any step runs: unknown `--set` names, inputs left
-without a value (all of them, with the `--set` to pass), and every step's keys and types (a train
-step's run and stage fields, an extract step's options, ...). Every problem is one line of one
-PipelineError: `FILE: step 'NAME' (kind): problem`. A step that fails while running raises
-StepFailed, naming the pipeline and the step, with the step's error as its cause.
+`--set STEP.FIELD=VALUE` sets a field of the step named STEP (its value as written in the file is
+replaced; VALUE is taken as it is, without `${...}` references): `--set finetune.max_length=64`,
+`--set finetune.model=base` (a train step's model size). `STEP.FIELD.KEY` sets one key of a mapping
+field (`--set finetune.model.hidden_size=256`, `--set cache.overrides.score_thresh=0.5`), and in a
+train step `STEP.STAGE.FIELD` a field of the stage named STAGE (`--set finetune.vqa.steps=100`,
+`--set finetune.vqa.batch_size=16`). A name the file declares as an input is the input.
+
+The whole file is checked when it loads, before any step runs, and every problem found is named
+together, one line each, in one PipelineError (`FILE: step 'NAME' (kind): problem`): `--set` names
+that are neither an input nor a step's field or stage (with the closest name), inputs left without
+a value (all of them, with the `--set` to pass), every step's keys and types (a train step's run
+and stage fields, model size and loss names, an extract step's options, ...), and then what each
+step would read: every input path that is not inside an earlier step's folder must exist, the
+device (and each precision on it) must be usable on this machine, the extract step's detector must
+be a preset or a readable detector YAML, and a train step's starting checkpoint (init_from, else
+bert) must have a vocab_size equal to its vocabulary's size and (init_from) a visual_feature_size
+equal to the store's feature size, where the store exists or its extract step's detector gives it.
+A step that fails while running raises StepFailed, naming the pipeline and the step, with the
+step's error as its cause.
 
 A step records its parameters (references resolved, so inputs included, and a digest of the files
 and earlier steps it reads) in `<out>/<step>/step.json` when it starts and marks it done when it
@@ -35,6 +54,7 @@ from nothing when its parameters or inputs changed (a new `--set` value redoes t
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -47,7 +67,7 @@ from typing import Any, Callable, Iterator, Mapping
 import yaml
 
 from extract.config import yaml_problem
-from pipelines.steps import KINDS, did_you_mean
+from pipelines.steps import KINDS, Foreknown, StepKind, did_you_mean
 from train.engine.config import RunConfigError
 
 STEP_FILE = "step.json"
@@ -100,26 +120,32 @@ def parse_setting(text: str) -> tuple[str, Any]:
 
 
 def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -> Pipeline:
-    """The pipeline of file `path` with `settings` (input name → value, `out`), every reference
-    resolved and every step's parameters checked; PipelineError listing every problem."""
+    """The pipeline of file `path` with `settings` (input name → value, `out`, `STEP.FIELD`), every
+    reference resolved and every step checked; PipelineError listing every problem."""
     path = Path(path)
     document = _read(path)
     settings = {name: str(value) if isinstance(value, Path) else value for name, value in (settings or {}).items()}
     here = str(path.resolve().parent)
-    inputs = _input_values(path, document, settings, here)
+    declared = _declared_inputs(path, document)
+    given, step_settings, problems = _sorted_settings(path, document, declared, settings)
+    inputs, unset, input_problems = _input_values(path, declared, given, here)
+    problems += input_problems
     references: dict[str, Any] = {HERE: here, **{INPUT + name: value for name, value in inputs.items()}}
-    problems = _top_level_problems(path, document, references)
-    if problems:
-        raise PipelineError("\n".join(problems))
+    top_level = _top_level_problems(path, document, references)
+    if top_level:
+        raise PipelineError("\n".join(problems + top_level))
     out = _out(path, document, settings, references)
+    known = Foreknown(unset=tuple(f"${{{INPUT}{name}}}" for name in unset))
     steps = []
     for index, entry in enumerate(document["steps"]):
         if not isinstance(entry, dict) or not all(isinstance(entry.get(key), str) for key in ("name", "kind")):
             problems.append(f"{path}: steps[{index}]: every step needs a `name` and a `kind`: {entry!r}")
             continue
-        step, step_problems = _step(entry, out, references)
-        problems += [f"{path}: step {step.name!r} ({step.kind}): {problem}" for problem in step_problems]
+        step, step_problems = _step(entry, out, references, step_settings.get(entry["name"], {}), known)
+        problems += [f"{path}: step {step.name!r} ({step.kind}): {problem}" for problem in step_problems
+                     if not any(marker in problem for marker in known.unset)]  # named once, as an input
         references[step.name] = str(step.folder)
+        known.step_folders.append(step.folder)
         steps.append(step)
     if problems:
         raise PipelineError("\n".join(problems))
@@ -161,8 +187,7 @@ def _read(path: Path) -> dict[str, Any]:
     return document
 
 
-def _input_values(path: Path, document: dict[str, Any], settings: dict[str, Any], here: str) -> dict[str, Any]:
-    """The declared inputs with the settings' values, defaults' `${here}` resolved."""
+def _declared_inputs(path: Path, document: dict[str, Any]) -> dict[str, Any]:
     declared = document.get("inputs") or {}
     if not isinstance(declared, dict):
         raise PipelineError(f"{path}: `inputs` must map each input's name to its default (null: none)")
@@ -170,21 +195,50 @@ def _input_values(path: Path, document: dict[str, Any], settings: dict[str, Any]
     if bad:
         raise PipelineError(f"{path}: inputs: {', '.join(bad)}: not usable as an input's name "
                             f"(letters, digits, `_.-`; `{OUT}` is the output folder's setting)")
-    names = [*declared, OUT]
-    unknown = [name for name in settings if name not in names]
-    if unknown:
-        raise PipelineError(f"{path}: --set {', '.join(unknown)}: not an input of this pipeline"
-                            f"{did_you_mean(unknown[0], names)}; its inputs: {', '.join(names)}")
-    values = {**declared, **{name: value for name, value in settings.items() if name != OUT}}
-    missing = [name for name, value in values.items() if value is None]
-    if missing:
-        raise PipelineError(f"{path}: no value for input{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
-                            f"pass {' '.join(f'--set {name}=...' for name in missing)}")
+    return declared
+
+
+def _sorted_settings(path: Path, document: dict[str, Any], declared: dict[str, Any], settings: dict[str, Any]
+                     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[str]]:
+    """The settings of inputs, those of steps' fields (step name → {FIELD or STAGE.FIELD: value}),
+    and a problem for each name that is neither."""
+    step_names = [entry["name"] for entry in document["steps"] if isinstance(entry, dict)
+                  and isinstance(entry.get("name"), str)]
+    inputs, steps, problems = {}, {}, []
+    for name, value in settings.items():
+        if name in declared:
+            inputs[name] = value
+        elif name != OUT:
+            step = max((s for s in step_names if name.startswith(s + ".")), key=len, default=None)
+            if step is None:
+                problems.append(_unknown_setting(path, name, [*declared, OUT], step_names))
+            else:
+                steps.setdefault(step, {})[name[len(step) + 1:]] = value
+    return inputs, steps, problems
+
+
+def _unknown_setting(path: Path, name: str, inputs: list[str], steps: list[str]) -> str:
+    head = name.partition(".")[0] if "." in name else name
+    return (f"{path}: --set {name}: not an input nor a step of this pipeline{did_you_mean(head, inputs + steps)}; "
+            f"inputs: {', '.join(inputs)}; steps (--set STEP.FIELD=VALUE): {', '.join(steps)}")
+
+
+def _input_values(path: Path, declared: dict[str, Any], given: dict[str, Any], here: str
+                  ) -> tuple[dict[str, Any], list[str], list[str]]:
+    """The declared inputs with the given values, defaults' `${here}` resolved; the inputs without a
+    value (null in the file and not given: their references stay as written); the problems. A value
+    given as null is none."""
+    values = {**declared, **given}
+    unset = [name for name, value in values.items() if value is None and name not in given]
+    problems = [f"{path}: no value for input{'s' if len(unset) > 1 else ''} {', '.join(unset)}; "
+                f"pass {' '.join(f'--set {name}=...' for name in unset)}"] if unset else []
     unresolved = [f"{path}: inputs: {name} refers to ${{{ref}}}; an input may refer to ${{{HERE}}} only"
                   for name, value in values.items() for ref in _references(value) if ref != HERE]
     if unresolved:
-        raise PipelineError("\n".join(unresolved))
-    return {name: _resolve(value, {HERE: here}) for name, value in values.items()}
+        raise PipelineError("\n".join(problems + unresolved))
+    resolved = {name: f"${{{INPUT}{name}}}" if name in unset else _resolve(value, {HERE: here})
+                for name, value in values.items()}
+    return resolved, unset, problems
 
 
 def _top_level_problems(path: Path, document: dict[str, Any], references: dict[str, Any]) -> list[str]:
@@ -205,8 +259,10 @@ def _out(path: Path, document: dict[str, Any], settings: dict[str, Any], referen
     return Path(str(_resolve(document.get(OUT, f"runs/{document.get('name', path.stem)}"), references)))
 
 
-def _step(entry: dict[str, Any], out: Path, references: dict[str, Any]) -> tuple[Step, list[str]]:
-    """A pipeline file's step and its problems; `references` holds the earlier steps' folders."""
+def _step(entry: dict[str, Any], out: Path, references: dict[str, Any], settings: dict[str, Any],
+          known: Foreknown) -> tuple[Step, list[str]]:
+    """A pipeline file's step with its `--set STEP.…` `settings`, and its problems; `references` holds
+    the earlier steps' folders, `known` what the load checks know of them."""
     name, kind = entry["name"], entry["kind"]
     params = {key: value for key, value in entry.items() if key not in ("name", "kind")}
     problems = []
@@ -220,15 +276,68 @@ def _step(entry: dict[str, Any], out: Path, references: dict[str, Any]) -> tuple
     problems += [f"refers to ${{{ref}}}, not a declared input (declared: "
                  f"{', '.join(r[len(INPUT):] for r in references if r.startswith(INPUT)) or 'none'})"
                  if ref.startswith(INPUT) else f"refers to ${{{ref}}}, not an earlier step" for ref in unknown]
-    if not unknown:
-        params = _resolve(params, references)
-        if kind in KINDS:
-            try:
-                KINDS[kind].check(params)
-            except RunConfigError as exc:
-                problems.append(str(exc))
+    nulls = _null_in_text(params, references)
+    problems += nulls
+    folder = out / name
+    # New containers, so that settings change this step only (YAML aliases share them between steps).
+    params = copy.deepcopy(params) if unknown else _resolve(params, references)
+    if kind in KINDS:
+        problems += [f"--set {name}.{field}: {problem}" for field, value in settings.items()
+                     for problem in [_set_field(params, field, value, KINDS[kind])] if problem]
+        if not unknown and not nulls:
+            problems += _checked_step(KINDS[kind], params, folder, known)
     reads = tuple(dict.fromkeys(ref for ref in _references(entry) if ref != HERE and not ref.startswith(INPUT)))
-    return Step(name, kind, out / name, params, reads), problems
+    return Step(name, kind, folder, params, reads), problems
+
+
+def _checked_step(kind: StepKind, params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
+    """The parameters' problem, else every problem with what the step would read."""
+    try:
+        kind.check(params)
+    except RunConfigError as exc:
+        return [str(exc)]
+    return kind.verify(params, folder, known)
+
+
+def _set_field(params: dict[str, Any], field: str, value: Any, kind: StepKind) -> str | None:
+    """Sets `FIELD`, `FIELD.KEY` (in a mapping field: `model.hidden_size`) or, in a train step,
+    `STAGE.FIELD` (the stage named STAGE); the problem with the name, or None."""
+    head, _, rest = field.partition(".")
+    fields = kind.fields(params)
+    if head in fields:
+        if not rest:
+            params[head] = value
+            return None
+        if params.get(head) is not None and not isinstance(params[head], dict):
+            return f"{head} is {params[head]!r}, not a mapping whose {rest!r} could be set"
+        params[head] = _with_key(params.get(head) or {}, rest.split("."), value)
+        return None
+    stages = {stage.get("name"): stage for stage in params.get("stages") or [] if isinstance(stage, dict)}
+    stage_name = max((s for s in stages if isinstance(s, str) and (field + ".").startswith(s + ".")), key=len,
+                     default=None) if kind.stage_fields else None
+    if stage_name is None:
+        return (f"no field {'or stage ' if kind.stage_fields else ''}{head!r}"
+                f"{did_you_mean(head, [*fields, *(s for s in stages if isinstance(s, str))])}")
+    stage_field = field[len(stage_name) + 1:]
+    if not stage_field:
+        return f"{stage_name!r} is a stage: name one of its fields after it ({stage_name}.steps, ...)"
+    if stage_field not in kind.stage_fields:
+        return f"stage {stage_name!r} has no field {stage_field!r}{did_you_mean(stage_field, kind.stage_fields)}"
+    stages[stage_name][stage_field] = value
+    return None
+
+
+def _with_key(mapping: dict[str, Any], keys: list[str], value: Any) -> dict[str, Any]:
+    inner = mapping.get(keys[0])
+    return {**mapping, keys[0]: value if len(keys) == 1 else _with_key(inner if isinstance(inner, dict) else {},
+                                                                        keys[1:], value)}
+
+
+def _null_in_text(params: dict[str, Any], references: dict[str, Any]) -> list[str]:
+    """A problem for each input given as null (none) that a text uses: `${inputs.data}/x` has no value."""
+    return [f"{text!r}: input {ref[len(INPUT):]} is null (none), but this text needs its value"
+            for text in _strings(params) if not REFERENCE.fullmatch(text)
+            for ref in REFERENCE.findall(text) if ref in references and references[ref] is None]
 
 
 def _references(value: Any) -> list[str]:

@@ -1,10 +1,15 @@
 """The kinds of pipeline step, a registry of `StepKind` records.
 
-A kind's `run(params, folder, resume, log)` does the step into its own folder; its `check(params)`
-validates the parameters when the pipeline loads, before any step runs: it reads no file and needs
-no earlier step's output, and raises RunConfigError naming the key at fault. Both go through one
-parsing function per kind (built on the train config's field checker: known names, required ones,
-types, `1e-5` read as the number it spells), so what was checked is what runs.
+A kind's `run(params, folder, resume, log)` does the step into its own folder. When the pipeline
+loads, before any step runs, its `check(params)` validates the parameters (reading no file; it
+raises RunConfigError naming the key at fault), then its `verify(params, folder, known)` lists
+every problem with what the step would read: input paths that do not exist (those inside an
+earlier step's folder excepted), the device and precision, the detector, a vocabulary that does
+not fit the model it starts from, a store whose feature size is not the model's. `verify` also
+records in `known` what its folder will hold (an extract step's feature size). `check` and `run`
+go through one parsing function per kind (built on the train config's field checker: known names,
+required ones, types, `1e-5` read as the number it spells), so what was checked is what runs;
+`fields(params)` names what `--set STEP.FIELD` may set, `stage_fields` what `STEP.STAGE.FIELD` may.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import functools
 import inspect
 import json
 import operator
+import shutil
 import types
 import typing
 from dataclasses import dataclass
@@ -23,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from train.data.sources.refer import DATASETS as REFER_DATASETS
-from train.engine.config import RunConfig, RunConfigError, checked_fields
+from train.engine.config import RunConfig, RunConfigError, StageConfig, checked_fields
 
 Log = Callable[[str], None]
 
@@ -31,10 +37,38 @@ Log = Callable[[str], None]
 CHECKED_OUT = "(the step's folder)"
 
 
+@dataclass
+class Foreknown:
+    """What the pipeline knows at load about the folders its steps will write, and which values wait
+    for an input without a value yet (the load checks leave both out)."""
+
+    step_folders: list[Path] = dataclasses.field(default_factory=list)  # the earlier steps'
+    feature_sizes: dict[Path, int] = dataclasses.field(default_factory=dict)  # store folder → its detector's
+    vocabularies: dict[Path, Path] = dataclasses.field(default_factory=dict)  # vocabulary step → the folder it copies
+    unset: tuple[str, ...] = ()  # `${inputs.NAME}` of inputs without a value
+
+    def checkable(self, value: Any) -> bool:
+        """Whether `value` is a given value that names no earlier step's output."""
+        if not isinstance(value, str) or any(marker in value for marker in self.unset):
+            return False
+        path = Path(value).absolute()
+        return not any(path.is_relative_to(folder.absolute()) for folder in self.step_folders)
+
+
+Verify = Callable[[dict[str, Any], Path, Foreknown], list[str]]
+
+
+def _nothing_to_verify(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
+    return []
+
+
 @dataclass(frozen=True)
 class StepKind:
     run: Callable[[dict[str, Any], Path, bool, Log], None]
     check: Callable[[dict[str, Any]], object]  # its value is unused: it raises RunConfigError or nothing
+    fields: Callable[[dict[str, Any]], list[str]]  # the parameters a step of this kind takes
+    verify: Verify = _nothing_to_verify
+    stage_fields: tuple[str, ...] = ()  # a train step's stages: what STEP.STAGE.FIELD may set
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
@@ -45,6 +79,38 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
 def _parse(cls: type, params: dict[str, Any]) -> Any:
     """`params` as an instance of dataclass `cls`, checked field by field."""
     return cls(**checked_fields(cls, params))
+
+
+def _field_names(cls: type, *extra: str, leaving_out: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], list[str]]:
+    """The `fields` of a kind whose parameters are dataclass `cls`'s fields (and `extra`)."""
+    return lambda params: [f.name for f in dataclasses.fields(cls) if f.name not in leaving_out] + list(extra)
+
+
+def missing_paths(named: Iterable[tuple[str, Any]], known: Foreknown) -> list[str]:
+    """A problem for each (field, path) whose given path does not exist."""
+    return [f"{name}: {path} does not exist" for name, path in named
+            if path is not None and known.checkable(path) and not Path(path).exists()]
+
+
+def _device_problems(device: str, precisions: Iterable[str], known: Foreknown,
+                     allowed: dict[str, Any] | None = None) -> list[str]:
+    """The device's problem on this machine, else those of the precisions run on it."""
+    from extract.device import DeviceError, check_device
+    from extract.modeling.precision import PRECISIONS, PrecisionError, precision
+
+    if not known.checkable(device):
+        return []
+    try:
+        checked = check_device(device)
+    except DeviceError as exc:
+        return [str(exc)]
+    problems = []
+    for name in dict.fromkeys(precisions):
+        try:
+            precision(name, allowed or PRECISIONS).check(checked)
+        except PrecisionError as exc:
+            problems.append(str(exc))
+    return problems
 
 
 # ---- world ---------------------------------------------------------------------------------------
@@ -100,18 +166,90 @@ def extract(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> Non
     log(run_extraction(out=folder, **_extraction_options(params)).report())
 
 
+def _verify_extract(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
+    """Paths, device and precision, and the detector: a preset or a YAML file of ours (whose feature
+    size the store will have), or another backend's config file (`d2:CONFIG.yaml`)."""
+    from extract.backends import BACKENDS
+    from extract.config import ConfigError, load_config
+
+    options = _extraction_options(params)
+    problems = missing_paths([(name, options[name]) for name in ("images", "weights", "boxes", "image_list")], known)
+    problems += _device_problems(options["device"], [options["precision"]], known)
+    detector = options["detector"]
+    prefix = next(backend.prefix for backend in BACKENDS if detector.startswith(backend.prefix))
+    if prefix:
+        return problems + missing_paths([("detector", detector[len(prefix):])], known)
+    if known.checkable(detector):
+        try:
+            known.feature_sizes[folder] = load_config(detector, options["overrides"]).feature_dim
+        except ConfigError as exc:
+            problems.append(str(exc))  # it names the detector
+    return problems
+
+
 # ---- vocabulary ----------------------------------------------------------------------------------
+
+# What a tokenizer folder may hold (BertTokenizerFast.from_pretrained reads them); vocab.txt is needed.
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json")
+
 
 @dataclass
 class VocabularyParams:
-    world: str
+    """One of: `world`, a demo world's words; `given`, a tokenizer folder (a BERT checkpoint's) copied
+    as it is; `texts`, annotation .jsonl and plain text files from which a WordPiece vocabulary of at
+    most `size` pieces is built (when `given` is null, so that one file serves both)."""
+
+    world: str | None = None
+    given: str | None = None
+    texts: list[str] = dataclasses.field(default_factory=list)
+    size: int = 30522
+    min_frequency: int = 2
+    lowercase: bool = True
+
+
+def _vocabulary_params(params: dict[str, Any]) -> VocabularyParams:
+    chosen = _parse(VocabularyParams, params)
+    if chosen.world is not None and (chosen.given is not None or chosen.texts):
+        raise RunConfigError("world: a world's vocabulary is its words; give `world` without `given` and `texts`")
+    if chosen.world is None and chosen.given is None and not chosen.texts:
+        raise RunConfigError("give `world` (a demo world), `given` (a tokenizer folder) or `texts` "
+                             "(annotation or text files to build a WordPiece vocabulary from)")
+    if not all(isinstance(text, str) for text in chosen.texts):
+        raise RunConfigError(f"texts: expected a list of file paths, found {chosen.texts!r}")
+    if chosen.size < 1 or chosen.min_frequency < 1:
+        raise RunConfigError(f"size {chosen.size}, min_frequency {chosen.min_frequency}: expected positive integers")
+    return chosen
 
 
 def vocabulary(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
-    """A word-level vocabulary of every text of a world (for worlds without a BERT checkpoint)."""
-    from train.data.vocabulary import write_world_vocabulary
+    """A world's words, a given tokenizer's files, or a WordPiece vocabulary built from `texts`."""
+    chosen = _vocabulary_params(params)
+    if chosen.world is not None:
+        from train.data.vocabulary import write_world_vocabulary
 
-    write_world_vocabulary(_parse(VocabularyParams, params).world, folder)
+        write_world_vocabulary(chosen.world, folder)
+    elif chosen.given is not None:
+        for name in TOKENIZER_FILES:
+            if (Path(chosen.given) / name).is_file():
+                shutil.copyfile(Path(chosen.given) / name, folder / name)
+        log(f"vocabulary: {chosen.given}'s tokenizer")
+    else:
+        from train.data.wordpiece import build_vocabulary
+
+        build_vocabulary([Path(text) for text in chosen.texts], folder, chosen.size, chosen.min_frequency,
+                         chosen.lowercase, log)
+
+
+def _verify_vocabulary(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
+    chosen = _vocabulary_params(params)
+    problems = missing_paths([("world", chosen.world), ("given", chosen.given),
+                              *((f"texts[{i}]", text) for i, text in enumerate(chosen.texts))], known)
+    if chosen.given is not None and known.checkable(chosen.given) and not problems:
+        if not (Path(chosen.given) / "vocab.txt").is_file():
+            problems.append(f"given: {chosen.given} holds no vocab.txt (a tokenizer folder, e.g. a BERT checkpoint's)")
+        known.vocabularies[folder] = Path(chosen.given)
+    return problems
 
 
 # ---- train ---------------------------------------------------------------------------------------
@@ -138,6 +276,9 @@ def _seeds(params: dict[str, Any]) -> list[int] | None:
     return seeds
 
 
+TRAIN_EXTRAS = ("detector", "seeds")  # a train step's keys beyond RunConfig's
+
+
 def _run_config(params: dict[str, Any], out: str, seed: int | None = None) -> RunConfig:
     """RunConfig fields, `detector`: a label (frozen, tuned) that reports show, and `seeds`, checked
     here; `seed` replaces the config's."""
@@ -147,7 +288,7 @@ def _run_config(params: dict[str, Any], out: str, seed: int | None = None) -> Ru
     if not isinstance(label, str):
         raise RunConfigError(f"detector: expected a label such as frozen or tuned, found {label!r}")
     _seeds(params)
-    fields = {k: v for k, v in params.items() if k not in ("detector", "seeds")}
+    fields = {k: v for k, v in params.items() if k not in TRAIN_EXTRAS}
     return RunConfig.from_dict({**fields, "out": out, **({} if seed is None else {"seed": seed})})
 
 
@@ -162,6 +303,81 @@ def train(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
         if seed is not None:
             log(f"seed {seed}")
         Trainer(_run_config(params, str(out), seed), log=log).fit(resume=resume)
+
+
+def _verify_train(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
+    """Every input path, the device and the stages' precisions on it, and whether the model it starts
+    from fits the vocabulary and the store."""
+    from extract.modeling.precision import TRAINING_PRECISIONS
+
+    run = _run_config(params, CHECKED_OUT)
+    paths = [(spec.name, getattr(run, spec.name)) for spec in dataclasses.fields(RunConfig)
+             if spec.metadata.get("must_exist")]
+    problems = missing_paths([(name, path) for name, value in paths
+                              for path in (value if isinstance(value, list) else [value])], known)
+    problems += _device_problems(run.device, [stage.precision for stage in run.stages], known, TRAINING_PRECISIONS)
+    return problems + _model_problems(run, known)
+
+
+def _model_problems(run: RunConfig, known: Foreknown) -> list[str]:
+    """The checkpoint the model starts from (init_from, else bert) against the vocabulary's size and
+    the store's feature size, where all are known at load; a model built from scratch takes both."""
+    start = next(((name, getattr(run, name)) for name in ("init_from", "bert") if getattr(run, name)), None)
+    if start is None or not known.checkable(start[1]) or not Path(start[1]).is_dir():
+        return []  # a missing one is named as such
+    config, problem = _checkpoint_config(*start)
+    if problem is not None:
+        return [problem]
+    problems = []
+    vocabulary = known.vocabularies.get(Path(run.vocabulary), Path(run.vocabulary))
+    if "vocab_size" in config and known.checkable(str(vocabulary)) and vocabulary.is_dir():
+        problems += _vocabulary_problems(vocabulary, config["vocab_size"], start)
+    feature_size = _store_feature_size(run.store, known)
+    if start[0] == "init_from" and feature_size not in (None, config.get("visual_feature_size", feature_size)):
+        problems.append(f"store: {run.store} holds {feature_size}-d features, the model of init_from {start[1]} "
+                        f"takes visual_feature_size {config['visual_feature_size']}")
+    return problems
+
+
+CHECKPOINT_CONFIG = "config.json"  # of a VL-BERT (save_pretrained) and a BERT (transformers) checkpoint
+
+
+def _checkpoint_config(field_name: str, folder: str) -> tuple[dict[str, Any], str | None]:
+    path = Path(folder) / CHECKPOINT_CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, f"{field_name}: {folder} holds no {CHECKPOINT_CONFIG}; expected a checkpoint folder"
+    except (OSError, ValueError) as exc:
+        return {}, f"{field_name}: {path} is not readable JSON ({exc})"
+    if not isinstance(config, dict):
+        return {}, f"{field_name}: {path} is not a JSON object"
+    return config, None
+
+
+def _vocabulary_problems(vocabulary: Path, vocab_size: Any, start: tuple[str, str]) -> list[str]:
+    from vlbert.tokenization import check_vocabulary_size, load_tokenizer
+
+    try:
+        check_vocabulary_size(load_tokenizer(vocabulary), vocab_size, vocabulary)
+    except (OSError, ValueError) as exc:  # VocabularyError among them
+        return [f"vocabulary: {exc} (the model of {start[0]} {start[1]})"]
+    return []
+
+
+def _store_feature_size(store: str, known: Foreknown) -> int | None:
+    """The store's feature size: from its extract step's detector, or from an existing store's meta.json."""
+    from extract.store.layout import META
+
+    if Path(store) in known.feature_sizes:
+        return known.feature_sizes[Path(store)]
+    meta = Path(store) / META
+    if not known.checkable(store) or not meta.is_file():
+        return None  # a store that is not one is the trainer's to name, with the reason
+    try:
+        return int(json.loads(meta.read_text())["features"]["dim"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 # ---- prepare -------------------------------------------------------------------------------------
@@ -193,6 +409,18 @@ def _preparation(params: dict[str, Any]) -> tuple[PrepareParams, dict[str, Any]]
         raise RunConfigError(f"{unknown[0]}: not an option of source {chosen.source}{did_you_mean(unknown[0], known)}; "
                              f"it takes {', '.join(known)}")
     return chosen, options
+
+
+def _prepare_fields(params: dict[str, Any]) -> list[str]:
+    from train.data.sources import SOURCES
+
+    source = SOURCES.get(params.get("source"))  # type: ignore[arg-type]
+    return [spec.name for spec in dataclasses.fields(PrepareParams)] + list(source.options if source else ())
+
+
+def _verify_prepare(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
+    chosen, _ = _preparation(params)
+    return missing_paths([("root", chosen.root), ("images", chosen.images)], known)
 
 
 def prepare(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
@@ -264,6 +492,13 @@ def _evaluation(params: dict[str, Any]) -> EvaluateParams:
     return chosen
 
 
+def _verify_evaluate(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
+    chosen = _evaluation(params)
+    named = [(f"predictions[{i}]", path) for i, path in enumerate(chosen.predictions)]
+    named += [(name, getattr(chosen, name)) for name in ("annotations", "questions", "data")]
+    return missing_paths(named, known)
+
+
 def evaluate(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     """Predictions scored as `vlbert evaluate` scores them, into scores.json."""
     chosen = _evaluation(params)
@@ -307,12 +542,19 @@ def report(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None
         log(f"wrote {path.resolve()}")
 
 
+def _verify_report(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
+    return missing_paths([(f"runs[{i}]", run) for i, run in enumerate(report_params(params).runs)], known)
+
+
 KINDS: dict[str, StepKind] = {
-    "world": StepKind(world, functools.partial(_parse, WorldParams)),
-    "prepare": StepKind(prepare, _preparation),
-    "extract": StepKind(extract, _extraction_options),
-    "vocabulary": StepKind(vocabulary, functools.partial(_parse, VocabularyParams)),
-    "train": StepKind(train, functools.partial(_run_config, out=CHECKED_OUT)),
-    "evaluate": StepKind(evaluate, _evaluation),
-    "report": StepKind(report, report_params),
+    "world": StepKind(world, functools.partial(_parse, WorldParams), _field_names(WorldParams)),
+    "prepare": StepKind(prepare, _preparation, _prepare_fields, _verify_prepare),
+    "extract": StepKind(extract, _extraction_options, lambda params: _field_names(_extraction_params())(params),
+                        _verify_extract),
+    "vocabulary": StepKind(vocabulary, _vocabulary_params, _field_names(VocabularyParams), _verify_vocabulary),
+    "train": StepKind(train, functools.partial(_run_config, out=CHECKED_OUT),
+                      _field_names(RunConfig, *TRAIN_EXTRAS, leaving_out=("out",)), _verify_train,
+                      tuple(spec.name for spec in dataclasses.fields(StageConfig))),
+    "evaluate": StepKind(evaluate, _evaluation, _field_names(EvaluateParams), _verify_evaluate),
+    "report": StepKind(report, report_params, _field_names(ReportParams), _verify_report),
 }

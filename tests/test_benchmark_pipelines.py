@@ -19,6 +19,7 @@ from transformers import BertConfig, BertForPreTraining
 
 from extract.config import load_config
 from pipelines.cli import main
+from pipelines.runner import PipelineError, load_pipeline
 from train.data.files import DataError
 from train.data.vocabulary import write_vocabulary
 from training_world import TINY_MODEL
@@ -128,7 +129,45 @@ def test_the_vqa2_pipeline_prepares_extracts_finetunes_and_writes_scorable_predi
     assert len(items["items"]) == 6 and round(np.mean(list(items["items"].values())), 4) == result["value"]
 
     rerun = run(shrunk("vqa2.yaml", tmp_path), out, settings)
-    assert rerun.output.count("up to date") == 3
+    assert rerun.output.count("up to date") == 4
+
+
+def test_the_vqa2_pipeline_trains_from_scratch_at_a_named_size_with_a_vocabulary_of_its_questions(tmp_path):
+    write_vqa2(tmp_path / "vqa")
+    checkpoints = tiny_checkpoints(tmp_path)
+    settings = {"data": str(tmp_path / "vqa" / "data"), "images": str(tmp_path / "vqa" / "images"),
+                "min_answer_count": "1", "detector": checkpoints["detector"],
+                "detector_weights": checkpoints["detector_weights"], "vlbert": "null", "bert": "null",
+                "finetune.model": "tiny", "finetune.max_length": "64", "vocabulary.min_frequency": "1"}
+    out = tmp_path / "run"
+    run(shrunk("vqa2.yaml", tmp_path), out, settings)
+
+    vocabulary = (out / "vocabulary" / "vocab.txt").read_text().splitlines()
+    assert vocabulary[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and "colour" in vocabulary
+    model = json.loads((out / "finetune" / "stages" / "0-vqa" / "final" / "config.json").read_text())
+    assert (model["vocab_size"], model["hidden_size"], model["num_hidden_layers"]) == (len(vocabulary), 32, 2)
+    assert json.loads((out / "finetune" / "stages" / "0-vqa" / "eval.json").read_text())["samples"] == 6
+
+
+def test_the_vqa2_pipeline_starts_from_bert_without_vlbert_and_names_a_bert_folder_without_weights(tmp_path):
+    write_vqa2(tmp_path / "vqa")
+    checkpoints = tiny_checkpoints(tmp_path)
+    settings = {"data": str(tmp_path / "vqa" / "data"), "images": str(tmp_path / "vqa" / "images"),
+                **checkpoints, "vlbert": None}
+    pipeline = shrunk("vqa2.yaml", tmp_path)
+    with pytest.raises(PipelineError) as vocabulary_only:  # tiny_checkpoints's bert is a vocab.txt
+        load_pipeline(pipeline, settings)
+    assert str(vocabulary_only.value) == (f"{pipeline}: step 'finetune' (train): bert: {checkpoints['bert']} holds "
+                                          "no config.json; expected a checkpoint folder")
+    bert = BertForPreTraining(BertConfig(vocab_size=len(load_tokenizer(checkpoints["bert"])), hidden_size=32,
+                                         num_hidden_layers=2, num_attention_heads=4, intermediate_size=64))
+    bert.save_pretrained(checkpoints["bert"])
+    finetune = load_pipeline(pipeline, settings).steps[-1].params
+    assert finetune["init_from"] is None and finetune["bert"] == checkpoints["bert"]
+    bert.save_pretrained(tmp_path / "other")
+    (tmp_path / "other" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nword\n")
+    with pytest.raises(PipelineError, match=r"vocab.txt: 6 word pieces, but the model's vocab_size is \d+"):
+        load_pipeline(pipeline, {**settings, "bert": str(tmp_path / "other")})
 
 
 # ---- VCR ---------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from train.data.sources.captions import COCO_CAPTIONS, CONCEPTUAL_CAPTIONS, cc_i
 from train.data.sources.text import TextCorpus
 
 NOT_AN_IMAGE = b"any bytes: preparation never decodes images"
+ANY_IMAGE = "{jpg,jpeg,png,bmp,webp,tif,tiff,gif}"  # the extensions an image is looked for with
 
 
 def touch(root: Path, *files: str) -> None:
@@ -67,15 +68,17 @@ def test_coco_captions_per_image_from_root_or_its_annotations_folder(tmp_path: P
     assert (out / "images.txt").read_text().splitlines() == [
         f"train2014/{train2014(9)}", f"train2014/{train2014(25)}", "val2014/COCO_val2014_000000000042.jpg"]
     assert read_jsonl(out / "skipped.jsonl") == [
-        {"split": "train2014", "id": 30, "reason": f"image not found: {images / 'train2014' / train2014(30)}"}]
+        {"split": "train2014", "id": 30, "reason": f"no image found as {images / 'train2014' / train2014(30)[:-4]}"
+                                                   f".{ANY_IMAGE}"}]
     assert (images / "train2014" / train2014(9)).read_bytes() == NOT_AN_IMAGE
 
 
 def test_coco_captions_reads_the_splits_that_are_there(tmp_path: Path) -> None:
-    (tmp_path / "captions_val2014.json").write_text(json.dumps(VAL))
-    touch(tmp_path, "val2014/COCO_val2014_000000000042.jpg")
+    root = tmp_path / "coco"
+    touch(root, "val2014/COCO_val2014_000000000042.jpg")
+    (root / "captions_val2014.json").write_text(json.dumps(VAL))
     logged: list[str] = []
-    summary = prepare_dataset(COCO_CAPTIONS, tmp_path, tmp_path / "out", log=logged.append)
+    summary = prepare_dataset(COCO_CAPTIONS, root, tmp_path / "out", log=logged.append)
     assert list(summary["splits"]) == ["val2014"] and summary["absent"] == ["train2014"]
     assert logged[0] == "coco-captions: found val2014; not present: train2014"
 
@@ -89,11 +92,11 @@ def test_coco_captions_reads_the_splits_that_are_there(tmp_path: Path) -> None:
 def test_coco_captions_malformed_file_is_a_data_error_naming_file_and_entry(tmp_path: Path, change, message) -> None:
     data = json.loads(json.dumps(VAL))
     change(data)
-    path = tmp_path / "annotations" / "captions_val2014.json"
-    path.parent.mkdir()
+    path = tmp_path / "coco" / "annotations" / "captions_val2014.json"
+    path.parent.mkdir(parents=True)
     path.write_text(json.dumps(data))
     with pytest.raises(DataError) as error:
-        prepare_dataset(COCO_CAPTIONS, tmp_path, tmp_path / "out", log=lambda _: None)
+        prepare_dataset(COCO_CAPTIONS, tmp_path / "coco", tmp_path / "out", log=lambda _: None)
     assert str(error.value).startswith(f"{path}: {message}")
     assert not (tmp_path / "out" / "summary.json").exists()
 
@@ -131,18 +134,19 @@ def test_cc_rows_with_images_missing_images_and_malformed_lines(tmp_path: Path) 
         {"file": "validation/00000/000000000.webp", "captions": ["a cat"]}]
     tsv = root / "Train_GCC-training.tsv"
     assert read_jsonl(out / "skipped.jsonl") == [
-        {"split": "training", "id": 2, "reason": f"{tsv}:3: not a UTF-8 'caption<TAB>url' line"},
-        {"split": "training", "id": 3,
-         "reason": f"image not found: {images}/training/00000/000000003.{{jpg,png,webp,jpeg}}"},
-        {"split": "training", "id": 4, "reason": f"{tsv}:5: not a UTF-8 'caption<TAB>url' line"},
-        {"split": "training", "id": 5, "reason": f"{tsv}:6: not a UTF-8 'caption<TAB>url' line"}]
+        {"split": "training", "id": 2, "reason": f"{tsv}:3: not a 'caption<TAB>url' line"},
+        {"split": "training", "id": 3, "reason": f"no image found as {images}/training/00000/000000003.{ANY_IMAGE}"},
+        {"split": "training", "id": 4, "reason": f"{tsv}:5: the caption is not UTF-8 text"},
+        {"split": "training", "id": 5, "reason": f"{tsv}:6: not a 'caption<TAB>url' line"}]
 
 
 def test_cc_max_missing_fails_the_split(tmp_path: Path) -> None:
-    (tmp_path / "Validation_GCC-1.1.0-Validation.tsv").write_text("a cat\thttp://b/0.jpg\na dog\thttp://b/1.jpg\n")
-    touch(tmp_path, "validation/00000/000000001.jpg")
+    root = tmp_path / "cc"
+    touch(root, "validation/00000/000000001.jpg")
+    (root / "Validation_GCC-1.1.0-Validation.tsv").write_text("a cat\thttp://b/0.jpg\na dog\thttp://b/1.jpg\n")
     with pytest.raises(DataError, match=r"cc validation: 1 of 2 items \(50.0%\) have no image"):
-        prepare_dataset(CONCEPTUAL_CAPTIONS, tmp_path, tmp_path / "out", max_missing=0.25, log=lambda _: None)
+        prepare_dataset(CONCEPTUAL_CAPTIONS, root, tmp_path / "out", max_missing=0.25, log=lambda _: None)
+    assert not (tmp_path / "out").exists()
 
 
 # Text corpora.

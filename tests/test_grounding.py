@@ -4,6 +4,7 @@ grounding` end to end on the tiny world with a randomly initialised model."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -12,10 +13,11 @@ from click.testing import CliRunner
 from PIL import Image
 
 from pipelines.cli import main
-from train.analysis.grounding import (GroundingTally, analyze_grounding, held_out_best, phrase_region_attention,
-                                     phrase_sample)
+from train.analysis.grounding import (MIN_LENGTH, GroundingTally, analyze_grounding, held_out_best,
+                                     phrase_region_attention, phrase_sample)
 from train.analysis.phrases import PHRASE_READERS, Phrase
 from train.data.annotations import read_annotations
+from train.data.files import shown
 from train.data.regions import RegionBank
 from training_world import TINY_MODEL, make_world
 from vlbert.config import VLBertConfig
@@ -220,3 +222,135 @@ def _iou(a, b) -> float:
     height = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
     inter = width * height
     return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def _copy_model(world, folder):
+    shutil.copytree(world / "model", folder)
+    return folder
+
+
+def _truncated(path, keep: int):
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def _model_with(folder, world, **changes):
+    """The world's model config with `changes`, freshly initialised, saved in `folder`."""
+    values = json.loads((world / "model" / "config.json").read_text())
+    values.pop("architecture")
+    VLBertForPreTraining(VLBertConfig(**{**values, **changes})).save_pretrained(folder)
+    return folder
+
+
+def _vocabulary(folder, lines):
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("".join(line + "\n" for line in lines))
+    return folder
+
+
+def _truncated_config(world, tmp_path):
+    model = _copy_model(world, tmp_path / "model")
+    _truncated(model / "config.json", 50)
+    return {"--model": model}, f"{model / 'config.json'}: invalid JSON at line 3, column 3: "
+
+
+def _truncated_weights(world, tmp_path):
+    model = _copy_model(world, tmp_path / "model")
+    _truncated(model / "model.safetensors", 1000)
+    return {"--model": model}, f"{model / 'model.safetensors'}: not a readable safetensors file ("
+
+
+def _other_feature_size(world, tmp_path):
+    model = _model_with(tmp_path / "model", world, visual_feature_size=128)
+    return {"--model": model}, (f"{world / 'cache'}: holds 256-d features, but the model {model} takes "
+                                "visual_feature_size 128; analyse it on a store of the detector it was trained with")
+
+
+def _empty_vocabulary(world, tmp_path):
+    vocabulary = _vocabulary(tmp_path / "vocab", [])
+    return {"--vocabulary": vocabulary}, (f"{vocabulary / 'vocab.txt'}: 0 word pieces, without [UNK], [SEP], [PAD], "
+                                          "[CLS], [MASK]; expected a BERT WordPiece vocabulary, one piece a line, "
+                                          "with the special pieces")
+
+
+def _smaller_vocabulary(world, tmp_path):
+    """The model's vocabulary cut short: every id would name another word than the model learnt."""
+    vocabulary = _vocabulary(tmp_path / "vocab", (world / "vocab" / "vocab.txt").read_text().splitlines()[:50])
+    return {"--vocabulary": vocabulary}, (f"{vocabulary / 'vocab.txt'}: 50 word pieces, but the model's vocab_size is "
+                                          f"{len(load_tokenizer(world / 'vocab'))}; use the vocabulary the model was "
+                                          "trained with")
+
+
+def _larger_vocabulary(world, tmp_path):
+    model = _model_with(tmp_path / "model", world, vocab_size=60)
+    return {"--model": model}, (f"{world / 'vocab' / 'vocab.txt'}: {len(load_tokenizer(world / 'vocab'))} word "
+                                "pieces, but the model's vocab_size is 60; use the vocabulary the model was "
+                                "trained with")
+
+
+def _not_a_store(world, tmp_path):
+    (tmp_path / "store").mkdir()
+    return {"--store": tmp_path / "store"}, f"{tmp_path / 'store'}: not a FeatureStore (no meta.json)"
+
+
+def _refs_as_a_flickr30k_split(world, tmp_path):
+    annotations = world / "world" / "val.jsonl"
+    first = annotations.read_text().splitlines()[0]
+    return {"--format": "flickr30k-entities"}, (f"{annotations}:1: {shown(first)} is not a Flickr30K image id; the "
+                                                "flickr30k-entities format reads a split file (val.txt: one image id "
+                                                "a line)\n")
+
+
+def _flickr30k_box_without_numbers(world, tmp_path):
+    for folder in ("Sentences", "Annotations"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "val.txt").write_text("42\n")
+    (tmp_path / "Sentences" / "42.txt").write_text("[/EN#1/people A man] walks .\n")
+    (tmp_path / "Annotations" / "42.xml").write_text(
+        "<annotation><object><name>1</name><bndbox><xmin>1</xmin><ymin>two</ymin><xmax>30</xmax></bndbox>"
+        "</object></annotation>")
+    return {"--annotations": tmp_path / "val.txt", "--format": "flickr30k-entities"}, (
+        f"{tmp_path / 'Annotations' / '42.xml'}: a <bndbox> needs the numbers xmin, ymin, xmax, ymax, found "
+        "['1', 'two', '30', None]\n")
+
+
+def _out_inside_a_file(world, tmp_path):
+    (tmp_path / "file").write_text("")
+    return {"--out": tmp_path / "file" / "out"}, f"{tmp_path / 'file' / 'out'}: Not a directory\n"
+
+
+# What a user gives wrong (the options it replaces, made in tmp_path) → the one line it ends with (a
+# prefix where the rest is the parser's own words). Each is found before any phrase is analysed.
+UNUSABLE_INPUTS = {
+    "truncated config.json": _truncated_config,
+    "truncated model.safetensors": _truncated_weights,
+    "visual feature size unlike the store's": _other_feature_size,
+    "empty vocab.txt": _empty_vocabulary,
+    "vocabulary smaller than the model's": _smaller_vocabulary,
+    "vocabulary larger than the model's": _larger_vocabulary,
+    "a folder that is no store": _not_a_store,
+    "an annotation file given as a Flickr30K Entities split": _refs_as_a_flickr30k_split,
+    "a Flickr30K Entities box without numbers": _flickr30k_box_without_numbers,
+    "an --out that cannot be made": _out_inside_a_file,  # found before the analysis, not after it
+}
+
+
+@pytest.mark.parametrize("case", UNUSABLE_INPUTS)
+def test_inputs_that_cannot_be_analysed_are_one_line_and_exit_status_2(world, tmp_path, case):
+    changes, line = UNUSABLE_INPUTS[case](world, tmp_path)
+    options = {"--model": world / "model", "--store": world / "cache", "--annotations": world / "world" / "val.jsonl",
+               "--vocabulary": world / "vocab", "--out": tmp_path / "out", **changes}
+    result = CliRunner().invoke(main, ["analyze", "grounding", *(str(v) for kv in options.items() for v in kv)])
+    assert result.exit_code == 2 and result.output.startswith(f"Error: {line}")
+    assert result.output.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_max_length_at_its_minimum_analyses_and_below_it_is_bad_usage(world, tmp_path):
+    args = ["analyze", "grounding", "--model", str(world / "model"), "--store", str(world / "cache"),
+            "--annotations", str(world / "world" / "val.jsonl"), "--vocabulary", str(world / "vocab"),
+            "--max-items", "3", "--out", str(tmp_path / "out"), "--max-length"]
+    result = CliRunner().invoke(main, args + [str(MIN_LENGTH)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "out" / "grounding.json").read_text())["phrases"] == 3
+    result = CliRunner().invoke(main, args + [str(MIN_LENGTH - 1)])
+    assert result.exit_code == 2 and result.output.endswith(
+        f"Error: Invalid value for '--max-length': {MIN_LENGTH - 1} is not in the range x>={MIN_LENGTH}.\n")

@@ -12,14 +12,23 @@ class Terminal(io.StringIO):
 
 def test_a_redirected_log_gets_a_line_per_period_and_one_at_the_end():
     log = io.StringIO()
-    with progress_bar(10, "extract", "img", file=log, every_s=3600) as bar:
+    with progress_bar(10, "extract", "img", file=log, every_s=0) as bar:
         assert isinstance(bar, ProgressLines)
-        for _ in range(10):
-            bar.update(1)
+        bar.update(4)
+        bar.every_s = 3600
+        bar.update(6)
         bar.set_postfix(loss="0.5")
     lines = log.getvalue().splitlines()
-    assert len(lines) == 1 and "\r" not in log.getvalue()
-    assert lines[0].startswith("extract: 10/10 img (100%, ") and lines[0].endswith(" img/s) loss=0.5")
+    assert len(lines) == 2 and "\r" not in log.getvalue()
+    assert lines[0].startswith("extract: 4/10 img (40%, ") and lines[0].endswith(" img/s)")
+    assert lines[1].startswith("extract: 10/10 img (100%, ") and lines[1].endswith(" img/s) loss=0.5")
+
+
+def test_work_shorter_than_the_period_prints_nothing():
+    log = io.StringIO()
+    with progress_bar(10, "extract", "img", file=log, every_s=3600) as bar:
+        bar.update(10)
+    assert log.getvalue() == ""
 
 
 def test_every_period_prints_the_count_so_far():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import os
@@ -22,6 +23,7 @@ from train.evaluation.refer import evaluate_refer, score_refer, write_refer_pred
 
 REFCOCO_PLUS = SOURCES[0]
 IMAGE = "COCO_train2014_{:012d}.jpg"
+ANY_IMAGE = "{jpg,jpeg,png,bmp,webp,tif,tiff,gif}"  # the extensions an image is looked for with
 
 # Annotation id → (image id, COCO [x, y, w, h]); listed out of id order to show that boxes come by id.
 ANNOTATIONS = {11: (1, [20, 20, 5, 5]), 10: (1, [0, 0, 10, 10]), 20: (2, [1, 2, 30, 40]), 21: (2, [5, 5, 5, 5]),
@@ -90,9 +92,9 @@ def test_prepare_writes_an_image_record_per_split_and_counts_expressions(tmp_pat
         "train2014/" + IMAGE.format(2): [[1.0, 2.0, 31.0, 42.0], [5.0, 5.0, 10.0, 10.0]]}
     assert (out / "images.txt").read_text().splitlines() == ["train2014/" + IMAGE.format(i) for i in (1, 2, 2)]
     skipped = lines(out / "skipped.jsonl")
-    assert [s["id"] for s in skipped] == [1004, 1005, 1006]
-    assert "image not found" in skipped[0]["reason"] and IMAGE.format(3) in skipped[0]["reason"]
-    assert "annotation 99 is not in" in skipped[2]["reason"]
+    assert [s["id"] for s in skipped] == [[1004, 1005], 1006]  # an image's expressions together
+    assert skipped[0]["reason"] == f"no image found as {coco / 'train2014' / IMAGE.format(3)[:-4]}.{ANY_IMAGE}"
+    assert "annotation 99 is not in" in skipped[1]["reason"]
 
 
 def test_detections_replace_the_ground_truth_candidates(tmp_path):
@@ -233,7 +235,7 @@ def test_damaged_or_malformed_refs_files_are_refused(tmp_path):
             (pickle.dumps([{"ref_id": 1, "ann_id": 2, "image_id": 3, "split": "val"}]),
              r"refs\[0\]: missing key 'sentences'"),
             (pickle.dumps([{**REFS[2], "ref_id": "102"}]), r"refs\[0\]: 'ref_id' is '102', not an int"),
-            (pickle.dumps([REFS[2], REFS[2]]), "ref 102: sent_id 1003 appears twice"),
+            (pickle.dumps([REFS[2], copy.deepcopy(REFS[2])]), "ref 102: sent_id 1003 appears twice"),
             (b"\x80\x02U\x02\xff\xfeq\x00.", "a Python 2 byte string that is not UTF-8")]:
         path.write_bytes(stream)
         with pytest.raises(DataError, match=message):

@@ -139,7 +139,7 @@ def test_unusable_annotations_are_skipped_with_their_reasons(vcr_root: Path, tmp
     assert skipped["train-7"] == "refers to object -1, but the image has 3 objects"
     assert skipped["train-2"].startswith(f"metadata unusable: {images / SCENE_B}.json: cannot read")
     assert skipped["train-3"].startswith(f"metadata unusable: {images / SCENE_C}.json: invalid JSON")
-    assert skipped["train-4"] == f"image not found: {images / MOVIE / 'gone.jpg'}"
+    assert skipped["train-4"] == f"no image found as {images / MOVIE / 'gone'}.{{jpg,jpeg,png,bmp,webp,tif,tiff,gif}}"
     assert skipped["train-5"] == f"{images / SCENE_A}.json holds 3 boxes for 2 objects"
     assert skipped["train-6"] == f"'objects' differ from an earlier annotation of {SCENE_A}.jpg"
     [record] = read_lines(out / "train.jsonl")
@@ -163,8 +163,9 @@ def test_a_line_that_is_not_an_annotation_fails_with_its_line(vcr_root: Path, tm
 
 
 def test_no_published_file_fails(tmp_path: Path) -> None:
+    (tmp_path / "vcr").mkdir()
     with pytest.raises(DataError, match="none of vcr's published files"):
-        prepare(tmp_path, tmp_path / "out")
+        prepare(tmp_path / "vcr", tmp_path / "out")
 
 
 # -- evaluation ---------------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from safetensors.torch import load_file
 
-from pipelines.commands.convert import convert_official
+from pipelines.cli import main
 from vlbert import VLBertForPreTraining, VLBertForQuestionAnswering, convert_official_checkpoint, load_pretrained
 
 HIDDEN, LAYERS, HEADS, INTERMEDIATE, VOCAB, POSITIONS = 32, 2, 4, 64, 50, 64
@@ -350,11 +350,55 @@ def test_a_broken_alias_is_an_error(tmp_path):
         convert_official_checkpoint(tmp_path / "untied.model", tmp_path / "out", **TINY)
 
 
+def _convert(*arguments) -> Result:
+    return CliRunner().invoke(main, ["convert-official", *map(str, arguments)])
+
+
 def test_cli_reports_an_unconvertible_checkpoint(tmp_path):
     torch.save({"state_dict": official_vqa_checkpoint()}, tmp_path / "vqa.model")
     # The checkpoint is tiny, so the official base sizes (2048-d appearance, 256 frequencies) do not fit.
-    result = CliRunner().invoke(convert_official, [str(tmp_path / "vqa.model"), "--out", str(tmp_path / "out")])
-    assert result.exit_code != 0 and "obj_downsample takes 56 inputs" in result.output
+    result = _convert(tmp_path / "vqa.model", "--out", tmp_path / "out")
+    assert result.exit_code == 2 and result.output == (
+        f"Error: {tmp_path / 'vqa.model'}: obj_downsample takes 56 inputs, expected appearance 2048 + geometry 2048\n")
+    assert not (tmp_path / "out").exists()
+
+
+NOT_TORCH_SAVE = ("not a PyTorch checkpoint; expected a file written by torch.save (a zip archive, or the legacy "
+                  "pickle format of the official vl-bert-*.model files)")
+
+
+def _half_of_a_checkpoint(path):
+    torch.save({"state_dict": official_vqa_checkpoint()}, path)
+    path.write_bytes(path.read_bytes()[:4096])
+
+
+# Files given in place of an official checkpoint (written to the path given) → what the one line says.
+NOT_CHECKPOINTS = {
+    "empty": (lambda path: path.write_text(""), NOT_TORCH_SAVE),
+    "json": (lambda path: path.write_text('{"state_dict": {}}'), NOT_TORCH_SAVE),
+    "truncated": (_half_of_a_checkpoint, "a damaged PyTorch checkpoint (PytorchStreamReader failed reading zip "
+                                         "archive: failed finding central directory"),
+    "another model": (lambda path: torch.save({"state_dict": {"module.fc.weight": torch.zeros(2, 2)}}, path),
+                      "not an official VL-BERT checkpoint, it lacks vlbert.word_embeddings.weight"),
+    # The official files' own format, before PyTorch 1.6: read as such.
+    "another model, legacy format": (
+        lambda path: torch.save({"state_dict": {"fc.weight": torch.zeros(2)}}, path,
+                                _use_new_zipfile_serialization=False),
+        "not an official VL-BERT checkpoint, it lacks vlbert.word_embeddings.weight"),
+    "a list": (lambda path: torch.save([torch.zeros(2)], path),
+               "not a VL-BERT checkpoint; expected a state dict of tensors, or a dict with one under 'state_dict', "
+               "found list"),
+}
+
+
+@pytest.mark.parametrize("case", NOT_CHECKPOINTS)
+def test_a_file_that_is_no_official_checkpoint_is_one_line_naming_it(tmp_path, case):
+    write, problem = NOT_CHECKPOINTS[case]
+    source = tmp_path / "vl-bert-base-e2e.model"
+    write(source)
+    result = _convert(source, "--out", tmp_path / "out")
+    assert result.exit_code == 2 and result.output.startswith(f"Error: {source}: {problem}")
+    assert result.output.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
 def test_cli_converts_an_official_size_projection(tmp_path):
@@ -362,9 +406,7 @@ def test_cli_converts_an_official_size_projection(tmp_path):
     # Official appearance (2048) and geometry (4 × 2 × 256) sizes around a tiny transformer.
     state["module.image_feature_extractor.obj_downsample.1.weight"] = torch.randn(HIDDEN, 2048 + 2048)
     torch.save({"state_dict": state}, tmp_path / "vqa.model")
-    result = CliRunner().invoke(
-        convert_official, [str(tmp_path / "vqa.model"), "--out", str(tmp_path / "out"), "--num-attention-heads", "4"]
-    )
+    result = _convert(tmp_path / "vqa.model", "--out", tmp_path / "out", "--num-attention-heads", "4")
     assert result.exit_code == 0, result.output
     assert "VLBertForQuestionAnswering" in result.output
     model = load_pretrained(tmp_path / "out")
@@ -378,10 +420,12 @@ def test_pickled_objects_need_trust(tmp_path):
     state = official_vqa_checkpoint()
     state["module.image_feature_extractor.obj_downsample.1.weight"] = torch.randn(HIDDEN, 2048 + 2048)
     torch.save({"state_dict": state, "validation_monitor": {"best_val": _Score(0.7)}}, tmp_path / "vqa.model")
-    arguments = [str(tmp_path / "vqa.model"), "--out", str(tmp_path / "out"), "--num-attention-heads", "4"]
-    refused = CliRunner().invoke(convert_official, arguments)
-    assert refused.exit_code != 0 and "trust_pickle" in refused.output
-    assert CliRunner().invoke(convert_official, arguments + ["--trust-pickle"]).exit_code == 0
+    arguments = [tmp_path / "vqa.model", "--out", tmp_path / "out", "--num-attention-heads", "4"]
+    refused = _convert(*arguments)
+    assert refused.exit_code == 2 and refused.output == (
+        f"Error: {tmp_path / 'vqa.model'} holds objects beyond tensors ({_Score.__module__}._Score); convert it with "
+        "--trust-pickle (trust_pickle=True) only if you trust the file\n")
+    assert _convert(*arguments, "--trust-pickle").exit_code == 0
 
 
 class _Score(float):

@@ -102,7 +102,8 @@ def test_prepare_writes_the_schema_from_the_published_files(published, tmp_path)
     assert (out / "answers.txt").read_text() == "2\nyes\n"
     skipped = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
     assert [(s["split"], s["id"]) for s in skipped] == [("train2014", 60), ("val2014", [12])]
-    assert skipped[1]["reason"] == f"image not found: {images / 'val2014/COCO_val2014_000000000007.jpg'}"
+    assert skipped[1]["reason"] == (f"no image found as {images / 'val2014/COCO_val2014_000000000007'}"
+                                    ".{jpg,jpeg,png,bmp,webp,tif,tiff,gif}")
 
 
 @pytest.mark.parametrize(("min_count", "answers"), [(None, ""), (1, "2\nyes\ncat\ndog\n")])

@@ -125,19 +125,48 @@ class ConversionResult:
 
 
 def read_official_state_dict(path: str | Path, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
-    """The official checkpoint's tensors, `module.` prefix removed.
+    """The official checkpoint's tensors, `module.` prefix removed. ValueError, one line naming the
+    file, for a file torch.save did not write, a damaged one, or one that is no state dict.
 
     The official files also pickle the optimizer and validation state, which may hold objects
     that PyTorch's safe loader refuses; `trust_pickle` unpickles everything (trusted files only).
     """
+    path = Path(path)
+    if not _written_by_torch_save(path):
+        raise ValueError(f"{path}: not a PyTorch checkpoint; expected a file written by torch.save (a zip archive, "
+                         "or the legacy pickle format of the official vl-bert-*.model files)")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as error:
-        raise ValueError(f"{path} holds objects beyond tensors; convert it with trust_pickle if you trust it ({error})")
+        refused = _REFUSED_GLOBAL.search(str(error))
+        if refused is None or trust_pickle:
+            raise ValueError(f"{path}: a damaged PyTorch checkpoint ({_first_line(error)})") from None
+        raise ValueError(f"{path} holds objects beyond tensors ({refused.group(1)}); convert it with --trust-pickle "
+                         "(trust_pickle=True) only if you trust the file") from None
+    except (EOFError, RuntimeError) as error:  # what torch.load raises for a truncated or damaged file
+        raise ValueError(f"{path}: a damaged PyTorch checkpoint ({_first_line(error) or 'truncated'})") from None
     state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path} is not a VL-BERT checkpoint (a state dict, or a dict with 'state_dict')")
+        raise ValueError(f"{path}: not a VL-BERT checkpoint; expected a state dict of tensors, or a dict with one "
+                         f"under 'state_dict', found {type(checkpoint).__name__}")
     return {name.removeprefix("module."): tensor for name, tensor in state.items()}
+
+
+# torch.save's legacy format (before PyTorch 1.6, as the official files) opens with a pickled magic number.
+_LEGACY_HEADER = pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2)[:-1]  # without STOP
+_ZIP_HEADER = b"PK\x03\x04"  # torch.save's zip format (a truncated one still starts so)
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")  # torch's weights-only unpickler
+
+
+def _written_by_torch_save(path: Path) -> bool:
+    """Whether `path` is in one of torch.save's formats, checked before anything is unpickled."""
+    with path.open("rb") as f:
+        head = f.read(len(_LEGACY_HEADER))
+    return head.startswith(_ZIP_HEADER) or head == _LEGACY_HEADER
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
 
 
 def convert_official_checkpoint(
@@ -154,7 +183,7 @@ def convert_official_checkpoint(
     """
     official = _normalise_vcr_names(read_official_state_dict(source, trust_pickle))
     model_class = _task_of(official)
-    config = _config_from(official, model_class, num_attention_heads, visual_feature_size, geometry_frequencies)
+    config = _config_from(official, model_class, num_attention_heads, visual_feature_size, geometry_frequencies, source)
     model = model_class(config)
     result = ConversionResult(model_class.__name__, config)
 
@@ -235,10 +264,11 @@ def _config_from(
     num_attention_heads: int | None,
     visual_feature_size: int,
     geometry_frequencies: int,
+    source: str | Path,
 ) -> VLBertConfig:
     def shape(name: str) -> torch.Size:
         if name not in official:
-            raise ValueError(f"the checkpoint lacks {name}")
+            raise ValueError(f"{source}: not an official VL-BERT checkpoint, it lacks {name}")
         return official[name].shape
 
     vocab_size, hidden_size = shape("vlbert.word_embeddings.weight")
@@ -246,7 +276,7 @@ def _config_from(
     projection_inputs = shape(PROJECTION + "weight")[1]
     if projection_inputs != visual_feature_size + 8 * geometry_frequencies:
         raise ValueError(
-            f"obj_downsample takes {projection_inputs} inputs, expected appearance {visual_feature_size} "
+            f"{source}: obj_downsample takes {projection_inputs} inputs, expected appearance {visual_feature_size} "
             f"+ geometry {8 * geometry_frequencies}"
         )
     values = dict(

@@ -6,6 +6,7 @@ and [END] itself. Lengths are capped on the whole sequence: text + RoIs + [END] 
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +17,59 @@ from transformers import BertTokenizerFast, PreTrainedTokenizerFast
 from vlbert.losses import IGNORE_INDEX
 
 MASK_PROBABILITY = 0.15
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt")  # what load_tokenizer reads from a folder (tokenizer.json first)
+
+
+class VocabularyError(ValueError):
+    """A tokenizer folder that cannot be used, or that does not fit the model; the message names its file."""
 
 
 def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:
-    """The checkpoint's WordPiece tokenizer (a directory with vocab.txt or tokenizer.json)."""
-    return BertTokenizerFast.from_pretrained(str(directory))
+    """The checkpoint's WordPiece tokenizer (a directory with vocab.txt or tokenizer.json). VocabularyError
+    for a folder with neither, a file that is not UTF-8 text or JSON, and a vocabulary without BERT's
+    special pieces (an empty one among them): the tokenizer would otherwise append them as new ids
+    and fail, or turn every word into [UNK], only when it first reads text."""
+    source = vocabulary_file(directory)
+    if source.is_dir():
+        raise VocabularyError(f"{source}: no {' or '.join(VOCABULARY_FILES)}, expected a tokenizer folder")
+    _check_readable(source)  # one line for a file it cannot read, not the tokenizers library's bare Exception
+    tokenizer = BertTokenizerFast.from_pretrained(str(directory))
+    pieces = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=False)
+    missing = [token for token in tokenizer.all_special_tokens if token not in pieces]
+    if missing:
+        raise VocabularyError(f"{source}: {len(pieces)} word pieces, without {', '.join(missing)}; expected a BERT "
+                        "WordPiece vocabulary, one piece a line, with the special pieces")
+    return tokenizer
+
+
+def check_vocabulary_size(tokenizer: PreTrainedTokenizerFast, vocab_size: int, vocabulary: str | Path) -> None:
+    """VocabularyError unless the tokenizer has exactly the model's `vocab_size` word pieces: with fewer,
+    a model trained on another vocabulary reads different words under the same ids (or [UNK]); with
+    more, ids fall outside the model's embedding table. `vocabulary` is the folder (or file) the
+    tokenizer came from; the message names its vocabulary file."""
+    if len(tokenizer) != vocab_size:
+        raise VocabularyError(f"{vocabulary_file(vocabulary)}: {len(tokenizer)} word pieces, but the model's vocab_size is "
+                        f"{vocab_size}; use the vocabulary the model was trained with")
+
+
+def _check_readable(source: Path) -> None:
+    """VocabularyError for a vocabulary file that is not UTF-8 text (tokenizer.json: not JSON)."""
+    try:
+        text = source.read_bytes().decode("utf-8-sig")
+        if source.suffix == ".json":
+            json.loads(text)
+    except UnicodeDecodeError as exc:
+        raise VocabularyError(f"{source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise VocabularyError(f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except OSError as exc:
+        raise VocabularyError(f"{source}: cannot read ({exc.strerror or exc})") from None
+
+
+def vocabulary_file(vocabulary: str | Path) -> Path:
+    """The file of a tokenizer folder that holds its word pieces (the folder itself when it has none)."""
+    vocabulary = Path(vocabulary)
+    return next((vocabulary / name for name in VOCABULARY_FILES if (vocabulary / name).is_file()), vocabulary)
 
 
 @dataclass

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from train.analysis.grounding import analyze_grounding
+from train.analysis.grounding import MIN_LENGTH, analyze_grounding
 from train.analysis.phrases import PHRASE_READERS
 
 _folder = click.Path(exists=True, file_okay=False, path_type=Path)
@@ -31,7 +31,7 @@ def analyze_group() -> None:
               help="Phrases to draw (the first ones).")
 @click.option("--max-items", type=click.IntRange(min=1), help="Analyse only the first N phrases.")
 @click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--max-length", type=click.IntRange(min=3),
+@click.option("--max-length", type=click.IntRange(min=MIN_LENGTH),
               help="Cap on text + RoIs (default: the model's position count).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--fresh-weights", is_flag=True,

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import click
 
+from extract.checkpoint import CheckpointError
 from vlbert.convert_official import convert_official_checkpoint
 
 
@@ -33,8 +34,8 @@ def convert_official(source: Path, out_dir: Path, num_attention_heads: int | Non
         result = convert_official_checkpoint(
             source, out_dir, num_attention_heads=num_attention_heads, trust_pickle=trust_pickle
         )
-    except ValueError as error:
-        raise click.ClickException(str(error)) from error
+    except ValueError as error:  # the file is not a convertible checkpoint: nothing was written
+        raise CheckpointError(str(error)) from error
     detector = "written" if result.has_detector else "absent"
     click.echo(f"{source} -> {out_dir}: {result.architecture}, detector {detector}")
     if result.initialised:

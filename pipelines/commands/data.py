@@ -18,6 +18,8 @@ def _help() -> str:
     return f"""Read SOURCE's published files under --root into --out: a JSON-lines annotation file per
 split found, images.txt (the images to extract), boxes.json (given-box sources: `vlbert extract
 --boxes`), answers.txt (vqa2), skipped.jsonl (items left out, with the reason) and summary.json.
+Images are found with any extension extraction reads. Files are renamed into place only when the
+whole preparation succeeded; a failed one leaves --out as it was, and one that keeps no item fails.
 
 \b
 {sources}
@@ -30,7 +32,7 @@ split found, images.txt (the images to extract), boxes.json (given-box sources: 
               help="The folder holding the published annotation files.")
 @click.option("--images", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The images root (default: --root; vcr: --root/vcr1images).")
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder; not --root or --images, nor inside them.")
 @click.option("--max-missing", type=click.FloatRange(0, 1),
               help="Fail when a split misses a larger share of its items' images (0-1; default: never).")
 @click.option("--min-answer-count", type=click.IntRange(1), help="vqa2: answers kept in the vocabulary (default 9).")

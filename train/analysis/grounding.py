@@ -13,29 +13,38 @@ expected accuracy) and the paper's rule, the most confident RoI (the store keeps
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from torchvision.ops import box_iou
+from transformers import PreTrainedTokenizerFast
 
 from extract.device import check_device
+from extract.store.schema import StoreError, StoreMismatchError
 from train.analysis.figures import draw_example, draw_heat_map
 from train.analysis.phrases import PHRASE_READERS, Phrase
 from train.data.collate import collate, to_device
 from train.data.datasets import Sample
-from train.data.files import DataError, write_atomically
+from train.data.files import DataError, read_json, write_atomically
 from train.data.regions import RegionBank
+from train.engine.config import checked_fields
 from train.evaluation.statistics import LEVEL, Interval, bootstrap_interval, paired_comparison
 from train.tasks import model_inputs
-from vlbert.modeling import VLBertModel
-from vlbert.tokenization import build_caption_sequence, load_tokenizer
+from vlbert.config import VLBertConfig
+from vlbert.modeling import CONFIG_NAME, WEIGHTS_NAME, VLBertModel
+from vlbert.tokenization import build_caption_sequence, check_vocabulary_size, load_tokenizer
 
 IOU_THRESHOLD = 0.5
 TIE_TOLERANCE = 1e-6  # relative
+# The shortest sequence that still scores a phrase: [CLS], one word piece, [SEP], the whole-image
+# box (never a candidate), one RoI, [END].
+MIN_LENGTH = 6
 
 
 def phrase_region_attention(attentions: tuple[torch.Tensor, ...], phrase_mask: torch.Tensor,
@@ -172,15 +181,36 @@ class Example:
 
 def load_model(model_dir: str | Path, device: torch.device, fresh_weights: bool = False) -> VLBertModel:
     """The VL-BERT encoder of any task's `save_pretrained` folder, for reading its attention; with
-    `fresh_weights`, its config initialised afresh (seed 0): the same model before any training."""
+    `fresh_weights`, its config initialised afresh (seed 0): the same model before any training.
+    DataError (RunConfigError for a config field) naming the file that cannot be read as saved."""
     model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise DataError(f"{model_dir}: not a saved model (no config.json)")
-    model = VLBertModel.from_pretrained(model_dir)
+    check_saved_config(model_dir)
+    weights = model_dir / WEIGHTS_NAME
+    if not weights.is_file():
+        raise DataError(f"{model_dir}: not a saved model (no {WEIGHTS_NAME})")
+    try:
+        model = VLBertModel.from_pretrained(model_dir)
+    except SafetensorError as exc:
+        raise DataError(f"{weights}: not a readable safetensors file ({exc}); truncated or damaged?") from None
     if fresh_weights:
         torch.manual_seed(0)
         model.init_weights()
     return model.to(device).eval()
+
+
+def check_saved_config(model_dir: Path) -> None:
+    """DataError or RunConfigError unless the saved model folder's config.json reads as a VL-BERT config."""
+    path = model_dir / CONFIG_NAME
+    if not path.is_file():
+        raise DataError(f"{model_dir}: not a saved model (no {CONFIG_NAME})")
+    values = read_json(path)
+    if not isinstance(values, dict):
+        raise DataError(f"{path}: expected a JSON object of VL-BERT config fields, found {type(values).__name__}")
+    fields = checked_fields(VLBertConfig, {k: v for k, v in values.items() if k != "architecture"}, str(path))
+    try:
+        VLBertConfig(**fields)
+    except ValueError as exc:  # __post_init__: fields that do not go together
+        raise DataError(f"{path}: {exc}") from None
 
 
 def phrase_sample(phrase: Phrase, regions: RegionBank, tokenizer, max_length: int) -> tuple[Sample, np.ndarray]:
@@ -221,6 +251,46 @@ def batch_attention(model: VLBertModel, batch: dict[str, Any], inside: tuple[np.
     return phrase_region_attention(output.attentions, phrase_mask.to(device), output.num_regions).cpu()
 
 
+@dataclass
+class GroundingInputs:
+    """What an analysis reads, each checked against the others before any phrase is analysed."""
+
+    model: VLBertModel
+    tokenizer: PreTrainedTokenizerFast
+    regions: RegionBank
+    phrases: list[Phrase]
+
+
+@contextlib.contextmanager
+def could_not_start() -> Iterator[None]:
+    """A store that does not open, or a file or folder that cannot be read or made, before the
+    analysis begins is a DataError (the command could not start, exit status 2); the same errors
+    later, while analysing, stay what they are (the job failed, 1)."""
+    try:
+        yield
+    except OSError as exc:
+        raise DataError(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc)) from exc
+    except StoreMismatchError:
+        raise  # already a could-not-start error
+    except StoreError as exc:
+        raise DataError(str(exc)) from exc
+
+
+def open_inputs(model_dir: Path, store: Path, annotations: Path, vocabulary: Path, phrase_format: str,
+                device: torch.device, fresh_weights: bool, max_items: int | None) -> GroundingInputs:
+    """The model, its tokenizer, the store and the phrases; StoreMismatchError when the store's
+    features are not the size the model takes, DataError when the vocabulary is not the model's."""
+    model = load_model(model_dir, device, fresh_weights)
+    tokenizer = load_tokenizer(vocabulary)
+    check_vocabulary_size(tokenizer, model.config.vocab_size, vocabulary)
+    regions = RegionBank(str(store))
+    if regions.feature_dim != model.config.visual_feature_size:
+        raise StoreMismatchError(f"{store}: holds {regions.feature_dim}-d features, but the model {model_dir} takes "
+                                 f"visual_feature_size {model.config.visual_feature_size}; analyse it on a store "
+                                 "of the detector it was trained with")
+    return GroundingInputs(model, tokenizer, regions, read_phrases(annotations, phrase_format, regions)[:max_items])
+
+
 @torch.no_grad()
 def analyze_grounding(model_dir: str | Path, store: str | Path, annotations: str | Path, vocabulary: str | Path,
                       out: str | Path, phrase_format: str = "refs", images: str | Path | None = None,
@@ -230,16 +300,16 @@ def analyze_grounding(model_dir: str | Path, store: str | Path, annotations: str
     `PHRASE_READERS`; the first `max_items`): writes OUT/grounding.json (the returned table),
     OUT/grounding.png (the heat map) and, for the first `examples` phrases, OUT/examples/*.png (the
     best head's attention over the image's boxes, drawn on the image from `images` when given).
-    `max_length` (default: the model's position count) caps text + RoIs. `fresh_weights` analyses
-    the model's config with fresh weights (the before-training reference)."""
+    `max_length` (default: the model's position count; at least MIN_LENGTH) caps text + RoIs.
+    `fresh_weights` analyses the model's config with fresh weights (the before-training reference).
+    Every input is checked, and OUT made, before the first phrase is analysed."""
     torch_device = check_device(device)
-    model = load_model(model_dir, torch_device, fresh_weights)
-    tokenizer = load_tokenizer(vocabulary)
-    if len(tokenizer) > model.config.vocab_size:
-        raise DataError(f"{vocabulary}: {len(tokenizer)} word pieces, but the model {model_dir} knows "
-                        f"{model.config.vocab_size}")
-    regions = RegionBank(str(store))
-    phrases = read_phrases(annotations, phrase_format, regions)[:max_items]
+    out = Path(out)
+    with could_not_start():
+        inputs = open_inputs(Path(model_dir), Path(store), Path(annotations), Path(vocabulary), phrase_format,
+                             torch_device, fresh_weights, max_items)
+        out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer, regions, phrases = inputs.model, inputs.tokenizer, inputs.regions, inputs.phrases
     max_length = max_length or model.config.max_position_embeddings
 
     tally = GroundingTally(model.config.num_hidden_layers, model.config.num_attention_heads)
@@ -257,8 +327,6 @@ def analyze_grounding(model_dir: str | Path, store: str | Path, annotations: str
             kept.append(Example(phrase, sample.regions.image_size, boxes[chosen].numpy(), row[..., chosen].numpy()))
 
     result = {"model": str(model_dir), "annotations": str(annotations), "format": phrase_format, **tally.result()}
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     draw_heat_map(tally.accuracy(), result, out / "grounding.png")
     best = (result["best"]["layer"] - 1, result["best"]["head"] - 1)
     result["examples"] = [

@@ -13,6 +13,7 @@ analysis scores. `PHRASE_READERS` maps a format name to its reader (a path → p
 
 from __future__ import annotations
 
+import math
 import re
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from train.data.annotations import read_annotations
-from train.data.files import DataError
+from train.data.files import DataError, read_text, shown
 
 
 @dataclass
@@ -47,6 +48,7 @@ def annotation_phrases(path: str | Path) -> list[Phrase]:
     return phrases
 
 
+CORNERS = ("xmin", "ymin", "xmax", "ymax")  # a <bndbox>'s children
 ENTITY = re.compile(r"\[/EN#(\d+)(?:/[^\s\]]+)* ([^\]]*)\]")
 
 
@@ -73,11 +75,36 @@ def entity_boxes(path: Path) -> dict[str, list[float]]:
         box = element.find("bndbox")
         if box is None:
             continue
-        corners = [float(box.findtext(name)) for name in ("xmin", "ymin", "xmax", "ymax")]
+        corners = _corners(box, path)
         for name in element.findall("name"):
-            boxes.setdefault(name.text.strip(), []).append(corners)
+            boxes.setdefault((name.text or "").strip(), []).append(corners)
     return {entity: [min(b[0] for b in group), min(b[1] for b in group), max(b[2] for b in group),
                      max(b[3] for b in group)] for entity, group in boxes.items()}
+
+
+def _corners(box: ElementTree.Element, path: Path) -> list[float]:
+    texts = [box.findtext(name) for name in CORNERS]
+    try:
+        corners = [float(text) for text in texts]
+    except (TypeError, ValueError):  # a corner missing, or not a number
+        corners = []
+    if len(corners) != len(CORNERS) or not all(map(math.isfinite, corners)):
+        raise DataError(f"{path}: a <bndbox> needs the numbers {', '.join(CORNERS)}, found {shown(texts)}")
+    return corners
+
+
+IMAGE_ID = re.compile(r"\d+")  # a Flickr30K image's file name without .jpg
+
+
+def split_image_ids(split_file: Path) -> list[str]:
+    """The image ids of a Flickr30K Entities split file, one a line; DataError naming the first line
+    that holds something else (an annotation file given with the wrong --format, say)."""
+    lines = read_text(split_file).splitlines()
+    for number, line in enumerate(lines, 1):
+        if line.strip() and not IMAGE_ID.fullmatch(line.strip()):
+            raise DataError(f"{split_file}:{number}: {shown(line)} is not a Flickr30K image id; the "
+                            "flickr30k-entities format reads a split file (val.txt: one image id a line)")
+    return [line.strip() for line in lines if line.strip()]
 
 
 def flickr30k_entities_phrases(split_file: str | Path) -> list[Phrase]:
@@ -85,13 +112,13 @@ def flickr30k_entities_phrases(split_file: str | Path) -> list[Phrase]:
     split_file = Path(split_file)
     root = split_file.parent
     phrases = []
-    for image_id in split_file.read_text().split():
+    for image_id in split_image_ids(split_file):
         sentences, annotations = root / "Sentences" / f"{image_id}.txt", root / "Annotations" / f"{image_id}.xml"
         if not (sentences.is_file() and annotations.is_file()):
             raise DataError(f"{split_file}: image {image_id} has no Sentences/{image_id}.txt or "
                             f"Annotations/{image_id}.xml under {root}")
         boxes = entity_boxes(annotations)
-        for number, line in enumerate(sentences.read_text().splitlines()):
+        for number, line in enumerate(read_text(sentences).splitlines()):
             text, spans = entity_sentence(line.strip())
             phrases += [Phrase(f"{image_id}/{number}/{k}", f"flickr30k-images/{image_id}",
                                f"flickr30k-images/{image_id}.jpg", text, (start, end), boxes[entity])

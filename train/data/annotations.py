@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from train.data.files import DataError, parse_json_line
+from train.data.files import DataError, parse_json_line, read_text
 
 ITEM_KINDS = ("captions", "vqa", "refs", "vcr")
 
@@ -237,8 +237,9 @@ class AnswerVocabulary:
 
     @classmethod
     def from_file(cls, path: str | Path) -> AnswerVocabulary:
-        """An answers.txt written by `vlbert data prepare vqa2`: one answer a line."""
-        answers = [line for line in Path(path).read_text().splitlines() if line]
+        """An answers.txt written by `vlbert data prepare vqa2`: one answer a line (a BOM that an
+        editor added is dropped)."""
+        answers = [line for line in read_text(path).splitlines() if line]
         if not answers:
             raise DataError(f"{path}: lists no answers")
         return cls(answers)

@@ -1,11 +1,20 @@
-"""Reading dataset files as published: every problem is a DataError naming the file (and line)."""
+"""Reading dataset files as published: every problem is a DataError naming the file (and line).
+
+Parsing is bounded: values nested deeper than Python can parse, and integers longer than Python
+converts from text (sys.get_int_max_str_digits(), 4,300 digits by default), are DataErrors naming
+the file, not tracebacks. A leading UTF-8 byte order mark is dropped, as editors on Windows add one."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
+import reprlib
+import sys
 from pathlib import Path
 from typing import Any, Iterator
+
+BOM = codecs.BOM_UTF8
 
 
 class DataError(ValueError):
@@ -17,14 +26,10 @@ def read_json(path: str | Path) -> Any:
     """The JSON value of `path`; DataError with the line and column of a syntax error."""
     path = Path(path)
     try:
-        with path.open("rb") as f:
-            return json.load(f)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        data = path.read_bytes()
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return _loads(data, str(path), at_line=True)
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
@@ -40,12 +45,61 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
 
 
 def parse_json_line(line: bytes | str, path: str | Path, number: int) -> Any:
+    return _loads(line, f"{path}:{number}", at_line=False)
+
+
+def _loads(data: bytes | str, where: str, at_line: bool) -> Any:
+    """json.loads of `data` (bytes: a BOM is dropped), every failure a DataError starting with `where`."""
     try:
-        return json.loads(line)
+        return json.loads(data.removeprefix("\ufeff") if isinstance(data, str) else data)
     except json.JSONDecodeError as exc:
-        raise DataError(f"{path}:{number}: invalid JSON at column {exc.colno}: {exc.msg}") from None
+        at = f"line {exc.lineno}, column {exc.colno}" if at_line else f"column {exc.colno}"
+        raise DataError(f"{where}: invalid JSON at {at}: {exc.msg}") from None
     except UnicodeDecodeError as exc:
-        raise DataError(f"{path}:{number}: not UTF-8 text ({exc.reason})") from None
+        raise DataError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested too deeply to read") from None
+    except ValueError:  # what json.loads raises past that: int() of a number with too many digits
+        raise DataError(f"{where}: holds an integer of more than {sys.get_int_max_str_digits()} digits") from None
+
+
+def read_text(path: str | Path) -> str:
+    """The UTF-8 text of `path`, without a leading BOM; DataError when it cannot be read as such."""
+    path = Path(path)
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def is_text(text: str) -> bool:
+    """Whether `text` can be written as UTF-8: no lone surrogate (a JSON escape such as "\\ud800" read
+    as published, or os's stand-in for a byte of a file name that is not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class _BoundedRepr(reprlib.Repr):
+    def repr_int(self, value: int, level: int) -> str:
+        if value.bit_length() > 64:  # repr() refuses past 4,300 digits; a message needs none of them
+            return f"<an integer of {value.bit_length()} bits>"
+        return repr(value)
+
+
+_SHOWN = _BoundedRepr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+
+
+def shown(value: Any) -> str:
+    """`value` for a message: a repr cut short in depth and length. An input value can be nested
+    deeper than repr() goes, or share its parts (a pickle's memo) so that its full repr grows with
+    the square of the file's size."""
+    return _SHOWN.repr(value)
 
 
 def write_atomically(path: str | Path, text: str) -> None:

@@ -8,27 +8,39 @@ The output folder holds:
     answers.txt      vqa2: the answer vocabulary, most frequent first
     skipped.jsonl    every item left out, with the reason: {"split", "id", "reason"}
     summary.json     {"source", "splits": {SPLIT: {"items", "skipped", "missing_images", ...}}, "absent"}
-Items whose image is missing are skipped and counted; `max_missing` fails the preparation when a
-split misses a larger share. Files appear whole or not at all, and summary.json last: its presence
-says the preparation finished.
+An image is found by its path without extension, with any extension extraction reads
+(extract.images.IMAGE_EXTENSIONS); a name outside the images folder (absolute, or with `..`) is not
+looked for. Items whose image is missing are skipped and counted; `max_missing` fails the
+preparation when a split misses a larger share, and a preparation that yields no item fails.
+
+Outputs never replace inputs: `--out` may not be, or lie inside, `--root` or `--images`. Every file
+is written under a temporary name and renamed only when the whole preparation has succeeded, and
+summary.json last: its presence says the preparation finished. A failed preparation leaves the
+folder as it was. Of the files listed above, those the new summary does not account for (splits it
+calls absent, a boxes.json or answers.txt not written this time) are removed; nothing else is.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
-from tqdm import tqdm
-
-from train.data.files import DataError, write_atomically
+from extract.images import IMAGE_EXTENSIONS
+from extract.progress import progress_bar
+from train.data.files import DataError, is_text, shown, write_atomically
 
 SUMMARY = "summary.json"
 IMAGES = "images.txt"
 BOXES = "boxes.json"
+ANSWERS = "answers.txt"
 SKIPPED = "skipped.jsonl"
+OPTIONAL_OUTPUTS = (BOXES, ANSWERS)  # written by some sources only: removed when not written
+EXTENSION_RANK = {extension: rank for rank, extension in enumerate(IMAGE_EXTENSIONS)}  # the first is preferred
+ANY_IMAGE_EXTENSION = "{" + ",".join(extension[1:] for extension in IMAGE_EXTENSIONS) + "}"
 
 
 @dataclass(frozen=True)
@@ -42,10 +54,70 @@ class Source:
     about: str  # one line for `vlbert data prepare --help`
     options: tuple[str, ...] = ()  # the source's own options (keyword arguments of prepare_dataset)
     images_folder: str = ""  # where the images lie under --root when --images is not given (if it exists)
+    image_names: str = ""  # how an item's image is named under the images root, without extension: for messages
+
+
+class ImageFinder:
+    """Finds an image under the images root by its path without extension, with any of
+    IMAGE_EXTENSIONS (any case). A folder is listed once, not stat'ed per candidate: the readers
+    run over millions of rows. The last FOLDERS_KEPT listings are kept, so that memory stays flat:
+    Conceptual Captions' rows go through its 333 shard folders in turn, a VQA or COCO split is one
+    folder, and the Karpathy COCO split alternates between two."""
+
+    FOLDERS_KEPT = 2
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        # folder → (its image names, stem → the name with the first extension in IMAGE_EXTENSIONS)
+        self._listings: OrderedDict[str, tuple[set[str], dict[str, str]]] = OrderedDict()
+
+    def find(self, file: str) -> str | None:
+        """`file` (relative to the root) as found: itself, else the same stem with the first of
+        IMAGE_EXTENSIONS present; None when there is none."""
+        folder, _, name = file.rpartition("/")
+        names, by_stem = self._listing(folder)
+        found = name if name in names else by_stem.get(os.path.splitext(name)[0])
+        return f"{folder}/{found}" if folder and found else found
+
+    def _listing(self, folder: str) -> tuple[set[str], dict[str, str]]:
+        if folder in self._listings:
+            self._listings.move_to_end(folder)
+            return self._listings[folder]
+        names: set[str] = set()
+        by_stem: dict[str, str] = {}
+        for name, stem, rank in self._image_names(folder):
+            names.add(name)
+            first = by_stem.setdefault(stem, name)
+            if first != name and rank < EXTENSION_RANK[os.path.splitext(first)[1].lower()]:  # rare: one stem, two files
+                by_stem[stem] = name
+        listing = self._listings[folder] = names, by_stem
+        if len(self._listings) > self.FOLDERS_KEPT:
+            self._listings.popitem(last=False)
+        return listing
+
+    def _image_names(self, folder: str) -> Iterator[tuple[str, str, int]]:
+        """(name, stem, rank of its extension) of every image file in `folder`."""
+        try:
+            with os.scandir(self.root / folder) as entries:
+                for entry in entries:
+                    stem, extension = os.path.splitext(entry.name)
+                    rank = EXTENSION_RANK.get(extension.lower())
+                    # A name that is not UTF-8 could not be written into images.txt; extraction
+                    # reports such files itself.
+                    if rank is not None and entry.is_file() and is_text(entry.name):
+                        yield entry.name, stem, rank
+        except (FileNotFoundError, NotADirectoryError):
+            return
+
+
+def outside(file: str) -> bool:
+    """Whether `file`, given as relative to a folder, names something outside it."""
+    return file.startswith("/") or ".." in file.split("/")
 
 
 class Preparation:
-    """What a source's `prepare` writes into: splits, the boxes of given-box extraction, other files."""
+    """What a source's `prepare` writes into: splits, the boxes of given-box extraction, other files.
+    Every file goes under a temporary name until `finish` renames them all."""
 
     def __init__(self, source: Source, root: Path, images: Path, out: Path, max_missing: float | None,
                  options: dict[str, Any], log: Callable[[str], None]) -> None:
@@ -53,8 +125,19 @@ class Preparation:
         self.max_missing, self.options, self.log = max_missing, options, log
         self.boxes: dict[str, list[list[float]]] = {}
         self.summary: dict[str, Any] = {"source": source.name, "splits": {}, "absent": []}
-        self._images_list = (out / f"{IMAGES}.tmp").open("w")
-        self._skipped = (out / f"{SKIPPED}.tmp").open("w")
+        # The first reason an item was left out, and the first missing image: for the errors that
+        # end a preparation, whose skipped.jsonl is not kept.
+        self.first_skip: str | None = None
+        self.first_missing: str | None = None
+        self.finder = ImageFinder(images)
+        self._staged: dict[str, IO[bytes]] = {}  # output name → its temporary file
+        self._images_list = self.stage(IMAGES)
+        self._skipped = self.stage(SKIPPED)
+
+    def stage(self, name: str) -> IO[bytes]:
+        """A temporary file for the output `name`, renamed into place by `finish`."""
+        self._staged[name] = (self.out / f"{name}.tmp").open("wb")
+        return self._staged[name]
 
     def present(self, files: dict[str, Path]) -> list[str]:
         """The splits among `files` (split → its published file) that are there, in published order;
@@ -70,43 +153,63 @@ class Preparation:
         return SplitWriter(self, name)
 
     def image_exists(self, file: str) -> bool:
-        # os.path rather than a Path per call: this runs once per row of 3.3M-row files.
-        return os.path.isfile(os.path.join(self.images, file))
+        """Whether the image `file` is under the images root, with any image extension."""
+        return not outside(file) and self.finder.find(file) is not None
 
     def progress(self, items: Iterable, what: str, total: int | None = None) -> Iterator:
-        """`items` with a progress bar on a terminal."""
-        return iter(tqdm(items, desc=f"{self.source.name} {what}", total=total, unit=" items", disable=None,
-                         dynamic_ncols=True, leave=False))
+        """`items`, with a bar on a terminal and a line a minute in a log."""
+        with progress_bar(total, f"{self.source.name} {what}", "items", leave=False) as bar:
+            for item in items:
+                yield item
+                bar.update(1)
 
     def write_json(self, name: str, value: Any) -> None:
-        write_atomically(self.out / name, json.dumps(value))
+        """`value` as the output `name`; standard JSON (no NaN or Infinity), non-ASCII escaped."""
+        self.stage(name).write(json.dumps(value, allow_nan=False).encode())
 
     def write_lines(self, name: str, lines: Iterable[str]) -> None:
-        write_atomically(self.out / name, "".join(f"{line}\n" for line in lines))
+        self.stage(name).write("".join(f"{line}\n" for line in lines).encode())
 
     def finish(self) -> None:
-        self.close()
-        os.replace(self._images_list.name, self.out / IMAGES)
-        os.replace(self._skipped.name, self.out / SKIPPED)
+        """Every output renamed into place, stale ones removed, summary.json written last."""
         if self.boxes:
             self.write_json(BOXES, self.boxes)
-        self.write_json(SUMMARY, self.summary)
+        self.close()
+        (self.out / SUMMARY).unlink(missing_ok=True)  # absent while the outputs change
+        for name, file in self._staged.items():
+            os.replace(file.name, self.out / name)
+        for name in self._stale_outputs():
+            (self.out / name).unlink(missing_ok=True)
+        write_atomically(self.out / SUMMARY, json.dumps(self.summary))
+
+    def _stale_outputs(self) -> list[str]:
+        """The outputs of an earlier preparation that this one does not account for."""
+        splits = [split for split in (*self.source.splits, *self.summary["absent"])
+                  if split not in self.summary["splits"]]
+        return [f"{split}.jsonl" for split in dict.fromkeys(splits)] + [
+            name for name in OPTIONAL_OUTPUTS if name not in self._staged]
+
+    def discard(self) -> None:
+        """The temporary files removed: a failed preparation leaves the folder as it was."""
+        self.close()
+        for file in self._staged.values():
+            Path(file.name).unlink(missing_ok=True)
 
     def close(self) -> None:
-        self._images_list.close()
-        self._skipped.close()
+        for file in self._staged.values():
+            file.close()
 
 
 class SplitWriter:
     """One split's annotation file, written line by line (streamed) and counted. A context manager:
-    the file is renamed into place, and the split's counts enter the summary, when the block ends."""
+    the split's counts enter the summary when the block ends; the file is renamed into place with
+    the others when the whole preparation has succeeded."""
 
     def __init__(self, preparation: Preparation, name: str) -> None:
         self.preparation, self.name = preparation, name
-        self.path = preparation.out / f"{name}.jsonl"
         self.counts: dict[str, int] = {"items": 0, "skipped": 0, "missing_images": 0}
         self.extra: dict[str, Any] = {}  # the source's own summary fields for this split
-        self._file = self.path.with_name(self.path.name + ".tmp").open("w")
+        self._file = preparation.stage(f"{name}.jsonl")
 
     def __enter__(self) -> SplitWriter:
         return self
@@ -115,7 +218,6 @@ class SplitWriter:
         self._file.close()
         if kind is not None:
             return
-        os.replace(self._file.name, self.path)
         summary = {**self.counts, **self.extra}
         self.preparation.summary["splits"][self.name] = summary
         self.preparation.log(f"{self.preparation.source.name} {self.name}: {self.counts['items']} items"
@@ -125,18 +227,38 @@ class SplitWriter:
 
     def add(self, record: dict[str, Any], items: int) -> None:
         """One image's annotation record (`file` relative to the images root) holding `items` items."""
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self.preparation._images_list.write(record["file"] + "\n")
+        line = json.dumps(record, ensure_ascii=False)
+        try:
+            data = line.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (a JSON escape as published) stays an escape
+            data = json.dumps(record).encode("utf-8")
+        self._file.write(data + b"\n")
+        self.preparation._images_list.write(record["file"].encode("utf-8") + b"\n")
         self.counts["items"] += items
 
     def skip(self, item_id: Any, reason: str, items: int = 1) -> None:
         """Leaves out `items` items (`item_id` names them in skipped.jsonl) for `reason`."""
         self.counts["skipped"] += items
-        self.preparation._skipped.write(json.dumps({"split": self.name, "id": item_id, "reason": reason}) + "\n")
+        self.preparation.first_skip = self.preparation.first_skip or reason
+        line = json.dumps({"split": self.name, "id": item_id, "reason": reason})
+        self.preparation._skipped.write(line.encode() + b"\n")
 
     def skip_missing_image(self, item_id: Any, file: str, items: int = 1) -> None:
         self.counts["missing_images"] += items
-        self.skip(item_id, f"image not found: {self.preparation.images / file}", items)
+        looked_for = f"{self.preparation.images / os.path.splitext(file)[0]}.{ANY_IMAGE_EXTENSION}"
+        self.preparation.first_missing = self.preparation.first_missing or looked_for
+        self.skip(item_id, f"no image found as {looked_for}", items)
+
+    def find_image(self, item_id: Any, file: str, items: int = 1) -> str | None:
+        """The image `file` (relative to the images root) as found, with any image extension; None
+        when it is outside the images folder or missing, its `items` items then skipped."""
+        if outside(file):
+            self.skip(item_id, f"image {shown(file)} lies outside the images folder {self.preparation.images}", items)
+            return None
+        found = self.preparation.finder.find(file)
+        if found is None:
+            self.skip_missing_image(item_id, file, items)
+        return found
 
     def _check_missing_share(self) -> None:
         limit = self.preparation.max_missing
@@ -145,16 +267,17 @@ class SplitWriter:
         if limit is not None and total and missing / total > limit:
             raise DataError(f"{self.preparation.source.name} {self.name}: {missing} of {total} items "
                             f"({missing / total:.1%}) have no image under {self.preparation.images}, more than "
-                            f"--max-missing {limit:.1%}; the reasons are in {self.preparation.out / SKIPPED}")
+                            f"--max-missing {limit:.1%}; the first: no image found as {self.preparation.first_missing}")
 
 
 def prepare_dataset(source: Source, root: str | Path, out: str | Path, images: str | Path | None = None,
                     max_missing: float | None = None, log: Callable[[str], None] = print,
                     **options: Any) -> dict[str, Any]:
     """Reads `source`'s published files under `root` (images under `images`, default
-    `root/source.images_folder` where it exists, else `root`) into
-    `out`; returns the summary. `options` are the source's own (vqa2: `min_answer_count`). DataError
-    for files that cannot be read and for a missing share above `max_missing` (0–1)."""
+    `root/source.images_folder` where it exists, else `root`) into `out`; returns the summary.
+    `options` are the source's own (vqa2: `min_answer_count`). DataError, with `out` as it was, for
+    an `out` inside an input folder, files that cannot be read, a missing share above `max_missing`
+    (0–1), and a preparation that yields no item."""
     root, out = Path(root), Path(out)
     if images is None:
         images = root / source.images_folder if (root / source.images_folder).is_dir() else root
@@ -162,21 +285,51 @@ def prepare_dataset(source: Source, root: str | Path, out: str | Path, images: s
     for what, path in (("--root", root), ("--images", images)):
         if not path.is_dir():
             raise DataError(f"{what} {path}: not a folder")
+    _refuse_out_inside(out, {"--root": root, "--images": images})
     if max_missing is not None and not 0 <= max_missing <= 1:
         raise DataError(f"--max-missing {max_missing}: expected a share between 0 and 1")
     unknown = sorted(set(options) - set(source.options))
     if unknown:
         raise DataError(f"{source.name}: unknown option {', '.join(map(repr, unknown))}; "
                         f"it takes {', '.join(map(repr, source.options)) or 'none'}")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    (out / SUMMARY).unlink(missing_ok=True)
     preparation = Preparation(source, root, images, out, max_missing, options, log)
     try:
         source.prepare(preparation)
-        if not preparation.summary["splits"]:
-            raise DataError(f"{root}: holds none of {source.name}'s published files "
-                            f"(splits {', '.join(source.splits)}); see `vlbert data prepare --help`")
-        preparation.finish()
-    finally:
-        preparation.close()
+        _check_yield(preparation)
+    except BaseException:
+        preparation.discard()
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    preparation.finish()
     return preparation.summary
+
+
+def _refuse_out_inside(out: Path, inputs: dict[str, Path]) -> None:
+    """DataError when `out` is, or lies inside, one of the input folders (the innermost is named): their
+    files could be overwritten."""
+    target = out.resolve()
+    folders = {option: folder.resolve() for option, folder in inputs.items()}
+    for option, folder in sorted(folders.items(), key=lambda item: -len(item[1].parts)):
+        if target == folder or folder in target.parents:
+            raise DataError(f"--out {out}: {'is' if target == folder else 'lies inside'} the input folder {option} "
+                            f"{folder}, whose published files it could overwrite; choose a folder outside it")
+
+
+def _check_yield(preparation: Preparation) -> None:
+    """DataError when the preparation found no split, or kept no item of any."""
+    source, summary = preparation.source, preparation.summary
+    if not summary["splits"]:
+        raise DataError(f"{preparation.root}: holds none of {source.name}'s published files "
+                        f"(splits {', '.join(source.splits)}); see `vlbert data prepare --help`")
+    if any(split["items"] for split in summary["splits"].values()):
+        return
+    skipped = sum(split["skipped"] for split in summary["splits"].values())
+    if preparation.first_missing:
+        images = f"{preparation.images}/{source.image_names or '<file>'}.{ANY_IMAGE_EXTENSION}"
+        why = f"images are looked for as {images}; the first missing: {preparation.first_missing}"
+    else:
+        why = f"the first left out: {preparation.first_skip}" if skipped else "the files hold no item"
+    raise DataError(f"{source.name}: no item prepared from {preparation.root} ({skipped} skipped): {why}")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from train.data.files import DataError, read_json, write_atomically
-from train.data.sources.refer import Box, published_files, read_instances, read_refs
+from train.data.sources.refer import Box, Ref, published_files, read_instances, read_refs
 from train.evaluation.predictions import check_prediction_ids
 
 IOU_THRESHOLD = 0.5
@@ -49,8 +49,8 @@ def evaluate_refer(data: str | Path, dataset: str, split: str, predictions: str 
                    split_by: str | None = None) -> dict[str, Any]:
     """`score_refer` of the predictions file against `split` of `dataset` under the refer toolkit's
     DATA folder `data`. Refs whose object is not in instances.json are left out, as the preparation
-    leaves them out. DataError for a split the refs file lacks, a malformed predictions file, and
-    sent_ids repeated, missing or unknown."""
+    leaves them out. DataError for a split the refs file lacks or whose expressions are all unusable,
+    a malformed predictions file, and sent_ids repeated, missing or unknown."""
     truth = refer_truth(Path(data), dataset, split, split_by)
     predictions = Path(predictions)
     given = read_refer_predictions(predictions)
@@ -59,15 +59,29 @@ def evaluate_refer(data: str | Path, dataset: str, split: str, predictions: str 
 
 
 def refer_truth(data: Path, dataset: str, split: str, split_by: str | None = None) -> dict[int, Box]:
-    """sent_id → the referred object's box (xyxy), for every usable expression of `split`."""
+    """sent_id → the referred object's box (xyxy), for every usable expression of `split`; DataError
+    saying why when there is none (nothing could be scored)."""
     files = published_files(data, dataset, split_by)
     refs = read_refs(files.refs)
     published = list(dict.fromkeys(ref.split for ref in refs))
     if split not in published:
         raise DataError(f"{files.refs}: no split {split!r}; the file holds {', '.join(published) or 'no refs'}")
     instances = read_instances(files.instances)
-    return {sentence.sent_id: instances.annotations[ref.ann_id].box
-            for ref in refs if ref.split == split and instances.problem(ref) is None for sentence in ref.sentences}
+    in_split = [(ref, instances.problem(ref)) for ref in refs if ref.split == split]
+    truth = {sentence.sent_id: instances.annotations[ref.ann_id].box
+             for ref, problem in in_split if problem is None for sentence in ref.sentences}
+    if not truth:
+        raise DataError(f"{files.refs}: split {split!r} has no expression to score: {_why_unusable(in_split)}")
+    return truth
+
+
+def _why_unusable(refs: list[tuple[Ref, str | None]]) -> str:
+    """Why (ref, its problem or None) pairs give no expression: refs that cannot be used, or none with sentences."""
+    problems = [problem for _, problem in refs if problem is not None]
+    why = [f"{len(problems)} of its {len(refs)} refs cannot be used (first: {problems[0]})"] if problems else []
+    if len(problems) < len(refs):
+        why.append(f"{len(refs) - len(problems)} of its refs hold no sentences")
+    return "; ".join(why)
 
 
 def read_refer_predictions(path: Path) -> list[tuple[int, Box]]:

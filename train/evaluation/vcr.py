@@ -242,7 +242,8 @@ def score_vcr(labels: dict[str, tuple[int, int]], predictions: VcrPredictions,
 
 
 def read_vcr_labels(path: str | Path) -> dict[str, tuple[int, int]]:
-    """annot_id → (answer_label, rationale_label) of a published annotation file (val.jsonl)."""
+    """annot_id → (answer_label, rationale_label) of a published annotation file (val.jsonl);
+    DataError for a malformed line, a repeated annot_id, or a file without annotations."""
     path = Path(path)
     labels: dict[str, tuple[int, int]] = {}
     for line, value in iter_jsonl(path):
@@ -250,6 +251,8 @@ def read_vcr_labels(path: str | Path) -> dict[str, tuple[int, int]]:
         if annotation.annot_id in labels:
             raise DataError(f"{path}:{line}: annot_id {annotation.annot_id!r} again")
         labels[annotation.annot_id] = (annotation.answer_label, annotation.rationale_label)
+    if not labels:
+        raise DataError(f"{path}: holds no annotation; expected one labelled VCR annotation (a JSON object) a line")
     return labels
 
 

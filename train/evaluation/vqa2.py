@@ -82,10 +82,13 @@ def _percent(accuracies: list[float]) -> float:
 
 def evaluate_vqa2(questions: str | Path, annotations: str | Path, predictions: str | Path) -> dict[str, Any]:
     """Scores a results file against a published questions file and its annotations file (score_vqa's
-    dict). DataError for a results file that is not a list of {"question_id": int, "answer": str},
-    or whose question_ids are repeated, missing or not in the questions file."""
+    dict). DataError for a questions file without questions, a results file that is not a list of
+    {"question_id": int, "answer": str}, or whose question_ids are repeated, missing or not in the
+    questions file."""
     questions, annotations, predictions = Path(questions), Path(annotations), Path(predictions)
     question_ids = [question["question_id"] for question in read_questions(questions)]
+    if not question_ids:
+        raise DataError(f'{questions}: its "questions" list is empty: nothing to score')
     truth = read_annotations(annotations)
     unannotated = [question_id for question_id in question_ids if question_id not in truth]
     if unannotated:

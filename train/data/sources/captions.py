@@ -7,8 +7,9 @@ read. Their format: {"images": [{"id": int, "file_name": str, ...}], "annotation
 "image_id": int, "caption": str}], ...}. Images are `{split}/{file_name}` under `--images` (the
 COCO root holding `train2014/` and `val2014/`). Splits: `train2014`, `val2014`. One record per
 image, in the order of "images", with its `image_id` and its captions (surrounding whitespace
-removed: some published captions end in spaces or a newline); an item is an image-caption pair.
-skipped.jsonl names an image by its COCO image id.
+removed: some published captions end in spaces or a newline); an item is an image-caption pair. A
+caption that is empty or whitespace only is no item: it is skipped with its reason. skipped.jsonl
+names an image by its COCO image id.
 
 `cc` reads Conceptual Captions' `Train_GCC-training.tsv` (3,318,333 rows) and
 `Validation_GCC-1.1.0-Validation.tsv` (15,840 rows) from `--root`: UTF-8, no header, a row per line,
@@ -16,40 +17,43 @@ skipped.jsonl names an image by its COCO image id.
 ones img2dataset (github.com/rom1504/img2dataset) writes with its default `--output_format files`,
 10,000 samples a shard, run once per split with `--output_folder <images>/training` (resp.
 `validation`) on the published TSV given its column names (img2dataset's CC3M example adds the
-header line `caption<TAB>url`; the row numbers below do not count it). The image of the row with
-0-based number `i` (its line number minus 1 in the published file) is then
+header line `caption<TAB>url`, and does not count it as a row). The image of the row with 0-based
+number `i` is then
 
     {split}/{i // 10000:05d}/{i:09d}.{jpg | png | webp | jpeg}
 
 (img2dataset's key is 10**4 * shard + index in the shard, zero-padded to 9 digits; its encoder
-writes .jpg unless `--encode_format` says otherwise). A row without a downloaded image (img2dataset
-writes no image for a failed download) is skipped and counted as a missing image. A line that is
-not `caption<TAB>url` is skipped with its line number as the reason; the run goes on. skipped.jsonl
-names a row by its 0-based number. No `image_id` is written: the dataset has none. The TSV is
-streamed: memory does not grow with the number of rows. Each row costs one stat for its `.jpg` (the
-default encoding), and the other extensions are tried only when that is absent.
+writes .jpg unless `--encode_format` says otherwise; any extension extraction reads is found). Row
+`i` is line i + 1 of the published file; where the first line is that header (a leading UTF-8 BOM
+dropped), the header is recognised, logged and skipped, and row `i` is line i + 2, so that captions
+stay on their images either way. A row without a downloaded image (img2dataset writes no image for a
+failed download) is skipped and counted as a missing image. A line that is not `caption<TAB>url`,
+or whose caption is blank, is skipped with its line number in the reason; the run goes on.
+skipped.jsonl names a row by its 0-based number. No `image_id` is written: the dataset has none. The
+TSV is streamed: memory does not grow with the number of rows; each shard folder is listed once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from train.data.files import DataError, read_json
+from train.data.files import BOM, DataError, read_json, shown
 from train.data.prepare import Preparation, SplitWriter, Source
 
 COCO_SPLITS = ("train2014", "val2014")
 CC_FILES = {"training": "Train_GCC-training.tsv", "validation": "Validation_GCC-1.1.0-Validation.tsv"}
 CC_SHARD_SIZE = 10_000  # img2dataset's --number_sample_per_shard default
-CC_EXTENSIONS = (".jpg", ".png", ".webp", ".jpeg")  # most likely first: one stat for most rows
+CC_HEADER = (b"caption", b"url")  # img2dataset's column names, as its CC3M example adds them
+EMPTY_CAPTION = "empty or whitespace-only caption"
 
 
 @dataclass
 class CaptionedImage:
     file: str  # relative to the images root
     image_id: int
-    captions: list[str]
+    captions: list[str]  # surrounding whitespace removed; blank ones are skipped when written
 
 
 def coco_caption_file(root: Path, split: str) -> Path:
@@ -87,7 +91,7 @@ def _fields(entry: Any, types: dict[str, type], path: Path, where: str) -> tuple
     for key, kind in types.items():
         value = entry.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise DataError(f"{path}: {where}: '{key}' should be {kind.__name__}, found {value!r}")
+            raise DataError(f"{path}: {where}: '{key}' should be {kind.__name__}, found {shown(value)}")
         values.append(value)
     return tuple(values)
 
@@ -101,17 +105,19 @@ def prepare_coco_captions(preparation: Preparation) -> None:
 
 
 def add_captioned_images(preparation: Preparation, writer: SplitWriter, images: Sequence[CaptionedImage]) -> None:
-    """A record per image with captions whose file exists (a missing one is skipped once per caption);
-    the split's summary counts the images written."""
+    """A record per image with captions whose file exists (a missing one is skipped once per caption,
+    a blank caption is skipped); the split's summary counts the images written."""
     written = 0
     for image in preparation.progress(images, writer.name, total=len(images)):
-        if not image.captions:
+        captions = [caption for caption in image.captions if caption]
+        if len(captions) < len(image.captions):
+            writer.skip(image.image_id, EMPTY_CAPTION, len(image.captions) - len(captions))
+        if not captions:
             continue  # an image without captions holds no item
-        if not preparation.image_exists(image.file):
-            writer.skip_missing_image(image.image_id, image.file, len(image.captions))
+        file = writer.find_image(image.image_id, image.file, len(captions))
+        if file is None:
             continue
-        writer.add({"file": image.file, "image_id": image.image_id, "captions": image.captions},
-                   len(image.captions))
+        writer.add({"file": file, "image_id": image.image_id, "captions": captions}, len(captions))
         written += 1
     writer.extra["images"] = written
 
@@ -121,52 +127,66 @@ def cc_image_stem(split: str, row: int) -> str:
     return f"{split}/{row // CC_SHARD_SIZE:05d}/{row:09d}"
 
 
-def cc_rows(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(line number, line without its end) of every line of `path`, streamed; DataError when the file
-    cannot be read."""
+def cc_rows(path: Path, log: Callable[[str], None]) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, row, line without its end) of every row of `path`, streamed; `row` is the
+    0-based number among the rows, which a header line (logged) does not count. DataError when the
+    file cannot be read."""
     try:
         with path.open("rb") as f:
-            for number, line in enumerate(f, 1):
-                yield number, line.rstrip(b"\r\n")
+            first = f.readline()
+            header = int(is_cc_header(first))  # the rows after it are numbered one lower
+            if header:
+                log(f"cc: {path}:1 is the header line 'caption<TAB>url': skipped, rows counted from line 2")
+            elif first:
+                yield 1, 0, first.removeprefix(BOM).rstrip(b"\r\n")
+            for number, line in enumerate(f, 2):
+                yield number, number - 1 - header, line.rstrip(b"\r\n")
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def parse_cc_row(line: bytes) -> str | None:
-    """The caption of a `caption<TAB>url` line, or None when the line is not one."""
+def is_cc_header(line: bytes) -> bool:
+    fields = line.removeprefix(BOM).split(b"\t")
+    return tuple(field.strip().lower() for field in fields) == CC_HEADER
+
+
+def parse_cc_row(line: bytes) -> str:
+    """The caption of a `caption<TAB>url` line; ValueError saying why the line is not one."""
     fields = line.split(b"\t")
-    if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
-        return None
+    if len(fields) != 2 or not fields[1].strip():
+        raise ValueError("not a 'caption<TAB>url' line")
     try:
-        return fields[0].decode("utf-8").strip()
+        caption = fields[0].decode("utf-8").strip()
     except UnicodeDecodeError:
-        return None
+        raise ValueError("the caption is not UTF-8 text") from None
+    if not caption:
+        raise ValueError(EMPTY_CAPTION)
+    return caption
 
 
-def add_cc_row(preparation: Preparation, writer: SplitWriter, path: Path, number: int, line: bytes) -> None:
-    row = number - 1
-    caption = parse_cc_row(line)
-    if caption is None:
-        writer.skip(row, f"{path}:{number}: not a UTF-8 'caption<TAB>url' line")
+def add_cc_row(writer: SplitWriter, path: Path, number: int, row: int, line: bytes) -> None:
+    try:
+        caption = parse_cc_row(line)
+    except ValueError as exc:
+        writer.skip(row, f"{path}:{number}: {exc}")
         return
-    stem = cc_image_stem(writer.name, row)
-    file = next((stem + ext for ext in CC_EXTENSIONS if preparation.image_exists(stem + ext)), None)
-    if file is None:
-        writer.skip_missing_image(row, f"{stem}.{{{','.join(ext[1:] for ext in CC_EXTENSIONS)}}}")
-        return
-    writer.add({"file": file, "captions": [caption]}, 1)
+    file = writer.find_image(row, cc_image_stem(writer.name, row) + ".jpg")
+    if file is not None:
+        writer.add({"file": file, "captions": [caption]}, 1)
 
 
 def prepare_conceptual_captions(preparation: Preparation) -> None:
     files = {split: preparation.root / name for split, name in CC_FILES.items()}
     for split in preparation.present(files):
         with preparation.split(split) as writer:
-            for number, line in preparation.progress(cc_rows(files[split]), split):
-                add_cc_row(preparation, writer, files[split], number, line)
+            for number, row, line in preparation.progress(cc_rows(files[split], preparation.log), split):
+                add_cc_row(writer, files[split], number, row, line)
 
 
 COCO_CAPTIONS = Source("coco-captions", COCO_SPLITS, prepare_coco_captions,
-                       "COCO Captions 2014: captions_{train,val}2014.json under ROOT or ROOT/annotations")
+                       "COCO Captions 2014: captions_{train,val}2014.json under ROOT or ROOT/annotations",
+                       image_names="<split>/<file_name without extension>")
 CONCEPTUAL_CAPTIONS = Source("cc", tuple(CC_FILES), prepare_conceptual_captions,
-                             "Conceptual Captions: the published TSVs, images as img2dataset's files output")
+                             "Conceptual Captions: the published TSVs, images as img2dataset's files output",
+                             image_names="<split>/<row // 10000:05d>/<row:09d>")
 SOURCES = (COCO_CAPTIONS, CONCEPTUAL_CAPTIONS)

@@ -7,9 +7,9 @@ Their format: {"images": [{"filename": str, "filepath": str (COCO only: train201
 `--root`. Images are `flickr30k-images/<filename>` (the folder the Flickr30K archive unpacks) resp.
 `<filepath>/<filename>` (the COCO 2014 folders) under `--images`. Splits as published: `train`,
 `val`, `test`, and for COCO `restval` (the rest of val2014, which retrieval work adds to training).
-One record per image with captions (each sentence's `raw`, surrounding whitespace removed), in the
-file's order, with `image_id` the COCO id (`cocoid`) resp. the file's `imgid`; skipped.jsonl names
-an image by that id.
+One record per image with captions (each sentence's `raw`, surrounding whitespace removed; a blank
+one is skipped with its reason), in the file's order, with `image_id` the COCO id (`cocoid`) resp.
+the file's `imgid`; skipped.jsonl names an image by that id.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from train.data.files import DataError, read_json
+from train.data.files import DataError, read_json, shown
 from train.data.prepare import Preparation, Source
 from train.data.sources.captions import CaptionedImage, add_captioned_images
 
@@ -54,7 +54,7 @@ def _image(entry: Any, path: Path, where: str, splits: tuple[str, ...], image_fi
             raise ValueError(f"split {entry['split']!r} is not one of {', '.join(splits)}")
         image_id = entry[id_key]
         if not isinstance(image_id, int) or isinstance(image_id, bool):
-            raise ValueError(f"'{id_key}' should be an int, found {image_id!r}")
+            raise ValueError(f"'{id_key}' should be an int, found {shown(image_id)}")
         captions = [sentence["raw"].strip() for sentence in entry["sentences"]]
         return KarpathyImage(image_file(entry), image_id, captions, entry["split"])
     except KeyError as exc:
@@ -79,8 +79,10 @@ def karpathy_preparer(file_name: str, image_file: Callable[[dict], str], id_key:
 
 FLICKR30K = Source("flickr30k-karpathy", ("train", "val", "test"),
                    karpathy_preparer("dataset_flickr30k.json", flickr30k_file, "imgid"),
-                   "Flickr30K, Karpathy splits: dataset_flickr30k.json under ROOT, images flickr30k-images/")
+                   "Flickr30K, Karpathy splits: dataset_flickr30k.json under ROOT, images flickr30k-images/",
+                   image_names="flickr30k-images/<filename without extension>")
 COCO = Source("coco-karpathy", ("train", "val", "test", "restval"),
               karpathy_preparer("dataset_coco.json", coco_file, "cocoid"),
-              "COCO, Karpathy splits: dataset_coco.json under ROOT, images <filepath>/<filename>")
+              "COCO, Karpathy splits: dataset_coco.json under ROOT, images <filepath>/<filename>",
+              image_names="<filepath>/<filename without extension>")
 SOURCES = (FLICKR30K, COCO)

@@ -13,7 +13,10 @@ dataset's name (`.../refcoco+`); the dataset folders hold:
 {"ref_id", "ann_id" (the object's annotation in instances.json), "image_id", "split", "category_id",
 "file_name" (not the image's file: ignored), "sent_ids", "sentences": [{"sent_id", "sent", "raw",
 "tokens"}]}. A pickle can run code when loaded; these are read by an unpickler that refuses every
-global, so only plain containers, strings and numbers load.
+global, so only plain containers, strings and numbers load. A pickle can also share one object
+between places (its memo): refs that share their sentences, which would multiply the sentences
+(N refs sharing one N-sentence list make N² of them), are refused before any is built. Blank
+expressions are kept, as the toolkit and its evaluation keep them.
 
 The images are COCO train2014 (`--images` is the COCO images root, holding `train2014/`). A record
 per image: `refs` = [{"sent_id", "ref_id", "text" (the `sent`), "box": the referred object's box,
@@ -24,6 +27,7 @@ annotations in annotation id order, or with the `detections` option those of a d
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import struct
 from collections import defaultdict
@@ -32,7 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from train.data.files import DataError, read_json
+from train.data.files import DataError, read_json, shown
 from train.data.prepare import Preparation, Source, SplitWriter
 
 IMAGE_FOLDER = "train2014"
@@ -40,6 +44,7 @@ UNC_SPLITS = ("train", "val", "testA", "testB")  # testA: people only; testB: ot
 GOOGLE_SPLITS = ("train", "val", "test")
 Box = list[float]
 KIND_NAMES = {int: "an int", str: "a string", list: "a list"}
+LONG_BYTES = 1024  # 2,466 decimal digits: below the 4,300 Python converts to text, far above any id
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,8 @@ class _PlainDataUnpickler(pickle._Unpickler):
     implementation, whose memo is a dict: the C one allocates an array as long as the largest memo
     index a file names, so a few bytes can demand gigabytes (CPython gh-115952, fixed after 3.13); it
     reads a refs file of 50,000 refs in about 7 s where the C one takes 4 s. A bytearray, whose size
-    the file states and which is allocated before it is read, is refused."""
+    the file states and which is allocated before it is read, is refused, and so is an integer
+    longer than Python converts to text (a LONG4 of more than LONG_BYTES bytes)."""
 
     def find_class(self, module: str, name: str) -> Any:
         qualified = f"{module}.{name}"
@@ -155,7 +161,14 @@ class _PlainDataUnpickler(pickle._Unpickler):
     def _refuse_bytearray(self) -> None:
         raise pickle.UnpicklingError("a bytearray is not plain data")
 
-    dispatch = {**pickle._Unpickler.dispatch, pickle.BYTEARRAY8[0]: _refuse_bytearray}
+    def _load_bounded_long4(self) -> None:
+        size, = struct.unpack("<i", self.read(4))
+        if not 0 <= size <= LONG_BYTES:
+            raise pickle.UnpicklingError(f"an integer of {size} bytes (at most {LONG_BYTES} are read)")
+        self.append(pickle.decode_long(self.read(size)))
+
+    dispatch = {**pickle._Unpickler.dispatch, pickle.BYTEARRAY8[0]: _refuse_bytearray,
+                pickle.LONG4[0]: _load_bounded_long4}
 
 
 class _RefusedGlobal(Exception):
@@ -176,16 +189,19 @@ def load_plain_pickle(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: holds a Python 2 byte string that is not UTF-8 text ({exc.reason})") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-            OverflowError, struct.error) as exc:
+            OverflowError, struct.error, RecursionError) as exc:
         raise DataError(f"{path}: not a readable pickle ({type(exc).__name__}: {exc})") from None
 
 
 def read_refs(path: Path) -> list[Ref]:
-    """The refs of a refs(<split_by>).p file; DataError naming the ref when one is malformed or a
-    sent_id repeats."""
+    """The refs of a refs(<split_by>).p file; DataError naming the ref when one is malformed, shares
+    its sentences with another, or a sent_id repeats, and for a file without refs."""
     value = load_plain_pickle(path)
     if not isinstance(value, list):
         raise DataError(f"{path}: expected a list of refs, found {type(value).__name__}")
+    if not value:
+        raise DataError(f"{path}: holds an empty list of refs")
+    _refuse_shared_sentences(path, value)
     refs = list(_parse_each(path, "refs", value, _ref))
     seen = set()
     for ref in refs:
@@ -194,6 +210,24 @@ def read_refs(path: Path) -> list[Ref]:
                 raise DataError(f"{path}: ref {ref.ref_id}: sent_id {sentence.sent_id} appears twice in the file")
             seen.add(sentence.sent_id)
     return refs
+
+
+def _refuse_shared_sentences(path: Path, refs: list) -> None:
+    """DataError when a ref's sentences, or one sentence, is the very object another place holds too
+    (the pickle's memo): checked before anything is built from them, in time proportional to the
+    file, as their expansion is not. In a published file every sentence is its own (sent_ids are
+    unique)."""
+    seen: dict[int, str] = {}  # id() of a sentence list or sentence → where it was first met
+    for index, ref in enumerate(refs):
+        sentences = ref.get("sentences") if isinstance(ref, dict) else None
+        if not isinstance(sentences, list) or not sentences:
+            continue  # an empty list multiplies nothing; a malformed one is named when parsed
+        for key, where in ((id(sentences), f"refs[{index}]'s sentence list"),
+                           *((id(s), f"refs[{index}].sentences[{n}]") for n, s in enumerate(sentences))):
+            if key in seen:
+                raise DataError(f"{path}: {where} is the same object as {seen[key]} (shared through the pickle's "
+                                f"memo): each ref has its own sentences in a published refs file")
+            seen[key] = where
 
 
 def _ref(item: Any) -> Ref:
@@ -252,25 +286,26 @@ def _parse_each(path: Path, what: str, records: list, parse: Callable[[Any], Any
 def _typed(record: Any, key: str, kind: type) -> Any:
     """`record[key]`, checked to be of `kind`; TypeError or KeyError otherwise."""
     if not isinstance(record, dict):
-        raise TypeError(f"expected an object, found {record!r}")
+        raise TypeError(f"expected an object, found {shown(record)}")
     value = record[key]
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise TypeError(f"{key!r} is {value!r}, not {KIND_NAMES[kind]}")
+        raise TypeError(f"{key!r} is {shown(value)}, not {KIND_NAMES[kind]}")
     return value
 
 
 def xywh_to_xyxy(box: Any) -> Box:
-    """[x, y, w, h] (COCO) → [x1, y1, x2, y2], continuous pixel coordinates; ValueError if malformed."""
+    """[x, y, w, h] (COCO) → [x1, y1, x2, y2], continuous pixel coordinates; ValueError if malformed
+    (JSON allows NaN and Infinity tokens: refused)."""
     if not (isinstance(box, list) and len(box) == 4 and all(_is_number(v) for v in box)):
-        raise ValueError(f"a box is [x, y, w, h], found {box!r}")
+        raise ValueError(f"a box is [x, y, w, h], four finite numbers, found {shown(box)}")
     x, y, w, h = (float(v) for v in box)
     if w < 0 or h < 0:
-        raise ValueError(f"box {box!r} has a negative width or height")
+        raise ValueError(f"box {shown(box)} has a negative width or height")
     return [x, y, x + w, y + h]
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def prepare_refer(preparation: Preparation, dataset: str) -> None:
@@ -317,10 +352,9 @@ def _write_split(preparation: Preparation, writer: SplitWriter, refs: list[Ref],
                 writer.skip(sentence.sent_id, problem)
         if not usable:
             continue
-        file = f"{IMAGE_FOLDER}/{instances.files[image_id]}"
-        if not preparation.image_exists(file):
-            for sentence in (s for ref in usable for s in ref.sentences):
-                writer.skip_missing_image(sentence.sent_id, file)
+        sent_ids = [sentence.sent_id for ref in usable for sentence in ref.sentences]
+        file = writer.find_image(sent_ids, f"{IMAGE_FOLDER}/{instances.files[image_id]}", len(sent_ids))
+        if file is None:
             continue
         entries = [{"sent_id": sentence.sent_id, "ref_id": ref.ref_id, "text": sentence.text,
                     "box": instances.annotations[ref.ann_id].box} for ref in usable for sentence in ref.sentences]
@@ -333,4 +367,6 @@ def _write_split(preparation: Preparation, writer: SplitWriter, refs: list[Ref],
 
 
 SOURCES = tuple(Source(d.name, d.partitions[d.default_split_by], partial(prepare_refer, dataset=d.name), d.about,
-                       options=("split_by", "detections")) for d in DATASETS.values())
+                       options=("split_by", "detections"),
+                       image_names=f"{IMAGE_FOLDER}/<file_name of instances.json without extension>")
+                for d in DATASETS.values())

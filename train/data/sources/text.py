@@ -1,10 +1,10 @@
 """Text-only corpora (BookCorpus, English Wikipedia) after extraction to plain text.
 
-The layout read: UTF-8 text files, one sentence (or paragraph) a line, documents separated by one or
-more blank lines (lines of ASCII whitespace only); `path` is one such file or a folder whose `*.txt`
-files, found recursively and read in sorted path order, make the corpus. A file starts a new
-document. A corpus with no blank line at all (one sentence a line, as BookCorpus is often
-distributed) is one document per file.
+The layout read: UTF-8 text files (a leading BOM is dropped), one sentence (or paragraph) a line,
+documents separated by one or more blank lines (lines of ASCII whitespace only); `path` is one such
+file or a folder whose `*.txt` files, found recursively and read in sorted path order, make the
+corpus. A file starts a new document. A corpus with no blank line at all (one sentence a line, as
+BookCorpus is often distributed) is one document per file.
 
 `TextCorpus` indexes the non-blank lines in one streaming pass, in chunks, with NumPy: per line only
 its byte offset (8 bytes); files and documents are kept as the index of their first line, so the
@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from train.data.files import DataError
+from train.data.files import BOM, DataError
 
 CHUNK_BYTES = 1 << 22
 NEWLINE = ord("\n")
@@ -69,12 +69,14 @@ class FileIndex:
 
 
 def index_file(path: Path) -> FileIndex:
-    """The FileIndex of `path`, read in chunks of whole lines."""
+    """The FileIndex of `path`, read in chunks of whole lines; a leading BOM is not part of line 1."""
     index = FileIndex()
-    base = 0
     rest = b""  # the unfinished last line of the previous chunk
     try:
         with path.open("rb") as f:
+            if f.read(len(BOM)) != BOM:
+                f.seek(0)
+            base = f.tell()
             while chunk := f.read(CHUNK_BYTES):
                 data = rest + chunk
                 cut = data.rfind(b"\n") + 1

@@ -15,19 +15,23 @@ Written: one record per image ({"file": img_fn, "objects": [...], "vcr": [...]},
 project's tagged form, labels on train and val only) and boxes.json (img_fn → the metadata boxes as
 [x1, y1, x2, y2], score dropped, metadata order: object index i is the i-th box). Items are
 annotations. An annotation is skipped (and counted, with its reason) when its image or metadata file
-is missing or unreadable, when the metadata boxes do not match `objects` one to one, when `objects`
-differ from an earlier annotation of the same image, or when a token names an object the image does
-not have; a line that is not a VCR annotation fails the run.
+is missing, unreadable or outside the images folder (an absolute path, or `..`), when a metadata box
+is not finite or is inverted (x2 < x1 or y2 < y1), when the metadata boxes do not match `objects`
+one to one, when `objects` differ from an earlier annotation of the same image, or when a token
+names an object the image does not have. A line that is not a VCR annotation, and an `annot_id`
+that appears twice in a file (which `vlbert evaluate vcr` refuses too), fail the run. The image is
+found with any extension extraction reads.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from train.data.files import DataError, iter_jsonl, read_json
-from train.data.prepare import Preparation, SplitWriter, Source
+from train.data.files import DataError, iter_jsonl, read_json, shown
+from train.data.prepare import Preparation, SplitWriter, Source, outside
 
 SPLITS = ("train", "val", "test")
 UNLABELLED = ("test",)  # test.jsonl publishes no labels: the leaderboard holds them
@@ -86,10 +90,10 @@ def parse_annotation(value: Any, path: Path, line: int, labelled: bool) -> VcrAn
         raise fail(f"expected a JSON object, found {type(value).__name__}")
     for key in ("annot_id", "img_fn", "metadata_fn"):
         if not isinstance(value.get(key), str):
-            raise fail(f"{key!r}: expected a string, found {value.get(key)!r}")
+            raise fail(f"{key!r}: expected a string, found {shown(value.get(key))}")
     objects = value.get("objects")
     if not isinstance(objects, list) or not all(isinstance(o, str) for o in objects):
-        raise fail(f"'objects': expected a list of category words, found {objects!r}")
+        raise fail(f"'objects': expected a list of category words, found {shown(objects)}")
     question = _tokens(value.get("question"), "question", fail)
     choices = {key: _choices(value.get(key), key, fail) for key in ("answer_choices", "rationale_choices")}
     labels = {key: _label(value.get(key), key, fail) if labelled else None
@@ -104,19 +108,19 @@ def _tokens(value: Any, what: str, fail: Fail) -> list[Token]:
             isinstance(i, int) and not isinstance(i, bool) for i in token))
 
     if not isinstance(value, list) or not all(is_token(t) for t in value):
-        raise fail(f"{what!r}: expected a list of words and object-index lists, found {value!r}")
+        raise fail(f"{what!r}: expected a list of words and object-index lists, found {shown(value)}")
     return value
 
 
 def _choices(value: Any, what: str, fail: Fail) -> list[list[Token]]:
     if not isinstance(value, list) or len(value) != CHOICES:
-        raise fail(f"{what!r}: expected {CHOICES} choices, found {value!r}")
+        raise fail(f"{what!r}: expected {CHOICES} choices, found {shown(value)}")
     return [_tokens(choice, f"{what}[{n}]", fail) for n, choice in enumerate(value)]
 
 
 def _label(value: Any, what: str, fail: Fail) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < CHOICES:
-        raise fail(f"{what!r}: expected a choice index 0-{CHOICES - 1}, found {value!r}")
+        raise fail(f"{what!r}: expected a choice index 0-{CHOICES - 1}, found {shown(value)}")
     return value
 
 
@@ -156,7 +160,8 @@ def bad_reference(annotation: VcrAnnotation) -> int | None:
 
 
 def read_metadata_boxes(path: Path) -> list[list[float]]:
-    """The [x1, y1, x2, y2] of every box in a VCR metadata file, in its order (scores dropped)."""
+    """The [x1, y1, x2, y2] of every box in a VCR metadata file, in its order (scores dropped);
+    DataError for a box that is not finite or is inverted (JSON allows NaN and Infinity tokens)."""
     metadata = read_json(path)
     boxes = metadata.get("boxes") if isinstance(metadata, dict) else None
     if not isinstance(boxes, list):
@@ -164,7 +169,10 @@ def read_metadata_boxes(path: Path) -> list[list[float]]:
     for n, box in enumerate(boxes):
         if not (isinstance(box, list) and len(box) == 5
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)):
-            raise DataError(f"{path}: box {n} is {box!r}, expected [x1, y1, x2, y2, score]")
+            raise DataError(f"{path}: box {n} is {shown(box)}, expected [x1, y1, x2, y2, score]")
+        x1, y1, x2, y2 = (float(v) for v in box[:4])
+        if not all(map(math.isfinite, (x1, y1, x2, y2))) or x2 < x1 or y2 < y1:
+            raise DataError(f"{path}: box {n} is {shown(box)}, expected finite x1 <= x2 and y1 <= y2")
     return [[float(v) for v in box[:4]] for box in boxes]
 
 
@@ -192,8 +200,14 @@ class SplitReader:
         self.images: dict[str, VcrImage] = {}  # by img_fn, in order of first appearance
 
     def read(self) -> None:
+        first_line: dict[str, int] = {}  # annot_id → its line
         for line, value in self.preparation.progress(iter_jsonl(self.path), self.writer.name):
-            self.add(parse_annotation(value, self.path, line, self.labelled))
+            annotation = parse_annotation(value, self.path, line, self.labelled)
+            if annotation.annot_id in first_line:
+                raise DataError(f"{self.path}:{line}: annot_id {shown(annotation.annot_id)} appears again (first on "
+                                f"line {first_line[annotation.annot_id]}); `vlbert evaluate vcr` needs each once")
+            first_line[annotation.annot_id] = line
+            self.add(annotation)
         for image in self.images.values():
             if image.annotations:
                 self.writer.add({"file": image.file, "objects": image.objects, "vcr": image.annotations},
@@ -215,8 +229,12 @@ class SplitReader:
 
     def open_image(self, annotation: VcrAnnotation) -> VcrImage | None:
         """The image of `annotation` with its metadata boxes, or None (the annotation skipped)."""
-        if not self.preparation.image_exists(annotation.img_fn):
-            self.writer.skip_missing_image(annotation.annot_id, annotation.img_fn)
+        file = self.writer.find_image(annotation.annot_id, annotation.img_fn)
+        if file is None:
+            return None
+        if outside(annotation.metadata_fn):
+            self.writer.skip(annotation.annot_id, f"metadata_fn {shown(annotation.metadata_fn)} lies outside the "
+                                                  f"images folder {self.preparation.images}")
             return None
         metadata = self.preparation.images / annotation.metadata_fn
         try:
@@ -228,7 +246,7 @@ class SplitReader:
             self.writer.skip(annotation.annot_id, f"{metadata} holds {len(boxes)} boxes for "
                                                   f"{len(annotation.objects)} objects")
             return None
-        image = self.images[annotation.img_fn] = VcrImage(annotation.img_fn, annotation.objects, boxes)
+        image = self.images[annotation.img_fn] = VcrImage(file, annotation.objects, boxes)
         return image
 
 
@@ -239,4 +257,5 @@ def prepare(preparation: Preparation) -> None:
 
 
 SOURCE = Source("vcr", SPLITS, prepare, about="VCR: train/val/test.jsonl under --root, the vcr1images folder "
-                                              "as --images (default root/vcr1images)", images_folder=IMAGES_FOLDER)
+                                              "as --images (default root/vcr1images)", images_folder=IMAGES_FOLDER,
+                image_names="<img_fn without extension>")

@@ -9,17 +9,23 @@ Layout read:
                   {"annotations": [{"question_id", "image_id", "question_type", "answer_type",
                    "multiple_choice_answer", "answers": [{"answer", "answer_confidence",
                    "answer_id"}] x10}, ...], "info", "license", ...}
-    --images  the COCO images: {split}/COCO_{split}_{image_id:012d}.jpg; test-dev2015 is a subset of
-              test2015 and has no folder of its own: its images are test2015/COCO_test2015_*.jpg.
+    --images  the COCO images: {split}/COCO_{split}_{image_id:012d}.jpg (or any other extension
+              extraction reads: a user's own set converted to this layout may keep .png); test-dev2015
+              is a subset of test2015 and has no folder of its own: its images are
+              test2015/COCO_test2015_*.jpg.
 
 Written: every split whose questions file is present, one record per image in image_id order
 ({"file", "image_id", "vqa": [...]}, questions by question_id; the ten raw answers, answer_type and
 question_type on train2014 and val2014 only). Items are questions. A question without an annotation
 is skipped (and counted); an annotation without a question is left out and counted in the split's
-summary as `annotations_without_question`. answers.txt: the normalised multiple_choice_answer of
-every annotated question of train2014 and val2014 (whether or not its image is present, so the
-vocabulary does not depend on the images downloaded) seen at least `min_answer_count` times (default
-9), most frequent first; summary.json's top level records `answers` (how many) and `min_answer_count`.
+summary as `annotations_without_question`. Texts are kept as published, blank or not, as the official
+evaluation scores every question; a lone surrogate (a JSON escape such as "\\ud800") stays an escape
+in the written JSON. answers.txt: the normalised multiple_choice_answer of every annotated question
+of train2014 and val2014 (whether or not its image is present, so the vocabulary does not depend on
+the images downloaded) seen at least `min_answer_count` times (default 9), most frequent first; an
+answer that is empty after normalisation, or not writable as UTF-8 text (a lone surrogate), cannot
+be a line of it and is left out. summary.json's top level records `answers` (how many) and
+`min_answer_count`.
 """
 
 from __future__ import annotations
@@ -31,15 +37,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from train.data.files import DataError, read_json
-from train.data.prepare import Preparation, Source, SplitWriter
+from train.data.files import DataError, is_text, read_json, shown
+from train.data.prepare import ANSWERS, Preparation, Source, SplitWriter
 
 SPLITS = ("train2014", "val2014", "test2015", "test-dev2015")
 QUESTIONS = "v2_OpenEnded_mscoco_{split}_questions.json"
 ANNOTATIONS = "v2_mscoco_{split}_annotations.json"
 ANNOTATED = ("train2014", "val2014")  # the test splits' answers stay on the evaluation server
 IMAGE_FOLDERS = {"test-dev2015": "test2015"}  # a split's image folder where it is not the split's name
-ANSWERS = "answers.txt"
 MIN_ANSWER_COUNT = 9  # with train2014 + val2014 this keeps the usual 3,129 answers
 
 # The official evaluation's answer processing, as data. Marks replaced or dropped (the period has its
@@ -199,8 +204,8 @@ def _published_list(path: Path, key: str, fields: dict[str, type]) -> list[dict[
         for field, kind in fields.items():
             found = item.get(field)
             if not isinstance(found, kind) or isinstance(found, bool):
-                raise DataError(f"{path}: {key}[{index}] (question_id {item.get('question_id')!r}): {field!r} "
-                                f"must be {kind.__name__}, found {found!r}")
+                raise DataError(f"{path}: {key}[{index}] (question_id {shown(item.get('question_id'))}): "
+                                f"{field!r} must be {kind.__name__}, found {shown(found)}")
     return items
 
 
@@ -248,11 +253,12 @@ def _min_answer_count(options: dict[str, Any]) -> int:
 
 def answer_vocabulary(chosen: Counter[str], min_count: int) -> list[str]:
     """The normalised answers among `chosen` (raw answer -> questions) with at least `min_count`
-    questions, most frequent first, ties in text order."""
+    questions, most frequent first, ties in text order; only those that can be a line of UTF-8
+    text."""
     counts: Counter[str] = Counter()
     for answer, questions in chosen.items():  # each distinct raw answer normalised once
         counts[normalize_answer(answer)] += questions
-    kept = [(answer, n) for answer, n in counts.items() if n >= min_count]
+    kept = [(answer, n) for answer, n in counts.items() if n >= min_count and answer and is_text(answer)]
     return [answer for answer, _ in sorted(kept, key=lambda item: (-item[1], item[0]))]
 
 
@@ -284,14 +290,13 @@ def _prepare_split(preparation: Preparation, writer: SplitWriter, chosen: Counte
                             f"{questions_path.name}; left out")
     for image_id in preparation.progress(sorted(by_image), f"{split} images", total=len(by_image)):
         entries = sorted(by_image.pop(image_id), key=lambda entry: entry["question_id"])
-        file = image_file(split, image_id)
-        if preparation.image_exists(file):
+        file = writer.find_image([entry["question_id"] for entry in entries], image_file(split, image_id),
+                                 len(entries))
+        if file is not None:
             writer.add({"file": file, "image_id": image_id, "vqa": entries}, len(entries))
-        else:
-            writer.skip_missing_image([entry["question_id"] for entry in entries], file, len(entries))
 
 
 SOURCE = Source("vqa2", SPLITS, prepare, about=(
     "VQA v2: v2_OpenEnded_mscoco_*_questions.json and v2_mscoco_*_annotations.json under --root, COCO "
     "images (train2014/, val2014/, test2015/) under --images; also writes answers.txt"),
-    options=("min_answer_count",))
+    options=("min_answer_count",), image_names="<split>/COCO_<split>_<image_id:012d>")
