@@ -22,12 +22,12 @@ def check_device(name: str | torch.device) -> torch.device:
         if not torch.cuda.is_available():
             build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
             raise DeviceError(f"device {name!r}: CUDA is not available on this machine (torch {torch.__version__}, "
-                              f"{build}); use --device cpu")
+                              f"{build}); use the cpu device")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise DeviceError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     elif device.type == "mps":
         if not torch.backends.mps.is_available():
-            raise DeviceError(f"device {name!r}: MPS is not available on this machine; use --device cpu")
+            raise DeviceError(f"device {name!r}: MPS is not available on this machine; use the cpu device")
     elif device.type != "cpu":
         raise DeviceError(f"device {name!r}: unsupported device type {device.type!r} (expected cpu, cuda or mps)")
     return device

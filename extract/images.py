@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import os
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
+# The extraction job refuses images with more pixels from their header, before decoding: a PNG of
+# 62 KB can declare 8000x8000 pixels (64 MP, 2.5 GB of job memory), and the detector sees at most
+# 600x1000 anyway. 40 MP admits 8K video frames (33 MP) and most camera photos. Pillow's own
+# decompression-bomb limit (PIL.Image.MAX_IMAGE_PIXELS, ~89 MP) stays the ceiling of every read.
+DEFAULT_MAX_PIXELS = 40_000_000
 
 
 class ImageError(ValueError):
@@ -24,13 +31,33 @@ class ImageError(ValueError):
 def load_image(path: str | Path) -> np.ndarray:
     """(H, W, 3) uint8 RGB."""
     path = Path(path)
+    with _opened(path) as image:
+        image.load()
+        image = ImageOps.exif_transpose(image)
+        array = _to_rgb(image)
+    if array.shape[0] < 1 or array.shape[1] < 1:
+        raise ImageError(f"{path}: image has no pixels ({array.shape[1]}x{array.shape[0]})")
+    return array
+
+
+def check_pixel_count(path: str | Path, max_pixels: int) -> None:
+    """Refuses an image whose header declares more than `max_pixels` pixels, without decoding it."""
+    path = Path(path)
+    with _opened(path) as image:
+        width, height = image.size
+    if width * height > max_pixels:
+        raise ImageError(f"{path}: {width}x{height} is {width * height} pixels, more than the limit of {max_pixels} "
+                         "(vlbert extract --max-pixels); refused before decoding")
+
+
+@contextmanager
+def _opened(path: Path) -> Iterator[Image.Image]:
+    """The image file opened (its header read); errors, also those of reading it, become ImageErrors."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
-                image.load()
-                image = ImageOps.exif_transpose(image)
-                array = _to_rgb(image)
+                yield image
     except FileNotFoundError:
         raise ImageError(f"{path}: no such file") from None
     except UnidentifiedImageError:
@@ -39,9 +66,6 @@ def load_image(path: str | Path) -> np.ndarray:
         raise ImageError(f"{path}: too many pixels to decode safely ({exc})") from None
     except OSError as exc:
         raise ImageError(f"{path}: unreadable or truncated image ({exc})") from None
-    if array.shape[0] < 1 or array.shape[1] < 1:
-        raise ImageError(f"{path}: image has no pixels ({array.shape[1]}x{array.shape[0]})")
-    return array
 
 
 def _to_rgb(image: Image.Image) -> np.ndarray:

@@ -16,17 +16,20 @@ import posixpath
 import time
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
+from PIL import Image
 
 from extract.backends import build_extractor
 from extract.checkpoint import file_sha256
 from extract.detector import REGION_ARRAYS, Detector, regions_numpy
 from extract.device import StickyDeviceError, check_device, is_sticky_cuda_error, launcher_variable, rank_device
-from extract.images import IMAGE_EXTENSIONS, image_id, list_images, load_image
+from extract.images import (DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, check_pixel_count, image_id, list_images,
+                            load_image)
 from extract.loader import DecodingPipeline, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
@@ -35,6 +38,7 @@ from extract.store.layout import META
 from extract.store.reader import FeatureStore
 from extract.store.schema import MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
 from extract.store.writer import DEFAULT_MAP_SIZE, CommitThread, FeatureStoreWriter
+from extract.threads import ComputeLanes, configured_threads, lane_count
 
 
 class JobError(ValueError):
@@ -59,6 +63,7 @@ class ExtractionSummary:
     failed: int
     seconds: float
     bytes_written: int
+    threads: int = 0  # CPU compute lanes, or on a GPU torch's host-side threads (extract/threads.py)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (image, error) of this run
 
     @property
@@ -71,7 +76,8 @@ class ExtractionSummary:
             f"store {self.store} shard {self.shard[0]}/{self.shard[1]}: {self.images} images, "
             f"{self.skipped} already stored, {self.written} written, {self.failed} failed",
             f"{self.seconds:.1f} s, {self.images_per_second:.2f} images/s, "
-            f"{self.bytes_written / 2**20:.1f} MiB written ({per_image / 1024:.1f} KiB per image)",
+            f"{self.bytes_written / 2**20:.1f} MiB written ({per_image / 1024:.1f} KiB per image), "
+            f"{self.threads} CPU thread(s)",
         ]
         lines += [f"  failed: {image}: {error}" for image, error in self.failures[:10]]
         if len(self.failures) > 10:
@@ -127,6 +133,12 @@ def work_items(images: Path, boxes_file: Path | None,
     items, refused, seen = [], [], {}
     for path in paths:
         inside = _inside(path)
+        if not _is_utf8(path):
+            # No id, LMDB key or log line can hold the name: it is shown with its undecodable bytes escaped.
+            shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+            refused.append((WorkItem(shown, shown), "file name is not valid UTF-8 (its undecodable bytes are shown "
+                                                    "as \\xNN): rename the file"))
+            continue
         if inside is None:
             # Keyed by its path: it names no image of the job.
             refused.append((WorkItem(path, path), f"listed path {path!r} is not a path inside --images {images}"))
@@ -142,12 +154,23 @@ def work_items(images: Path, boxes_file: Path | None,
 
 
 def read_image_list(path: Path) -> list[str]:
-    """The paths a text file lists, one a line, each once (`images.txt` of `vlbert data prepare`)."""
+    """The paths a text file lists, one a line, each once (`images.txt` of `vlbert data prepare`).
+    A line that is not UTF-8 names its file as the file system would (surrogate escapes), so that it
+    becomes that image's failure, not the whole list's."""
     try:
-        lines = Path(path).read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+        lines = Path(path).read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+    except OSError as exc:
         raise JobError(f"image list {path}: unreadable ({exc})") from None
     return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a name with surrogate escapes, which is how Python spells a file name's undecodable bytes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _inside(path: str) -> str | None:
@@ -185,17 +208,26 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
                    feature_dtype: str = "float16", top_k_classes: int | None = 10,
                    mask_variants: int = 0, mask_prob: float = 0.15, mask_seed: int = 0,
                    shard: tuple[int, int] | None = None, decode_workers: int = 2, progress: bool = True,
+                   max_pixels: int = DEFAULT_MAX_PIXELS, threads: int | None = None,
                    initial_map_size: int = DEFAULT_MAP_SIZE) -> ExtractionSummary:
     """Extracts every image under `images` (or every image named in the `boxes` file or in
     `image_list`) that `out` does not hold yet into the FeatureStore `out`. `top_k_classes=None` stores full class
     distributions. `decode_workers` processes decode the image files (0: this process).
-    `precision` (fp32, tf32, bf16) is the detector's arithmetic, recorded in meta.json. Raises
-    StoreMismatchError when `out` was written with other settings."""
+    `precision` (fp32, tf32, bf16) is the detector's arithmetic, recorded in meta.json. An image of
+    more than `max_pixels` pixels is a failure, refused from its header before decoding. `threads`
+    is the number of batches computed at once on the CPU, each with single-threaded ops (default: one
+    per core, at most 4, unless OMP_NUM_THREADS is set), or torch's host-side threads on a GPU.
+    Raises StoreMismatchError when `out` was written with other settings."""
     start = time.perf_counter()
     images, out = Path(images).resolve(), Path(out)
     if batch_size < 1 or mask_variants < 0 or decode_workers < 0:
         raise JobError(f"batch size {batch_size}, mask variants {mask_variants}, decode workers {decode_workers}: "
                        "expected >= 1, >= 0 and >= 0")
+    if threads is not None and threads < 1:
+        raise JobError(f"threads {threads}: expected >= 1")
+    if not 0 < max_pixels <= Image.MAX_IMAGE_PIXELS:
+        raise JobError(f"max pixels {max_pixels}: expected 1 to {Image.MAX_IMAGE_PIXELS} (Pillow's decompression-bomb "
+                       "limit, PIL.Image.MAX_IMAGE_PIXELS)")
     shard, device = resolve_shard_and_device(shard, device)
     find_precision(precision).check(check_device(device))  # before anything else is read or built
     if boxes is not None and image_list is not None:
@@ -238,15 +270,20 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
         summary.failures += list(failures.values())
         bar.update(len(records) + len(failures))
 
+    # On the CPU, `lanes` threads each compute a batch with single-threaded ops (extract/threads.py);
+    # on a GPU one lane, torch's host-side threads as the thread policy says.
+    on_cpu = torch.device(device).type == "cpu"
+    lanes = lane_count(threads) if on_cpu else 1
     # The workers are forked before the store is opened, so that they hold none of its files.
-    with DecodingPipeline(_decode, pending, decode_workers, 2 * batch_size) as files, \
+    decode = partial(_decode, max_pixels=max_pixels)
+    with configured_threads(1 if on_cpu else threads) as torch_threads, \
+            DecodingPipeline(decode, pending, decode_workers, (lanes + 1) * batch_size) as files, \
             FeatureStoreWriter(out, meta, shard, initial_map_size) as writer, \
             progress_bar(len(pending) + len(refused), unit="img", enabled=progress) as bar, \
-            CommitThread(writer, committed) as commits:
-        def commit(batch: list[tuple[WorkItem, Any]], failures: list[tuple[WorkItem, str]]) -> None:
-            records, failed = _isolating_failures(compute, batch) if batch else ({}, [])
-            commits.submit(records, {i.image_id: (i.path, e) for i, e in failures + failed})
-
+            CommitThread(writer, committed) as commits, \
+            ComputeLanes(lambda batch: _isolating_failures(compute, batch) if batch else ({}, []), lanes,
+                         partial(_hand_to_commits, commits)) as computing:
+        summary.threads = lanes if on_cpu else torch_threads
         batch, failures = [], list(refused)
         try:
             for item, decoded, error in files:
@@ -256,12 +293,13 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
                     pixels, image_boxes = decoded
                     batch.append((item, (model.prepare(pixels), image_boxes)))
                 if len(batch) + len(failures) >= batch_size:
-                    commit(batch, failures)
+                    computing.submit(batch, failures)
                     batch, failures = [], []
-            commit(batch, failures)
+            computing.submit(batch, failures)
+            computing.finish()
         except Exception as exc:
-            # Leaving the `with` lets the commit thread write the batches already submitted; the
-            # one in flight is not recorded at all, so that a rerun computes it again.
+            # Leaving the `with` lets the commit thread write the batches already submitted; those
+            # in flight are not recorded at all, so that a rerun computes them again.
             if is_sticky_cuda_error(exc):
                 raise StickyDeviceError(f"device {device}: {_first_line(exc)}; the job stopped and the images in "
                                         "flight were not recorded: rerun the same command to resume "
@@ -271,7 +309,13 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     return summary
 
 
-def _decode(item: WorkItem) -> tuple[np.ndarray, np.ndarray | None]:
+def _hand_to_commits(commits: CommitThread, computed: tuple[dict, list], failures: list[tuple[WorkItem, str]]) -> None:
+    """A batch's records and every failure of its images (decoding and computing) to the commit thread."""
+    records, failed = computed
+    commits.submit(records, {item.image_id: (item.path, error) for item, error in failures + failed})
+
+
+def _decode(item: WorkItem, max_pixels: int) -> tuple[np.ndarray, np.ndarray | None]:
     """(the image's RGB pixels, given boxes or None), in a decoding worker: its errors are the
     image's failure.
 
@@ -282,6 +326,7 @@ def _decode(item: WorkItem) -> tuple[np.ndarray, np.ndarray | None]:
     """
     encode_key(item.image_id)
     boxes = given_boxes(item) if item.boxes is not None else None
+    check_pixel_count(item.file, max_pixels)
     return load_image(item.file), boxes
 
 

@@ -20,10 +20,12 @@ from extract.device import DeviceError, StickyDeviceError
 from extract.images import ImageError
 from extract.job import JobError
 from extract.store.schema import StoreError, StoreMismatchError
+from extract.threads import configured_threads
 from pipelines.commands import register
 from pipelines.runner import PipelineError, StepFailed
 from train.data.files import DataError
 from train.engine.config import RunConfigError
+from vlbert.tokenization import VocabularyError
 
 USAGE = 2  # the command could not start as given; nothing was done
 FAILED = 1  # the job ran and failed, or found problems
@@ -47,6 +49,7 @@ EXPECTED_ERRORS = (
     ExpectedError(PipelineError, USAGE),
     ExpectedError(CheckpointError, USAGE),
     ExpectedError(DataError, USAGE),
+    ExpectedError(VocabularyError, USAGE),
     ExpectedError(StickyDeviceError, FAILED),
     ExpectedError(StoreError, FAILED),
     ExpectedError(ImageError, FAILED),
@@ -99,6 +102,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
               help="Show the full traceback of an error (also: VLBERT_DEBUG=1).")
 def main(debug: bool) -> None:
     """VL-BERT with offline RoI features: extract, cache, convert, train."""
+    click.get_current_context().with_resource(configured_threads())  # for the whole command; see extract/threads.py
 
 
 register(main)

@@ -1,10 +1,12 @@
 """The extraction job's Python API and `vlbert extract`: records, failures, resume, refusal, shards, masks."""
 
 import json
+import os
 import shutil
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from conftest import image_folder
@@ -16,6 +18,7 @@ from extract.modeling.precision import PrecisionError
 from extract.store import FeatureStore, StoreMismatchError
 from extract.store.audit import verify_store
 from extract.synthetic import write_synthetic_images
+from extract.threads import MAX_DEFAULT_LANES, configured_threads
 from pipelines.cli import main
 
 MASKED = dict(mask_variants=2, mask_prob=0.3, mask_seed=7)
@@ -67,19 +70,21 @@ def test_run_writes_every_image_and_records_bad_files(images, reference):
 
 
 def test_stored_numbers_are_the_detectors(images, reference, tiny_detector):
-    """The record holds exactly what detect() and describe() with the stored masks return."""
+    """The record holds exactly what detect() and describe() with the stored masks return, computed
+    as the job computes on the CPU: single-threaded ops (a thread count changes the last bits)."""
     from extract import load_image
 
     out, _ = reference
-    prepared = tiny_detector.prepare(load_image(images / "image0001.png"))
-    regions = tiny_detector.detect([prepared])[0].numpy()
+    with configured_threads(1):
+        prepared = tiny_detector.prepare(load_image(images / "image0001.png"))
+        regions = tiny_detector.detect([prepared])[0].numpy()
+        masks = draw_masks("image0001", len(regions["boxes"]), 2, 0.3, 7)
+        masked = tiny_detector.describe([prepared], [regions["boxes"]], [masks[1]])[0].numpy()
     with FeatureStore(out) as store:
         record = store["image0001"]
     np.testing.assert_array_equal(record["boxes"], regions["boxes"])
     np.testing.assert_array_equal(record["features"], regions["features"].astype(np.float16))
-    masks = draw_masks("image0001", len(regions["boxes"]), 2, 0.3, 7)
     np.testing.assert_array_equal(record["mask_boxes"], masks)
-    masked = tiny_detector.describe([prepared], [regions["boxes"]], [masks[1]])[0].numpy()
     np.testing.assert_array_equal(record["masked_features"][1], masked["features"].astype(np.float16))
     np.testing.assert_array_equal(record["masked_image_feature"][1], masked["image_feature"].astype(np.float16))
 
@@ -233,3 +238,34 @@ def test_a_precision_the_device_cannot_run_is_refused_before_anything_is_written
 def test_the_detectron2_backend_refuses_other_precisions_whether_or_not_it_is_installed():
     with pytest.raises(PrecisionError, match="--detector d2:model.yaml: the detectron2 backend runs in fp32 only, not bf16"):
         build_extractor("d2:model.yaml", precision="bf16")
+
+
+def test_stored_numbers_do_not_depend_on_the_number_of_compute_lanes(images, reference, tmp_path):
+    out = tmp_path / "lanes"
+    summary = run_extraction(images, out, "tiny", batch_size=2, threads=3, progress=False, **MASKED)
+    assert summary.threads == 3
+    with FeatureStore(reference[0]) as a, FeatureStore(out) as b:
+        assert_same_records(a, b)
+
+
+def test_a_lane_per_core_unless_the_user_sets_a_count_and_the_callers_count_is_restored(images, tmp_path,
+                                                                                        monkeypatch):
+    (tmp_path / "one.txt").write_text("image0000.png\n")
+    before = torch.get_num_threads()
+
+    def extract(out, *options):
+        return CliRunner().invoke(main, ["extract", "--images", str(images), "--out", str(tmp_path / out),
+                                         "--detector", "tiny", "--list", str(tmp_path / "one.txt"), "--quiet",
+                                         "--workers", "0", *options])
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = min(len(os.sched_getaffinity(0)), MAX_DEFAULT_LANES)
+    assert f"{cores} CPU thread(s)" in extract("default").output
+    assert "3 CPU thread(s)" in extract("option", "--threads", "3").output
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert "2 CPU thread(s)" in extract("variable").output
+    monkeypatch.setenv("OMP_NUM_THREADS", "many")
+    refused = extract("refused")
+    assert refused.exit_code == 2
+    assert refused.output.strip() == "Error: OMP_NUM_THREADS='many': expected a positive number of threads"
+    assert torch.get_num_threads() == before

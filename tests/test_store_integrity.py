@@ -236,3 +236,11 @@ def test_an_incomplete_meta_json_is_refused_in_one_line(tmp_path, edit, message)
     for command in ("info", "verify"):
         result = cli("cache", command, str(tmp_path / "store"))
         assert result.exit_code == 1 and error_lines(result) and message in error_lines(result)[0], result.output
+
+
+def test_verify_says_that_a_store_without_records_is_empty(tmp_path):
+    with FeatureStoreWriter(tmp_path / "store", meta()):
+        pass
+    result = cli("cache", "verify", str(tmp_path / "store"))
+    assert result.exit_code == 1
+    assert result.output.strip() == f"Error: {tmp_path / 'store'}: empty store (0 records): nothing to verify"

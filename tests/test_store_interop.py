@@ -2,6 +2,7 @@
 
 import base64
 import json
+import shutil
 import warnings
 
 import h5py
@@ -148,3 +149,34 @@ def test_export_and_import_warn_field_by_field_what_the_format_cannot_carry(stor
         export_store(store, "npz", tmp_path / "npz")
         import_store(tmp_path / "npz", "npz", tmp_path / "from-npz")
     assert [str(w.message) for w in none] == []
+
+
+@QUIET_LOSSES
+def test_tsv_round_trip_of_ids_with_a_newline_a_tab_and_backslashes(tmp_path):
+    """Legal file names that a TSV field cannot hold as they are: escaped on export, unescaped on import."""
+    images = tmp_path / "images"
+    write_synthetic_images(images, 1, subdir_every=0)
+    for name in ("new\nline", "tab\there", "back\\slash", "back\\nslash"):  # the last: a backslash, then n
+        shutil.copyfile(images / "image0000.png", images / f"{name}.png")
+    run_extraction(images, tmp_path / "store", "tiny", progress=False)
+    runner = CliRunner()
+    exported = runner.invoke(main, ["cache", "export", str(tmp_path / "store"), "--format", "tsv",
+                                    "--out", str(tmp_path / "x.tsv")])
+    assert exported.exit_code == 0, exported.output
+    assert (f"Warning: {tmp_path / 'x.tsv'}: 4 image id(s) hold a tab, line break or backslash "
+            "(e.g. 'back\\\\nslash'); written with the escapes \\t \\n \\r \\\\, which `vlbert cache import` "
+            "reverses and other readers keep as they are") in exported.output
+    lines = (tmp_path / "x.tsv").read_text().split("\n")
+    assert len(lines) == 6 and lines[-1] == "" and all(len(line.split("\t")) == 10 for line in lines[:-1])
+    assert sorted(line.split("\t")[0] for line in lines[:-1]) == [
+        "back\\\\nslash", "back\\\\slash", "image0000", "new\\nline", "tab\\there"]
+
+    imported = runner.invoke(main, ["cache", "import", str(tmp_path / "x.tsv"), "--format", "tsv",
+                                    "--out", str(tmp_path / "copy")])
+    assert imported.exit_code == 0 and "5 records" in imported.output, imported.output
+    with FeatureStore(tmp_path / "store") as a, FeatureStore(tmp_path / "copy") as b:
+        assert b.keys() == a.keys() and "new\nline" in b and "tab\there" in b
+        for key in a:
+            assert np.array_equal(a[key]["features"], b[key]["features"]), key
+    verified = runner.invoke(main, ["cache", "verify", str(tmp_path / "copy")])
+    assert verified.exit_code == 0 and "OK (5 records, 5 checksums match)" in verified.output

@@ -5,6 +5,10 @@ an extra `whole_image_features` dataset), imports without one store the mean of 
 and say so in meta.json (`features.image_feature`). What a format cannot carry is named, field by
 field, in a warning on export and on import.
 
+A TSV field cannot hold a tab or a line break: an image id's tabs, newlines, carriage returns and
+backslashes are written as the escapes `\\t`, `\\n`, `\\r` and `\\\\` (PostgreSQL's text format), with a
+warning that names the first such id; `import` reverses them.
+
 Exports refuse a damaged record or a store whose records disagree with its meta.json, and write
 under a temporary name renamed into place at the end, so a refused export leaves no partial file.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -30,6 +35,10 @@ from extract.store.writer import FeatureStoreWriter
 TSV_FIELDS = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
               "num_boxes", "boxes", "features")
 TSV_FIELDS_ORIGINAL = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
+# What a TSV field cannot hold as it is, and how it is written instead (`\\` first when reversing).
+TSV_ID_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+_TSV_ID_ESCAPED = re.compile(r"\\[\\tnr]")
+_TSV_ID_UNESCAPES = {escaped: character for character, escaped in TSV_ID_ESCAPES.items()}
 IMPORT_BATCH = 256
 MEAN_IMAGE_FEATURE = "mean of the box features (the source has no whole-image feature)"
 
@@ -62,6 +71,7 @@ class Format:
     export: Callable[[FeatureStore, Path], None]
     read: Callable[[Path, str], tuple[dict[str, Any], Iterator]]  # (source, feature dtype) → (meta, records)
     carries: tuple[str, ...]  # the CONTENTS it can hold
+    export_notes: Callable[[FeatureStore], list[str]] = lambda store: []  # how it changes what it exports
 
 
 def export_store(root: str | Path, fmt: str, out: str | Path) -> int:
@@ -76,6 +86,8 @@ def export_store(root: str | Path, fmt: str, out: str | Path) -> int:
         for name, content in CONTENTS.items():
             if name not in form.carries and content.present(store.meta):
                 warnings.warn(f"{out}: not exported: {content.what}; the {fmt} format does not carry it", stacklevel=2)
+        for note in form.export_notes(store):
+            warnings.warn(f"{out}: {note}", stacklevel=2)
         partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
         try:
             form.export(store, partial)
@@ -196,11 +208,28 @@ def _unb64(text: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(base64.b64decode(text), dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape).astype(dtype)
 
 
+def escape_tsv_id(image_id: str) -> str:
+    return "".join(TSV_ID_ESCAPES.get(character, character) for character in image_id)
+
+
+def unescape_tsv_id(field: str) -> str:
+    """Reverses `escape_tsv_id`; a backslash before any other character stays as it is."""
+    return _TSV_ID_ESCAPED.sub(lambda match: _TSV_ID_UNESCAPES[match.group()], field)
+
+
+def _tsv_export_notes(store: FeatureStore) -> list[str]:
+    escaped = [image_id for image_id in store.keys() if escape_tsv_id(image_id) != image_id]
+    if not escaped:
+        return []
+    return [f"{len(escaped)} image id(s) hold a tab, line break or backslash (e.g. {escaped[0]!r}); written with the "
+            "escapes \\t \\n \\r \\\\, which `vlbert cache import` reverses and other readers keep as they are"]
+
+
 def _export_tsv(store: FeatureStore, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w") as f:
+    with out.open("w", encoding="utf-8") as f:
         for image_id, r in store.items():
-            row = [image_id, str(r["image_h"]), str(r["image_w"]),
+            row = [escape_tsv_id(image_id), str(r["image_h"]), str(r["image_w"]),
                    _b64(r.get("objects_id"), "int64"), _b64(r.get("objects_conf"), "float32"),
                    _b64(r.get("attrs_id"), "int64"), _b64(r.get("attrs_conf"), "float32"),
                    str(len(r["boxes"])), _b64(r["boxes"], "float32"), _b64(r["features"], "float32")]
@@ -210,10 +239,13 @@ def _export_tsv(store: FeatureStore, out: Path) -> None:
 def _import_tsv(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]:
     # Split by hand rather than with csv: base64 fields exceed csv's default field size limit.
     def rows():
-        with src.open() as f:
-            for number, line in enumerate(f, 1):
-                if line.strip():
-                    yield _tsv_row(src, number, line)
+        with src.open(encoding="utf-8") as f:
+            try:
+                for number, line in enumerate(f, 1):
+                    if line.strip():
+                        yield _tsv_row(src, number, line)
+            except UnicodeDecodeError as exc:
+                raise StoreError(f"{src}: not UTF-8 text ({exc})") from None
 
     first = next(rows(), None)
     if first is None:
@@ -234,7 +266,8 @@ def _tsv_row(src: Path, number: int, line: str) -> dict[str, Any]:
         n = int(row["num_boxes"])
         boxes = _unb64(row["boxes"], "float32", (n, 4))
         features = _unb64(row["features"], "float32", (n, -1))
-        record = {"image_id": row.get("img_id", row.get("image_id")), "boxes": boxes, "features": features,
+        record = {"image_id": unescape_tsv_id(row.get("img_id", row.get("image_id"))), "boxes": boxes,
+                  "features": features,
                   "image_feature": _mean_image_feature(features), "box_source": "imported",
                   "image_h": int(float(row.get("img_h", row.get("image_h")))),
                   "image_w": int(float(row.get("img_w", row.get("image_w"))))}
@@ -330,6 +363,6 @@ def _size_from_spatial(src: Path, image_id: str, boxes: np.ndarray, spatial: np.
 
 FORMATS: dict[str, Format] = {
     "npz": Format(_export_npz, _import_npz, carries=tuple(CONTENTS)),
-    "tsv": Format(_export_tsv, _import_tsv, carries=("objects", "attributes")),
+    "tsv": Format(_export_tsv, _import_tsv, carries=("objects", "attributes"), export_notes=_tsv_export_notes),
     "h5": Format(_export_h5, _import_h5, carries=("image_feature",)),
 }

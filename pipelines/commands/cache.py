@@ -7,7 +7,7 @@ import click
 
 from extract.store.audit import store_info, verify_store
 from extract.store.interop import FORMATS, export_store, import_store
-from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
+from extract.store.schema import FEATURE_ENCODINGS, StoreError, feature_dtype_help
 
 _store_path = click.Path(exists=True, file_okay=False, path_type=Path)
 
@@ -45,12 +45,16 @@ def info_command(cache: Path, as_json: bool) -> None:
 @click.argument("cache", type=_store_path)
 def verify_command(cache: Path) -> None:
     """Check every shard file, every record's checksum and its agreement with meta.json; exit 1
-    listing what is wrong (each damaged record by name)."""
+    listing what is wrong (each damaged record by name), or saying that it holds no record."""
     result = verify_store(cache)
     for problem in result.problems:
         click.echo(problem)
     if result.problems:
         raise click.ClickException(f"{len(result.problems)} problem(s) in {cache}")
+    if not result.records:
+        # Exit 1: nothing was verified, and every consumer of the store (training, export) would
+        # find nothing in it; `cache verify && vlbert train` must stop here.
+        raise StoreError(f"{cache}: empty store (0 records): nothing to verify")
     unchecked = (f", {result.unchecked} written before records had checksums (unchecked)"
                  if result.unchecked else "")
     click.echo(f"{cache}: OK ({result.records} records, {result.records - result.unchecked} checksums match"

@@ -5,6 +5,7 @@ from pathlib import Path
 import click
 
 from extract.config import parse_override
+from extract.images import DEFAULT_MAX_PIXELS
 from extract.job import parse_shard, run_extraction
 from extract.modeling.precision import PRECISIONS
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
@@ -58,11 +59,20 @@ def _top_k(value: str) -> int | None:
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=0),
               help="Image decoding processes (0: decode in the job's process). A worker that crashes on a file "
                    "makes that file a failure and is replaced.")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="CPU threads that compute [default: OMP_NUM_THREADS when set, else one per core, at most 4]. On "
+                   "the CPU each computes whole batches with single-threaded torch ops, which copes with busy "
+                   "neighbours and gives the same numbers for any count; on a GPU, torch's host-side threads "
+                   "(default 1).")
+@click.option("--max-pixels", default=DEFAULT_MAX_PIXELS, show_default=True, type=click.IntRange(min=1),
+              help="Images with more pixels (width x height, read from the file's header) are failures, refused "
+                   "before decoding: a small file can declare a huge image. At most Pillow's decompression-bomb "
+                   "limit, PIL.Image.MAX_IMAGE_PIXELS (about 89 MP).")
 @click.option("--strict", is_flag=True, help="Exit with status 1 when any image failed.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract_command(images, out, detector, weights, overrides, boxes, image_list, batch_size, device, precision,
-                    feature_dtype, top_k_classes, mask_variants, mask_prob, mask_seed, shard, workers, strict,
-                    quiet) -> None:
+                    feature_dtype, top_k_classes, mask_variants, mask_prob, mask_seed, shard, workers, threads,
+                    max_pixels, strict, quiet) -> None:
     """Extract RoI features for every image under --images into the FeatureStore --out.
 
     Rerunning the same command resumes: stored images are skipped, failed ones retried.
@@ -73,7 +83,7 @@ def extract_command(images, out, detector, weights, overrides, boxes, image_list
         feature_dtype=feature_dtype,
         top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
         mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
-        progress=not quiet,
+        progress=not quiet, max_pixels=max_pixels, threads=threads,
     )
     click.echo(summary.report())
     if strict and summary.failed:
