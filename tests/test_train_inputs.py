@@ -50,13 +50,15 @@ def test_an_evaluation_split_without_store_images_is_refused_before_training(wor
 
 
 def test_the_log_says_which_model_a_run_builds(world, tmp_path):
+    values = run_config(world, str(tmp_path / "run"), [StageConfig("vqa", "vqa", steps=1, batch_size=2)]).to_dict()
+    for model, origin in [({}, "VL-BERT-base (no `model:` given)"), ("tiny", "VL-BERT-tiny"),
+                          ({"size": "tiny", "num_hidden_layers": 1}, "VL-BERT-tiny with num_hidden_layers of `model:`")]:
+        trainer = Trainer(RunConfig.from_dict({**values, "model": model}))
+        assert trainer._model_origin().startswith(f"{origin}, every weight random")
     messages = []
-    values = run_config(world, str(tmp_path / "run"), [StageConfig("vqa", "vqa", steps=1)]).to_dict()
-    Trainer(RunConfig.from_dict({**values, "model": {}}), log=messages.append)
-    assert any(m.startswith("model: VL-BERT-base (no `model:` given), every weight random") for m in messages)
-    messages.clear()
-    Trainer(RunConfig.from_dict({**values, "model": "tiny"}), log=messages.append)
-    assert any(m.startswith("model: VL-BERT-tiny, every weight random") for m in messages)
+    Trainer(RunConfig.from_dict({**values, "model": "tiny", "out": str(tmp_path / "logged")}),
+            log=messages.append).fit()
+    assert messages[0].startswith("model: VL-BERT-tiny, every weight random")
 
 
 def test_a_named_model_size_trains(world, tmp_path):

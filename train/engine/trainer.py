@@ -140,7 +140,6 @@ class Trainer:
                              run.answers)
         self.eval_annotations = self._annotations(run.eval_annotations, required=True)
         self.predict_annotations = [self._annotations(path, required=True) for path in run.predict]
-        self.log(f"model: {self._model_origin()}")
         self.corpus = TextCorpus(run.corpus) if run.corpus else None
 
     # ---- public ----------------------------------------------------------------------------
@@ -164,6 +163,8 @@ class Trainer:
                     raise FileExistsError(f"{stage_dir} holds checkpoints of an earlier run: pass resume=True "
                                           "(--resume) to continue it, restart=True (--restart) to start over, "
                                           "or use another output folder")
+                if index == 0:
+                    self.log(f"model: {self._model_origin()}")
                 self._train_stage(stage, stage_dir, previous)
             results.append(json.loads((stage_dir / "eval.json").read_text()))
             previous = stage_dir / "final"
@@ -216,7 +217,8 @@ class Trainer:
         if self.run.bert:
             return f"BERT {self.run.bert} for the text side; the visual side from random weights"
         size = self.run.model.get("size", "base")
-        given = "" if self.run.model else " (no `model:` given)"
+        fields = sorted(k for k in self.run.model if k != "size")
+        given = f" with {', '.join(fields)} of `model:`" if fields else "" if self.run.model else " (no `model:` given)"
         return (f"VL-BERT-{size}{given}, every weight random; `model:` picks a size (base, large, tiny) or "
                 "fields, `bert:` or `init_from:` starts from a checkpoint")
 
