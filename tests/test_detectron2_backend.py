@@ -21,6 +21,7 @@ from extract.job import run_extraction
 from extract.store import FeatureStore, StoreMismatchError
 from extract.store.audit import verify_store
 from extract.synthetic import synthetic_image
+from extract.threads import configured_threads
 from pipelines.cli import main
 
 # Our C4 layout at R-50 depth with narrow widths, in the variant detectron2 expresses as it is
@@ -206,7 +207,8 @@ def test_the_job_writes_a_store_and_resumes_only_the_same_model(fpn, images, tmp
     assert detector["config"]["config_sha256"] == file_sha256(config)
     assert detector["checkpoint_sha256"] == file_sha256(weights)
     assert detector["config"]["detectron2_model"]["ROI_BOX_HEAD"]["FC_DIM"] == 64
-    regions = extractor.detect([extractor.prepare(load_image(images / "image0001.png"))])[0].numpy()
+    with configured_threads(1):  # as the job computes on the CPU: single-threaded ops
+        regions = extractor.detect([extractor.prepare(load_image(images / "image0001.png"))])[0].numpy()
     np.testing.assert_array_equal(record["boxes"], regions["boxes"])
     np.testing.assert_array_equal(record["features"], regions["features"].astype(np.float16))
     assert record["masked_features"].shape == (2, len(regions["boxes"]), 64)

@@ -64,6 +64,20 @@ def test_a_cc_header_line_is_skipped_and_rows_stay_on_their_images(tmp_path: Pat
         {"file": "validation/00000/000000001.jpg", "captions": ["a dog"]}]
 
 
+def test_blank_cc_lines_are_not_rows(tmp_path: Path) -> None:
+    root, images = tmp_path / "cc", tmp_path / "images"
+    root.mkdir()
+    (root / "Validation_GCC-1.1.0-Validation.tsv").write_bytes(
+        b"\na cat\thttp://b/0.jpg\n\n  \na dog\thttp://b/1.jpg\n")
+    touch(images, "validation/00000/000000000.jpg", "validation/00000/000000001.jpg")
+    result = prepare("cc", root, tmp_path / "out", "--images", str(images))
+    assert result.exit_code == 0, result.output
+    # img2dataset's CSV reader skips blank lines: "a dog" is row 1, image 000000001
+    assert jsonl(tmp_path / "out" / "validation.jsonl") == [
+        {"file": "validation/00000/000000000.jpg", "captions": ["a cat"]},
+        {"file": "validation/00000/000000001.jpg", "captions": ["a dog"]}]
+
+
 def test_a_bom_never_reaches_the_first_caption_or_field(tmp_path: Path) -> None:
     cc, coco, images = tmp_path / "cc", tmp_path / "coco", tmp_path / "images"
     cc.mkdir()

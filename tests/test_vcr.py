@@ -224,6 +224,14 @@ def test_csv_round_trip_in_the_leaderboard_layout(tmp_path: Path) -> None:
         assert_same(back[annot_id], expected)
 
 
+def test_a_csv_saved_with_a_bom_reads_as_without(tmp_path: Path) -> None:
+    path = tmp_path / "submission.csv"
+    write_vcr_csv(path, PREDICTIONS)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # as spreadsheet programs save UTF-8
+    back = read_vcr_csv(path)
+    assert list(back) == list(PREDICTIONS)
+
+
 def test_predictions_filled_as_a_run_scores_them(tmp_path: Path) -> None:
     """A QA->R run fills the rationales given each answer in turn, as plain lists."""
     predictions: dict[str, VcrPrediction] = defaultdict(VcrPrediction)

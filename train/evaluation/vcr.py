@@ -143,7 +143,7 @@ def read_vcr_csv(path: str | Path) -> VcrPredictions:
     predictions: VcrPredictions = {}
     first_line: dict[str, int] = {}
     try:
-        with path.open(newline="") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # a spreadsheet's BOM is not in the header
             rows = csv.reader(f)
             header = next(rows, None)
             if header is None:

@@ -26,7 +26,7 @@ number `i` is then
 writes .jpg unless `--encode_format` says otherwise; any extension extraction reads is found). Row
 `i` is line i + 1 of the published file; where the first line is that header (a leading UTF-8 BOM
 dropped), the header is recognised, logged and skipped, and row `i` is line i + 2, so that captions
-stay on their images either way. A row without a downloaded image (img2dataset writes no image for a
+stay on their images either way. Blank lines are not rows (img2dataset's CSV reader skips them). A row without a downloaded image (img2dataset writes no image for a
 failed download) is skipped and counted as a missing image. A line that is not `caption<TAB>url`,
 or whose caption is blank, is skipped with its line number in the reason; the run goes on.
 skipped.jsonl names a row by its 0-based number. No `image_id` is written: the dataset has none. The
@@ -35,6 +35,7 @@ TSV is streamed: memory does not grow with the number of rows; each shard folder
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -129,18 +130,21 @@ def cc_image_stem(split: str, row: int) -> str:
 
 def cc_rows(path: Path, log: Callable[[str], None]) -> Iterator[tuple[int, int, bytes]]:
     """(line number, row, line without its end) of every row of `path`, streamed; `row` is the
-    0-based number among the rows, which a header line (logged) does not count. DataError when the
-    file cannot be read."""
+    0-based number among the rows, which a header line (logged) and blank lines do not count.
+    DataError when the file cannot be read."""
     try:
         with path.open("rb") as f:
             first = f.readline()
-            header = int(is_cc_header(first))  # the rows after it are numbered one lower
-            if header:
+            lines = enumerate(f, 2)
+            if is_cc_header(first):
                 log(f"cc: {path}:1 is the header line 'caption<TAB>url': skipped, rows counted from line 2")
-            elif first:
-                yield 1, 0, first.removeprefix(BOM).rstrip(b"\r\n")
-            for number, line in enumerate(f, 2):
-                yield number, number - 1 - header, line.rstrip(b"\r\n")
+            else:
+                lines = itertools.chain([(1, first.removeprefix(BOM))], lines)
+            row = 0
+            for number, line in lines:
+                if line.strip():
+                    yield number, row, line.rstrip(b"\r\n")
+                    row += 1
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
