@@ -218,9 +218,10 @@ class Trainer:
             return f"BERT {self.run.bert} for the text side; the visual side from random weights"
         size = self.run.model.get("size", "base")
         fields = sorted(k for k in self.run.model if k != "size")
-        given = f" with {', '.join(fields)} of `model:`" if fields else "" if self.run.model else " (no `model:` given)"
-        return (f"VL-BERT-{size}{given}, every weight random; `model:` picks a size (base, large, tiny) or "
-                "fields, `bert:` or `init_from:` starts from a checkpoint")
+        if self.run.model:
+            return f"VL-BERT-{size}" + (f" with {', '.join(fields)} of `model:`" if fields else "") + ", every weight random"
+        return ("VL-BERT-base (no `model:` given), every weight random; `model:` picks a size (base, large, tiny) "
+                "or fields, `bert:` or `init_from:` starts from a checkpoint")
 
     def _claim_run_folder(self, restart: bool) -> None:
         """Refuses a run folder holding a run with another config unless `restart`, then records this
