@@ -28,6 +28,16 @@ class ImageError(ValueError):
     """An image file that cannot be used; the message names the file and the reason."""
 
 
+def is_utf8(text: str) -> bool:
+    """Whether `text` can be written as UTF-8: no lone surrogate, which is how Python spells a file
+    name's undecodable bytes (and what a JSON escape such as "\\ud800" reads as)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def load_image(path: str | Path) -> np.ndarray:
     """(H, W, 3) uint8 RGB."""
     path = Path(path)

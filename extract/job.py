@@ -28,8 +28,8 @@ from extract.backends import build_extractor
 from extract.checkpoint import file_sha256
 from extract.detector import REGION_ARRAYS, Detector, regions_numpy
 from extract.device import StickyDeviceError, check_device, is_sticky_cuda_error, launcher_variable, rank_device
-from extract.images import (DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, check_pixel_count, image_id, list_images,
-                            load_image)
+from extract.images import (DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, check_pixel_count, image_id, is_utf8,
+                            list_images, load_image)
 from extract.loader import DecodingPipeline, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
@@ -133,7 +133,7 @@ def work_items(images: Path, boxes_file: Path | None,
     items, refused, seen = [], [], {}
     for path in paths:
         inside = _inside(path)
-        if not _is_utf8(path):
+        if not is_utf8(path):
             # No id, LMDB key or log line can hold the name: it is shown with its undecodable bytes escaped.
             shown = os.fsencode(path).decode("utf-8", "backslashreplace")
             refused.append((WorkItem(shown, shown), "file name is not valid UTF-8 (its undecodable bytes are shown "
@@ -162,15 +162,6 @@ def read_image_list(path: Path) -> list[str]:
     except OSError as exc:
         raise JobError(f"image list {path}: unreadable ({exc})") from None
     return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
-
-
-def _is_utf8(text: str) -> bool:
-    """False for a name with surrogate escapes, which is how Python spells a file name's undecodable bytes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _inside(path: str) -> str | None:

@@ -74,16 +74,6 @@ def read_text(path: str | Path) -> str:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def is_text(text: str) -> bool:
-    """Whether `text` can be written as UTF-8: no lone surrogate (a JSON escape such as "\\ud800" read
-    as published, or os's stand-in for a byte of a file name that is not UTF-8)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 class _BoundedRepr(reprlib.Repr):
     def repr_int(self, value: int, level: int) -> str:
         if value.bit_length() > 64:  # repr() refuses past 4,300 digits; a message needs none of them

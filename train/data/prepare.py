@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from extract.images import IMAGE_EXTENSIONS
+from extract.images import IMAGE_EXTENSIONS, is_utf8
 from extract.progress import progress_bar
-from train.data.files import DataError, is_text, shown, write_atomically
+from train.data.files import DataError, shown, write_atomically
 
 SUMMARY = "summary.json"
 IMAGES = "images.txt"
@@ -104,7 +104,7 @@ class ImageFinder:
                     rank = EXTENSION_RANK.get(extension.lower())
                     # A name that is not UTF-8 could not be written into images.txt; extraction
                     # reports such files itself.
-                    if rank is not None and entry.is_file() and is_text(entry.name):
+                    if rank is not None and entry.is_file() and is_utf8(entry.name):
                         yield entry.name, stem, rank
         except (FileNotFoundError, NotADirectoryError):
             return

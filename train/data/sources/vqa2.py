@@ -37,7 +37,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from train.data.files import DataError, is_text, read_json, shown
+from extract.images import is_utf8
+from train.data.files import DataError, read_json, shown
 from train.data.prepare import ANSWERS, Preparation, Source, SplitWriter
 
 SPLITS = ("train2014", "val2014", "test2015", "test-dev2015")
@@ -258,7 +259,7 @@ def answer_vocabulary(chosen: Counter[str], min_count: int) -> list[str]:
     counts: Counter[str] = Counter()
     for answer, questions in chosen.items():  # each distinct raw answer normalised once
         counts[normalize_answer(answer)] += questions
-    kept = [(answer, n) for answer, n in counts.items() if n >= min_count and answer and is_text(answer)]
+    kept = [(answer, n) for answer, n in counts.items() if n >= min_count and answer and is_utf8(answer)]
     return [answer for answer, _ in sorted(kept, key=lambda item: (-item[1], item[0]))]
 
 
