@@ -67,8 +67,8 @@ from typing import Any, Callable, Iterator, Mapping
 import yaml
 
 from extract.config import yaml_problem
-from pipelines.steps import KINDS, Foreknown, StepKind, did_you_mean
-from train.engine.config import RunConfigError
+from pipelines.steps import KINDS, Foreknown, StepKind
+from train.engine.config import RunConfigError, did_you_mean
 
 STEP_FILE = "step.json"
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")

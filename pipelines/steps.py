@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import difflib
 import functools
 import inspect
 import json
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from train.data.sources.refer import DATASETS as REFER_DATASETS
-from train.engine.config import RunConfig, RunConfigError, StageConfig, checked_fields
+from train.engine.config import RunConfig, RunConfigError, StageConfig, checked_fields, did_you_mean
 
 Log = Callable[[str], None]
 
@@ -69,11 +68,6 @@ class StepKind:
     fields: Callable[[dict[str, Any]], list[str]]  # the parameters a step of this kind takes
     verify: Verify = _nothing_to_verify
     stage_fields: tuple[str, ...] = ()  # a train step's stages: what STEP.STAGE.FIELD may set
-
-
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _parse(cls: type, params: dict[str, Any]) -> Any:

@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
 import yaml
 
@@ -262,11 +262,12 @@ def _check_names(specs: dict[str, dataclasses.Field], values: Mapping, where: st
 
 
 def _unknown(name: str, known: list[str]) -> str:
-    return f"unknown field {name!r}" + _did_you_mean(name, known)
+    return f"unknown field {name!r}" + did_you_mean(name, known)
 
 
-def _did_you_mean(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for the known name closest to a misspelt `name`, else nothing."""
+    close = difflib.get_close_matches(name, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -297,7 +298,7 @@ def model_settings(value: Any, where: str = "model") -> dict[str, Any]:
     size = value.get("size", "base")
     if size not in MODEL_SIZES:
         raise RunConfigError(f"{where}.size: {size!r} is not one of {', '.join(MODEL_SIZES)}"
-                             + _did_you_mean(str(size), list(MODEL_SIZES)))
+                             + did_you_mean(str(size), list(MODEL_SIZES)))
     fields = checked_fields(VLBertConfig, {k: v for k, v in value.items() if k != "size"}, where)
     try:
         VLBertConfig.sized(size, **fields)
