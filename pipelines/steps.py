@@ -316,7 +316,7 @@ def _verify_train(params: dict[str, Any], folder: Path, known: Foreknown) -> lis
 def _model_problems(run: RunConfig, known: Foreknown) -> list[str]:
     """The checkpoint the model starts from (init_from, else bert) against the vocabulary's size and
     the store's feature size, where all are known at load; a model built from scratch takes both."""
-    start = next(((name, getattr(run, name)) for name in ("init_from", "bert") if getattr(run, name)), None)
+    start = run.start
     if start is None or not known.checkable(start[1]) or not Path(start[1]).is_dir():
         return []  # a missing one is named as such
     config, problem = _checkpoint_config(*start)
@@ -333,15 +333,15 @@ def _model_problems(run: RunConfig, known: Foreknown) -> list[str]:
     return problems
 
 
-CHECKPOINT_CONFIG = "config.json"  # of a VL-BERT (save_pretrained) and a BERT (transformers) checkpoint
-
-
 def _checkpoint_config(field_name: str, folder: str) -> tuple[dict[str, Any], str | None]:
-    path = Path(folder) / CHECKPOINT_CONFIG
+    """The config.json of a VL-BERT (save_pretrained) or BERT (transformers) checkpoint, or its problem."""
+    from vlbert.modeling import CONFIG_NAME
+
+    path = Path(folder) / CONFIG_NAME
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError:
-        return {}, f"{field_name}: {folder} holds no {CHECKPOINT_CONFIG}; expected a checkpoint folder"
+        return {}, f"{field_name}: {folder} holds no {CONFIG_NAME}; expected a checkpoint folder"
     except (OSError, ValueError) as exc:
         return {}, f"{field_name}: {path} is not readable JSON ({exc})"
     if not isinstance(config, dict):
@@ -361,17 +361,17 @@ def _vocabulary_problems(vocabulary: Path, vocab_size: Any, start: tuple[str, st
 
 def _store_feature_size(store: str, known: Foreknown) -> int | None:
     """The store's feature size: from its extract step's detector, or from an existing store's meta.json."""
-    from extract.store.layout import META
+    from extract.store.layout import read_meta
+    from extract.store.schema import StoreError
 
     if Path(store) in known.feature_sizes:
         return known.feature_sizes[Path(store)]
-    meta = Path(store) / META
-    if not known.checkable(store) or not meta.is_file():
-        return None  # a store that is not one is the trainer's to name, with the reason
-    try:
-        return int(json.loads(meta.read_text())["features"]["dim"])
-    except (OSError, ValueError, KeyError, TypeError):
+    if not known.checkable(store):
         return None
+    try:
+        return read_meta(Path(store))["features"]["dim"]
+    except StoreError:
+        return None  # a store that is not one is the trainer's to name, with the reason
 
 
 # ---- prepare -------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from extract.config import PRESETS, load_config
 from extract.device import DeviceError, check_device
+from extract.store.schema import build_meta
 from pipelines.cli import main
 from pipelines.runner import load_pipeline
 from train.data.vocabulary import write_vocabulary
@@ -142,7 +143,7 @@ def test_a_starting_model_that_does_not_fit_the_vocabulary_or_the_store_is_refus
 
     store = tmp_path / "store"  # an existing store, named by its meta.json
     store.mkdir()
-    (store / "meta.json").write_text(json.dumps({"features": {"dim": 7}}))
+    (store / "meta.json").write_text(json.dumps(build_meta(feature_dim=7, mode="detect")))
     given_store = write_pipeline(tmp_path, world_steps(init_from=str(fitting), vocabulary=str(bert), store=str(store)),
                                  name="store.yaml")
     assert error_lines(pipeline_run(given_store))[-1] == (

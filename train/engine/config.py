@@ -111,6 +111,27 @@ class StageConfig:
         return None
 
 
+def model_settings(value: Any, where: str = "model") -> dict[str, Any]:
+    """A run's `model:` as a mapping: a size's name becomes {"size": name}; the fields are checked as
+    VLBertConfig checks them (a misspelt `matching_loss` fails here, not when its stage starts)."""
+    if isinstance(value, str):
+        value = {"size": value}
+    if not isinstance(value, Mapping):
+        raise RunConfigError(f"{where}: expected a model size ({', '.join(MODEL_SIZES)}) or a mapping of "
+                             f"VL-BERT config fields, found {_describe(value)}")
+    size = value.get("size", "base")
+    if size not in MODEL_SIZES:
+        raise RunConfigError(f"{where}.size: {size!r} is not one of {', '.join(MODEL_SIZES)}"
+                             + did_you_mean(str(size), list(MODEL_SIZES)))
+    fields = checked_fields(VLBertConfig, {k: v for k, v in value.items() if k != "size"}, where)
+    try:
+        VLBertConfig.sized(size, **fields)
+    except ValueError as exc:
+        raise RunConfigError(f"{where}: {exc}") from None
+    return {"size": size, **fields} if "size" in value else fields
+
+
+
 @dataclass
 class RunConfig:
     SETTINGS: ClassVar[str] = "run settings"
@@ -135,7 +156,7 @@ class RunConfig:
     # A named size (base, large, tiny: vlbert.config.MODEL_SIZES) or VLBertConfig fields, with an
     # optional `size` they change; the tokenizer and store set the vocabulary and feature sizes.
     # Without init_from or bert, the model starts from random weights at this size (default: base).
-    model: dict[str, Any] = field(default_factory=dict, metadata={"checked_by": lambda v, where: model_settings(v, where)})
+    model: dict[str, Any] = field(default_factory=dict, metadata={"checked_by": model_settings})
     # A save_pretrained directory (e.g. converted official weights), or a BERT checkpoint
     # directory saved by transformers (text side, sizes).
     init_from: str | None = field(default=None, metadata=EXISTING_PATH)
@@ -152,10 +173,9 @@ class RunConfig:
             raise RunConfigError(f"damaged_records {self.damaged_records!r} is not one of {DAMAGED_RECORD_POLICIES}")
         if not self.stages:
             raise RunConfigError("stages: a run needs at least one stage")
-        starts_from = "init_from" if self.init_from else "bert" if self.bert else None
-        if "size" in self.model and starts_from:
-            raise RunConfigError(f"model.size: {starts_from} sets the model's sizes; give a size only to start from "
-                                 "random weights")
+        if "size" in self.model and self.start is not None:
+            raise RunConfigError(f"model.size: {self.start[0]} sets the model's sizes; give a size only to start "
+                                 "from random weights")
         names = [stage.name for stage in self.stages]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:  # metrics.jsonl tells stages apart by name
@@ -180,6 +200,12 @@ class RunConfig:
     @property
     def out_dir(self) -> Path:
         return Path(self.out)
+
+    @property
+    def start(self) -> tuple[str, str] | None:
+        """(field, folder) of the checkpoint the model starts from: init_from, else bert; None for
+        random weights."""
+        return ("init_from", self.init_from) if self.init_from else ("bert", self.bert) if self.bert else None
 
 
 def load_run_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
@@ -285,26 +311,6 @@ def _checked(value: Any, hint: Any, spec: dataclasses.Field, where: str) -> Any:
     if base is list and args and dataclasses.is_dataclass(args[0]):
         return [from_mapping(args[0], item, f"{where}[{i}]") for i, item in enumerate(value)]
     return field_type.normalise(value)
-
-
-def model_settings(value: Any, where: str = "model") -> dict[str, Any]:
-    """A run's `model:` as a mapping: a size's name becomes {"size": name}; the fields are checked as
-    VLBertConfig checks them (a misspelt `matching_loss` fails here, not when its stage starts)."""
-    if isinstance(value, str):
-        value = {"size": value}
-    if not isinstance(value, Mapping):
-        raise RunConfigError(f"{where}: expected a model size ({', '.join(MODEL_SIZES)}) or a mapping of "
-                             f"VL-BERT config fields, found {_describe(value)}")
-    size = value.get("size", "base")
-    if size not in MODEL_SIZES:
-        raise RunConfigError(f"{where}.size: {size!r} is not one of {', '.join(MODEL_SIZES)}"
-                             + did_you_mean(str(size), list(MODEL_SIZES)))
-    fields = checked_fields(VLBertConfig, {k: v for k, v in value.items() if k != "size"}, where)
-    try:
-        VLBertConfig.sized(size, **fields)
-    except ValueError as exc:
-        raise RunConfigError(f"{where}: {exc}") from None
-    return {"size": size, **fields} if "size" in value else fields
 
 
 def _describe(value: Any) -> str:

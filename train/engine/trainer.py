@@ -192,9 +192,8 @@ class Trainer:
     def _check_tokenizer_fits_model(self) -> None:
         """A checkpoint to start from fixes the vocabulary size; the tokenizer must have that many
         word pieces (from random weights, the model takes the tokenizer's)."""
-        start = self.run.init_from or self.run.bert
-        if start:
-            config = read_json(Path(start) / CONFIG_NAME)
+        if self.run.start is not None:
+            config = read_json(Path(self.run.start[1]) / CONFIG_NAME)
             if isinstance(config, dict) and isinstance(config.get("vocab_size"), int):
                 check_vocabulary_size(self.tokenizer, config["vocab_size"], self.run.vocabulary)
 
