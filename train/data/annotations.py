@@ -142,6 +142,17 @@ def _commonsense(v: dict, num_objects: int) -> CommonsenseQuestion:
                                choices("rationale_choices"), v.get("answer_label"), v.get("rationale_label"))
 
 
+def parse_annotation_line(line: bytes, path: str | Path, number: int) -> ImageAnnotation:
+    """Line `number` of annotation file `path`; DataError naming both when it is not a record."""
+    try:
+        return parse_annotation(parse_json_line(line, path, number))
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, DataError):
+            raise
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise DataError(f"{path}:{number}: not an annotation record ({what})") from None
+
+
 class AnnotationFile:
     """An annotation file, indexed: `file[i]` parses the i-th kept line, `items(kind)` lists (line,
     position) of every item of a kind. `keep(image_id)` drops images (those the store lacks) while
@@ -176,13 +187,7 @@ class AnnotationFile:
             raise DataError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
 
     def _parse(self, line: bytes, number: int) -> ImageAnnotation:
-        try:
-            return parse_annotation(parse_json_line(line, self.path, number))
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, DataError):
-                raise
-            what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
-            raise DataError(f"{self.path}:{number}: not an annotation record ({what})") from None
+        return parse_annotation_line(line, self.path, number)
 
     def __len__(self) -> int:
         return len(self.offsets)

@@ -27,8 +27,8 @@ from typing import Callable, Iterator, Sequence
 from tokenizers import BertWordPieceTokenizer
 
 from extract.progress import progress_bar
-from train.data.annotations import ImageAnnotation, annotation_texts, parse_annotation
-from train.data.files import DataError, parse_json_line
+from train.data.annotations import ImageAnnotation, annotation_texts, parse_annotation_line
+from train.data.files import DataError
 from train.data.sources.text import corpus_files
 from train.data.vocabulary import SPECIAL_TOKENS
 
@@ -163,13 +163,7 @@ def text_file_texts(path: Path, lines: Iterator[tuple[int, bytes]]) -> Iterator[
 
 def annotation_file_texts(path: Path, lines: Iterator[tuple[int, bytes]]) -> Iterator[str]:
     for number, line in lines:
-        value = parse_json_line(line, path, number)
-        try:
-            annotation = parse_annotation(value)
-        except (KeyError, TypeError, ValueError) as exc:
-            what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
-            raise DataError(f"{path}:{number}: not an annotation record ({what})") from None
-        yield from texts_of_annotation(annotation)
+        yield from texts_of_annotation(parse_annotation_line(line, path, number))
 
 
 def texts_of_annotation(annotation: ImageAnnotation) -> Iterator[str]:
