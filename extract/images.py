@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -38,36 +36,21 @@ def is_utf8(text: str) -> bool:
     return True
 
 
-def load_image(path: str | Path) -> np.ndarray:
-    """(H, W, 3) uint8 RGB."""
+def load_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
+    """(H, W, 3) uint8 RGB. An image whose header declares more than `max_pixels` pixels is refused
+    before it is decoded."""
     path = Path(path)
-    with _opened(path) as image:
-        image.load()
-        image = ImageOps.exif_transpose(image)
-        array = _to_rgb(image)
-    if array.shape[0] < 1 or array.shape[1] < 1:
-        raise ImageError(f"{path}: image has no pixels ({array.shape[1]}x{array.shape[0]})")
-    return array
-
-
-def check_pixel_count(path: str | Path, max_pixels: int) -> None:
-    """Refuses an image whose header declares more than `max_pixels` pixels, without decoding it."""
-    path = Path(path)
-    with _opened(path) as image:
-        width, height = image.size
-    if width * height > max_pixels:
-        raise ImageError(f"{path}: {width}x{height} is {width * height} pixels, more than the limit of {max_pixels} "
-                         "(vlbert extract --max-pixels); refused before decoding")
-
-
-@contextmanager
-def _opened(path: Path) -> Iterator[Image.Image]:
-    """The image file opened (its header read); errors, also those of reading it, become ImageErrors."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
-                yield image
+                width, height = image.size
+                if max_pixels is not None and width * height > max_pixels:
+                    raise ImageError(f"{path}: {width}x{height} is {width * height} pixels, more than the limit of "
+                                     f"{max_pixels} (vlbert extract --max-pixels); refused before decoding")
+                image.load()
+                image = ImageOps.exif_transpose(image)
+                array = _to_rgb(image)
     except FileNotFoundError:
         raise ImageError(f"{path}: no such file") from None
     except UnidentifiedImageError:
@@ -76,6 +59,9 @@ def _opened(path: Path) -> Iterator[Image.Image]:
         raise ImageError(f"{path}: too many pixels to decode safely ({exc})") from None
     except OSError as exc:
         raise ImageError(f"{path}: unreadable or truncated image ({exc})") from None
+    if array.shape[0] < 1 or array.shape[1] < 1:
+        raise ImageError(f"{path}: image has no pixels ({array.shape[1]}x{array.shape[0]})")
+    return array
 
 
 def _to_rgb(image: Image.Image) -> np.ndarray:

@@ -28,8 +28,7 @@ from extract.backends import build_extractor
 from extract.checkpoint import file_sha256
 from extract.detector import REGION_ARRAYS, Detector, regions_numpy
 from extract.device import StickyDeviceError, check_device, is_sticky_cuda_error, launcher_variable, rank_device
-from extract.images import (DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, check_pixel_count, image_id, is_utf8,
-                            list_images, load_image)
+from extract.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, image_id, is_utf8, list_images, load_image
 from extract.loader import DecodingPipeline, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
@@ -317,8 +316,7 @@ def _decode(item: WorkItem, max_pixels: int) -> tuple[np.ndarray, np.ndarray | N
     """
     encode_key(item.image_id)
     boxes = given_boxes(item) if item.boxes is not None else None
-    check_pixel_count(item.file, max_pixels)
-    return load_image(item.file), boxes
+    return load_image(item.file, max_pixels), boxes
 
 
 def _first_line(exc: BaseException) -> str:

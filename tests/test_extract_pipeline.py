@@ -56,13 +56,13 @@ def test_a_worker_that_dies_on_a_file_fails_that_file_only(images, in_process, t
     naming the crash, a fresh worker decodes the rest, and every other record is stored as usual."""
     decode = extract.job.load_image
 
-    def crashing(path):
+    def crashing(path, max_pixels=None):
         if path.name == "image0002.png":
             os._exit(3)
         if path.name == "image0005.png":
             faulthandler.disable()  # pytest's handler would print the worker's stack: the crash is meant
             os.kill(os.getpid(), signal.SIGSEGV)
-        return decode(path)
+        return decode(path, max_pixels)
 
     monkeypatch.setattr(extract.job, "load_image", crashing)  # forked workers inherit it
     summary = run_extraction(images, tmp_path / "store", "tiny", batch_size=3, decode_workers=2, progress=False,
