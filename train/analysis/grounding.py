@@ -33,10 +33,9 @@ from train.data.collate import collate, to_device
 from train.data.datasets import Sample
 from train.data.files import DataError, read_json, write_atomically
 from train.data.regions import RegionBank
-from train.engine.config import checked_fields
+from train.engine.config import model_settings
 from train.evaluation.statistics import LEVEL, Interval, bootstrap_interval, paired_comparison
 from train.tasks import model_inputs
-from vlbert.config import VLBertConfig
 from vlbert.modeling import CONFIG_NAME, WEIGHTS_NAME, VLBertModel
 from vlbert.tokenization import build_caption_sequence, check_vocabulary_size, load_tokenizer
 
@@ -199,18 +198,15 @@ def load_model(model_dir: str | Path, device: torch.device, fresh_weights: bool 
 
 
 def check_saved_config(model_dir: Path) -> None:
-    """DataError or RunConfigError unless the saved model folder's config.json reads as a VL-BERT config."""
+    """DataError unless the saved model folder holds a JSON config.json, RunConfigError unless it
+    reads as a VL-BERT config (its fields, types and their own checks)."""
     path = model_dir / CONFIG_NAME
     if not path.is_file():
         raise DataError(f"{model_dir}: not a saved model (no {CONFIG_NAME})")
     values = read_json(path)
     if not isinstance(values, dict):
         raise DataError(f"{path}: expected a JSON object of VL-BERT config fields, found {type(values).__name__}")
-    fields = checked_fields(VLBertConfig, {k: v for k, v in values.items() if k != "architecture"}, str(path))
-    try:
-        VLBertConfig(**fields)
-    except ValueError as exc:  # __post_init__: fields that do not go together
-        raise DataError(f"{path}: {exc}") from None
+    model_settings({k: v for k, v in values.items() if k != "architecture"}, str(path))
 
 
 def phrase_sample(phrase: Phrase, regions: RegionBank, tokenizer, max_length: int) -> tuple[Sample, np.ndarray]:
