@@ -35,7 +35,7 @@ def build_command(files: tuple[Path, ...], out: Path, size: int, min_frequency: 
     text files (one text a line) and folders of *.txt files. vocab.txt starts with [PAD] [UNK]
     [CLS] [SEP] [MASK] (ids 0-4), then the characters of the texts, then the learned pieces."""
     path = build_vocabulary(files, out, size, min_frequency, lowercase=not cased, log=click.echo)
-    tokens = sum(1 for _ in path.open(encoding="utf-8"))
+    tokens = len(path.read_text(encoding="utf-8").splitlines())
     click.echo(f"{path}: {tokens} tokens ({'cased' if cased else 'uncased'})")
 
 
