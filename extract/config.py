@@ -15,9 +15,10 @@ from typing import Any, Mapping
 import yaml
 
 from extract.modeling.parts import PARTS
+from vlbert.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A detector config, preset name or override that cannot be used."""
 
 

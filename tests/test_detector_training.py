@@ -8,7 +8,8 @@ from extract import Detector
 from extract.modeling.boxes import BoxCoder
 from pipelines.world import generate_world
 from pipelines.world.detector import DEMO_OVERRIDES, detection_examples
-from train.detector import LossConfig, TrainConfig, train_detector
+from train.detector.config import LossConfig, TrainConfig
+from train.detector.loop import train_detector
 from train.detector.loop import training_step
 from train.detector.losses import attribute_loss
 from train.detector.targets import IGNORED, NEGATIVE, POSITIVE, match, sample

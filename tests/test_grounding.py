@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from PIL import Image
 
 from pipelines.cli import main
-from train.analysis.grounding import (MIN_LENGTH, GroundingTally, analyze_grounding, held_out_best,
+from train.analysis.grounding import (GroundingTally, analyze_grounding, held_out_best,
                                      phrase_region_attention, phrase_sample)
-from train.analysis.phrases import PHRASE_READERS, Phrase
+from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS, Phrase
 from train.data.annotations import read_annotations
 from train.data.files import shown
 from train.data.regions import RegionBank

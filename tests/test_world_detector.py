@@ -8,7 +8,7 @@ import torch
 from extract import Detector
 from pipelines.world import ATTRIBUTE_NAMES, CLASS_NAMES, generate_world
 from pipelines.world.detector import detection_examples
-from train.detector import evaluate_detector
+from train.detector.evaluate import evaluate_detector
 
 DATA = Path(__file__).resolve().parents[1] / "pipelines" / "data"
 

@@ -16,14 +16,12 @@ are checkpoint keys under `backbone.`, `proposal_generator.` or `roi_heads.`.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from torch import nn
-
-from extract.modeling.resnet import ResNetC4
-from extract.modeling.roi_heads import Res5ROIHeads
-from extract.modeling.rpn import RPN
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -47,6 +45,16 @@ def build_part(kind: str, cfg) -> nn.Module:
     return PARTS[kind][getattr(cfg, kind)].build(cfg)
 
 
-register_part("backbone", Part("resnet_c4", ResNetC4, "ResNet stem and res2-res4, output stride 16"))
-register_part("proposal_generator", Part("rpn", RPN, "region proposal network on the res4 map"))
-register_part("roi_heads", Part("res5", Res5ROIHeads, "RoI pooling on res4, res5, mean, box and attribute heads"))
+def module_class(path: str) -> Callable[..., nn.Module]:
+    """A builder that imports `module:Class` when it builds: the registry (which configs check their
+    names against when they load, `vlbert --help` among them) stays free of torch."""
+    module, name = path.split(":")
+    return lambda cfg: getattr(importlib.import_module(module), name)(cfg)
+
+
+register_part("backbone", Part("resnet_c4", module_class("extract.modeling.resnet:ResNetC4"),
+                               "ResNet stem and res2-res4, output stride 16"))
+register_part("proposal_generator", Part("rpn", module_class("extract.modeling.rpn:RPN"),
+                                         "region proposal network on the res4 map"))
+register_part("roi_heads", Part("res5", module_class("extract.modeling.roi_heads:Res5ROIHeads"),
+                                "RoI pooling on res4, res5, mean, box and attribute heads"))

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Iterator
-
-import torch
+from typing import TYPE_CHECKING, Iterator
 
 from extract.config import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class PrecisionError(ConfigError):
@@ -24,18 +25,20 @@ class PrecisionError(ConfigError):
 class Precision:
     name: str
     summary: str
-    autocast: torch.dtype | None = None  # networks run under autocast to this dtype
+    autocast: str | None = None  # networks run under autocast to this torch dtype
     tf32: bool = False  # CUDA matmuls and convolutions in TensorFloat-32 (CUDA only)
     loss_scaling: bool = False  # training scales the loss (float16's range is too narrow for gradients)
 
     def check(self, device: torch.device) -> None:
+        import torch  # here, not at the top: the precisions' names are read by `vlbert extract --help`
+
         if self.tf32 and device.type != "cuda":
             raise PrecisionError(f"precision {self.name}: TensorFloat-32 exists on CUDA devices only, "
                                  f"not on {device}; use fp32 or bf16")
-        if self.autocast is torch.float16 and device.type != "cuda":
+        if self.autocast == "float16" and device.type != "cuda":
             raise PrecisionError(f"precision {self.name}: float16 autocast runs on CUDA devices only, "
                                  f"not on {device}; use fp32 or bf16")
-        if self.autocast is torch.bfloat16 and device.type == "cuda":
+        if self.autocast == "bfloat16" and device.type == "cuda":
             # The GPU asked for, natively: older ones emulate bfloat16 at a fraction of fp32's speed.
             major, minor = torch.cuda.get_device_capability(device)
             if major < 8:
@@ -46,9 +49,11 @@ class Precision:
     @contextmanager
     def applied(self, device: torch.device) -> Iterator[None]:
         """Runs a forward in this precision; global settings are restored on exit."""
+        import torch
+
         self.check(device)
         with self.float32_math(device):
-            with torch.autocast(device.type, dtype=self.autocast) if self.autocast else nullcontext():
+            with torch.autocast(device.type, dtype=getattr(torch, self.autocast)) if self.autocast else nullcontext():
                 yield
 
     def float32_math(self, device: torch.device):
@@ -61,6 +66,8 @@ class Precision:
 def _cuda_fp32_math(mode: str) -> Iterator[None]:
     """float32 matmuls and cuDNN convolutions in `mode` ("ieee" or "tf32"). cuDNN convolutions
     default to TF32, so fp32 must switch it off to be float32."""
+    import torch
+
     settings = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
     saved = [s.fp32_precision for s in settings]
     try:
@@ -76,12 +83,12 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("fp32", "float32 throughout (TF32 off on CUDA): the reference numbers"),
     Precision("tf32", "CUDA only: float32 tensors, matmuls and convolutions in TensorFloat-32", tf32=True),
     Precision("bf16", "networks under bfloat16 autocast; pooling, box decoding, selection and softmax in float32",
-              autocast=torch.bfloat16),
+              autocast="bfloat16"),
 )}
 # Training adds float16 autocast with a gradient scaler (GPUs without bfloat16, before Ampere).
 TRAINING_PRECISIONS: dict[str, Precision] = {**PRECISIONS, "fp16": Precision(
     "fp16", "CUDA only: networks under float16 autocast, the loss scaled against underflow",
-    autocast=torch.float16, loss_scaling=True)}
+    autocast="float16", loss_scaling=True)}
 
 
 def precision(name: str, known: dict[str, Precision] = PRECISIONS) -> Precision:

@@ -4,8 +4,7 @@ from pathlib import Path
 
 import click
 
-from train.analysis.grounding import MIN_LENGTH, analyze_grounding
-from train.analysis.phrases import PHRASE_READERS
+from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS
 
 _folder = click.Path(exists=True, file_okay=False, path_type=Path)
 
@@ -42,6 +41,8 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
     """Per layer and head, the share of phrases whose most-attended RoI has IoU ≥ 0.5 with the
     annotated box, against a random RoI and the most confident RoI: OUT/grounding.json,
     OUT/grounding.png (heat map) and OUT/examples/*.png (the best head's attention)."""
+    from train.analysis.grounding import analyze_grounding
+
     result = analyze_grounding(model_dir, store, annotations, vocabulary, out, phrase_format, images=images,
                                examples=examples, max_items=max_items, batch_size=batch_size, device=device,
                                max_length=max_length, fresh_weights=fresh_weights)

@@ -4,8 +4,6 @@ from pathlib import Path
 
 import click
 
-from extract.checkpoint import CheckpointError
-from vlbert.convert_official import convert_official_checkpoint
 
 
 @click.command("convert-official")
@@ -30,6 +28,9 @@ from vlbert.convert_official import convert_official_checkpoint
 )
 def convert_official(source: Path, out_dir: Path, num_attention_heads: int | None, trust_pickle: bool) -> None:
     """Convert an official VL-BERT checkpoint SOURCE (e.g. vl-bert-base-e2e.model)."""
+    from extract.checkpoint import CheckpointError
+    from vlbert.convert_official import convert_official_checkpoint
+
     try:
         result = convert_official_checkpoint(
             source, out_dir, num_attention_heads=num_attention_heads, trust_pickle=trust_pickle

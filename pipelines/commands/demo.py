@@ -1,6 +1,5 @@
 import click
 
-from pipelines.demo import run_demo
 
 
 @click.command("demo")
@@ -8,6 +7,8 @@ from pipelines.demo import run_demo
               help="Folder for the demo's outputs.")
 def demo_command(out: str) -> None:
     """Run the demo pipeline on the embedded world and print where its report went."""
+    from pipelines.demo import run_demo
+
     for path in run_demo(out, log=click.echo):
         click.echo(f"report: {path.resolve()}")
 

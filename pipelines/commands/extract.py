@@ -6,7 +6,6 @@ import click
 
 from extract.config import parse_override
 from extract.images import DEFAULT_MAX_PIXELS
-from extract.job import parse_shard, run_extraction
 from extract.modeling.precision import PRECISIONS
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
 
@@ -77,6 +76,8 @@ def extract_command(images, out, detector, weights, overrides, boxes, image_list
 
     Rerunning the same command resumes: stored images are skipped, failed ones retried.
     """
+    from extract.job import parse_shard, run_extraction
+
     summary = run_extraction(
         images, out, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
         boxes=boxes, image_list=image_list, batch_size=batch_size, device=device, precision=precision,

@@ -4,8 +4,6 @@ from pathlib import Path
 
 import click
 
-from train.engine.config import load_run_config
-from train.engine.trainer import Trainer
 
 
 @click.command("train")
@@ -28,6 +26,9 @@ def train_command(config: Path, resume: bool, restart: bool, skip_damaged: bool,
     OUT must hold this run or none: a run folder trained with another config is refused (the
     differences are listed) unless --restart. Rerunning a finished run trains nothing.
     """
+    from train.engine.config import load_run_config
+    from train.engine.trainer import Trainer
+
     if resume and restart:
         raise click.UsageError("--resume continues the run in the out folder and --restart discards it: pass one")
     options = {"out": out, "device": device, "damaged_records": "skip" if skip_damaged else None}

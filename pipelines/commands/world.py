@@ -3,11 +3,9 @@
 from pathlib import Path
 
 import click
-import torch
 
 from pipelines.world import generate_world
-from pipelines.world.detector import train_world_detector
-from train.detector import TrainConfig
+from train.detector.config import TrainConfig
 
 
 @click.group("world")
@@ -35,6 +33,10 @@ def generate(out_dir: Path, images: int, seed: int) -> None:
               help="CPU threads; results are reproducible for a given count. One thread copes best with a busy machine.")
 def train_detector_command(world_dir: Path, weights: Path, steps: int, seed: int, threads: int) -> None:
     """Train the tiny detector on WORLD's train split and evaluate it on its val split."""
+    import torch
+
+    from pipelines.world.detector import train_world_detector
+
     if weights.suffix != ".safetensors":
         raise click.BadParameter("expected a .safetensors path", param_hint="--out")
     torch.set_num_threads(threads)

@@ -14,7 +14,10 @@ from safetensors.torch import save_file
 from extract import Detector
 from pipelines.world.generate import load_split, load_world_image
 from pipelines.world.vocabulary import ATTRIBUTE_NAMES, CLASS_NAMES
-from train.detector import DetectionExample, TrainConfig, evaluate_detector, train_detector
+from train.detector.config import TrainConfig
+from train.detector.data import DetectionExample
+from train.detector.evaluate import evaluate_detector
+from train.detector.loop import train_detector
 
 # Field overrides of the `tiny` preset, written into the detector's YAML next to its vocabulary.
 DEMO_OVERRIDES: dict[str, Any] = {

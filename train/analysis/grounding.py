@@ -41,9 +41,6 @@ from vlbert.tokenization import build_caption_sequence, check_vocabulary_size, l
 
 IOU_THRESHOLD = 0.5
 TIE_TOLERANCE = 1e-6  # relative
-# The shortest sequence that still scores a phrase: [CLS], one word piece, [SEP], the whole-image
-# box (never a candidate), one RoI, [END].
-MIN_LENGTH = 6
 
 
 def phrase_region_attention(attentions: tuple[torch.Tensor, ...], phrase_mask: torch.Tensor,
@@ -296,7 +293,7 @@ def analyze_grounding(model_dir: str | Path, store: str | Path, annotations: str
     `PHRASE_READERS`; the first `max_items`): writes OUT/grounding.json (the returned table),
     OUT/grounding.png (the heat map) and, for the first `examples` phrases, OUT/examples/*.png (the
     best head's attention over the image's boxes, drawn on the image from `images` when given).
-    `max_length` (default: the model's position count; at least MIN_LENGTH) caps text + RoIs.
+    `max_length` (default: the model's position count; at least phrases.MIN_LENGTH) caps text + RoIs.
     `fresh_weights` analyses the model's config with fresh weights (the before-training reference).
     Every input is checked, and OUT made, before the first phrase is analysed."""
     torch_device = check_device(device)

@@ -23,6 +23,9 @@ from typing import Callable
 from train.data.annotations import read_annotations
 from train.data.files import DataError, read_text, shown
 
+# The shortest sequence that still scores a phrase: [CLS], one word piece, [SEP], the whole-image
+# box (never a candidate), one RoI, [END].
+MIN_LENGTH = 6
 
 @dataclass
 class Phrase:

@@ -4,30 +4,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from extract import Detector
 from train.detector.data import DetectionExample
-from train.detector.losses import ImageTargets, LossConfig, box_head_losses, rpn_losses, sample_rois
+from train.detector.config import LossConfig, TrainConfig
+from train.detector.losses import ImageTargets, box_head_losses, rpn_losses, sample_rois
 
-
-@dataclass(frozen=True)
-class TrainConfig:
-    # The demo detector's run: about 10 minutes on one CPU thread. Shapes of small objects are learnt
-    # last: val class accuracy was 0.54 after 6000 steps, 0.74 after 12000.
-    steps: int = 12000
-    images_per_step: int = 2
-    learning_rate: float = 1e-3
-    weight_decay: float = 1e-4
-    warmup_steps: int = 100
-    max_grad_norm: float = 10.0
-    flip: bool = True
-    seed: int = 0
-    log_every: int = 100
-    losses: LossConfig = field(default_factory=LossConfig)
 
 
 def _schedule(config: TrainConfig) -> Callable[[int], float]:

@@ -12,20 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from extract import Detector, PreparedImage
+from train.detector.config import LossConfig
 from train.detector.data import DetectionExample
 from train.detector.targets import POSITIVE, match, sample
 
-
-@dataclass(frozen=True)
-class LossConfig:
-    rpn_negative_below: float = 0.3
-    rpn_positive_from: float = 0.7
-    rpn_samples_per_image: int = 256
-    rpn_positive_fraction: float = 0.5
-    roi_foreground_from: float = 0.5
-    # detectron2 samples 512; small images with a few objects need far fewer, and res5 per RoI is the cost.
-    roi_samples_per_image: int = 32
-    roi_positive_fraction: float = 0.25
 
 
 @dataclass

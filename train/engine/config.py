@@ -26,6 +26,7 @@ from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
 from vlbert import VLBertConfig
 from vlbert.config import MODEL_SIZES
+from vlbert.errors import UserError
 
 VISUAL_MODES = ("cached", "end2end")
 DAMAGED_RECORD_POLICIES = ("fail", "skip")
@@ -45,7 +46,7 @@ COMPARED_AS: dict[str, Callable[[Any], Any]] = {"device": lambda name: str(name)
 EXISTING_PATH = {"must_exist": True}  # field metadata: an input the Trainer checks before training
 
 
-class RunConfigError(ValueError):
+class RunConfigError(UserError):
     """A run config that cannot be used: YAML, unknown or mistyped fields, missing paths, a stage the
     store cannot feed. The message names the file or field."""
 
