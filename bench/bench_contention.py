@@ -15,7 +15,7 @@ Settings (every run is a fresh `vlbert` process, so the variables reach OpenMP w
 A neighbour is a Python busy loop. Extraction: the demo detector (pipelines/data/demo_detector.*)
 over a demo world's images (`vlbert world generate`); its figure is the job's own images/s (model
 building included, Python start-up not). Training: a tiny VL-BERT, one VQA stage, on the synthetic
-BUTD-sized store of bench_train.py; its figure is the stage's samples/s (eval.json). Per load the
+BUTD-sized store of bench_train.py; its figure is the stage's samples/s (its evaluation). Per load the
 settings alternate, --repeat times, and the best of each is kept. "x idle" is a figure over the
 same setting's figure with no neighbour, "x old idle" over old's with no neighbour (the issue's
 goal: at least 0.4 with one neighbour), "x old" over old's at the same load.
@@ -38,6 +38,7 @@ from types import SimpleNamespace
 
 from bench_train import make_data, run_spec
 from checkouts import ROOT
+from train.engine.run_folder import RunFolder
 
 VLBERT = [sys.executable, "-c", "from pipelines.cli import main; main()"]
 DETECTOR = ROOT / "pipelines" / "data" / "demo_detector"
@@ -79,7 +80,7 @@ def training_rate(work: Path, setting: str, timeout: float, args) -> float | Non
     config.write_text(json.dumps(spec))  # YAML holds JSON
     if run([*VLBERT, "train", str(config)], setting, timeout) is None:
         return None
-    return json.loads(next((work / out / "stages").glob("*/eval.json")).read_text())["samples_per_s"]
+    return RunFolder(work / out).last_stage().evaluation()["samples_per_s"]
 
 
 def busy_neighbours(count: int) -> list[subprocess.Popen]:

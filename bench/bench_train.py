@@ -10,7 +10,7 @@ BUTD-sized synthetic records for its images (2048-d float16 features, 100 boxes,
 probabilities), so batches move what real training moves. Each configuration trains one VQA
 stage of --steps steps in a fresh run folder, in a subprocess that imports the code under test
 (this tree, or --baseline: a checkout of another commit, e.g. `git worktree add /tmp/base HEAD~1`);
-its figures are the stage's eval.json: samples/s and data_wait_share (the baseline may lack the
+its figures are the stage's evaluation: samples/s and data_wait_share (the baseline may lack the
 latter). Configurations alternate over --repeats and the best of each is kept, so a change of
 load on a shared machine falls on all of them.
 """
@@ -69,7 +69,7 @@ def run_spec(work: Path, out: str, args, workers: int, precision: str) -> dict:
 
 
 def train(spec: dict) -> None:
-    """In the child process: `spec` trained by the checkout's code; prints the stage's eval.json."""
+    """In the child process: `spec` trained by the checkout's code; prints the stage's evaluation."""
     sys.path.insert(0, str(checkout()))
     from train.engine.config import RunConfig
     from train.engine.trainer import Trainer

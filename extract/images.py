@@ -1,6 +1,6 @@
 """Reading image files into RGB uint8 arrays, with a clear error for anything unusable.
 
-Conversions (documented in the README): EXIF orientation is applied; grayscale, palette, CMYK
+Conversions (documented in docs/extraction.md): EXIF orientation is applied; grayscale, palette, CMYK
 and YCbCr images are converted to RGB; an alpha channel is dropped (colour channels are kept as
 they are, as OpenCV's imread does); 16- and 32-bit integer images are scaled to 8 bits.
 """

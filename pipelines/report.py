@@ -1,6 +1,6 @@
 """Side-by-side report of training runs: report.json, report.md and a PNG of the loss curves.
 
-A run is a train step's folder: one run, or one run per seed in its `seed-<s>/` folders. Each row
+A run is a train step's folder: one run, or one run per seed in it (`RunFolder.runs`). Each row
 gives the value after the run's last stage (the mean over seeds, ± their sample standard deviation),
 and the 95% bootstrap interval over evaluation items, from the item scores the last stage wrote
 (averaged over seeds first). Comparisons pair two runs on the items both evaluated
@@ -10,16 +10,13 @@ and the 95% bootstrap interval over evaluation items, from the item scores the l
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.steps import SEED_FOLDER
 from train.data.files import DataError
+from train.engine.run_folder import RunFolder
 from train.evaluation.statistics import (RESAMPLES, Comparison, average_over_seeds, bootstrap_interval,
                                          paired_comparison, seed_spread)
-
-SEED_NAME = re.compile(re.escape(SEED_FOLDER).replace(re.escape("{}"), r"(\d+)"))
 
 
 @dataclass
@@ -30,39 +27,29 @@ class RunResults:
     scores: dict[str, float]
 
 
-def run_folders(folder: Path) -> list[Path]:
-    """The run folders of a train step's folder: itself, or its `seed-<s>/` runs by seed."""
-    if (folder / "run.json").is_file():
-        return [folder]
-    seeded = sorted((int(match.group(1)), path) for path in folder.glob("*")
-                    if (match := SEED_NAME.fullmatch(path.name)) and (path / "run.json").is_file())
-    if not seeded:
-        raise DataError(f"{folder}: not a training run (no run.json, nor {SEED_FOLDER.format('<s>')}/run.json)")
-    return [path for _, path in seeded]
+def run_folders(folder: Path) -> list[RunFolder]:
+    """The runs of a train step's folder: itself, or its seed runs by seed."""
+    runs = RunFolder(folder).runs()
+    if not runs:
+        raise DataError(f"{folder}: not a training run (no run config, nor runs by seed in it)")
+    return runs
 
 
-def _last_stage(run_dir: Path) -> Path:
-    stages = json.loads((run_dir / "run.json").read_text())["stages"]
-    return run_dir / "stages" / f"{len(stages) - 1}-{stages[-1]['name']}"
-
-
-def item_scores(run_dir: Path) -> dict[str, float]:
+def item_scores(run: RunFolder) -> dict[str, float]:
     """Each evaluation item's score after the run's last stage; empty where none was written (runs
     from before item scores, evaluations without per-item scores)."""
-    split = Path(json.loads((run_dir / "run.json").read_text())["eval_annotations"]).stem
-    path = _last_stage(run_dir) / "item_scores" / f"{split}.json"
+    path = run.last_stage().item_scores(Path(run.config()["eval_annotations"]).stem)
     return json.loads(path.read_text())["items"] if path.is_file() else {}
 
 
-def _one_run(run_dir: Path) -> dict:
+def _one_run(run: RunFolder) -> dict:
     """The run's last stage's evaluation, with wall time and throughput over all stages."""
-    run = json.loads((run_dir / "run.json").read_text())
-    evals = [json.loads((run_dir / "stages" / f"{i}-{s['name']}" / "eval.json").read_text())
-             for i, s in enumerate(run["stages"])]
+    config = run.config()
+    evals = [stage.evaluation() for stage in run.stages()]
     wall = sum(e["wall_s"] for e in evals)
     samples = sum(e["wall_s"] * e["samples_per_s"] for e in evals)
     return {"evals": evals, "wall_s": wall, "samples_per_s": samples / wall if wall else 0.0,
-            "init_from": run.get("init_from"), "seed": run.get("seed", 0)}
+            "init_from": config.get("init_from"), "seed": config.get("seed", 0)}
 
 
 def run_results(folder: Path, resamples: int = RESAMPLES) -> RunResults:
@@ -70,12 +57,12 @@ def run_results(folder: Path, resamples: int = RESAMPLES) -> RunResults:
     (means over seeds), the stages, where the run started."""
     step = json.loads((folder / "step.json").read_text()) if (folder / "step.json").is_file() else {}
     runs = run_folders(folder)
-    summaries = [_one_run(run_dir) for run_dir in runs]
+    summaries = [_one_run(run) for run in runs]
     first, last = summaries[0]["evals"], summaries[0]["evals"][-1]
     spread = seed_spread([s["evals"][-1]["value"] for s in summaries])
-    scores = average_over_seeds([item_scores(run_dir) for run_dir in runs])
+    scores = average_over_seeds([item_scores(run) for run in runs])
     tuned = any(e["visual"] == "end2end" for e in first)
-    seeded = runs[0] != folder
+    seeded = runs[0].root != folder
     interval = bootstrap_interval(list(scores.values()), resamples).to_list() if scores else None
     row = {"name": folder.name, "detector": step.get("params", {}).get("detector", "tuned" if tuned else "frozen"),
            "task": last["task"], "metric": last["metric"], "value": spread.mean, "chance": last["chance"],
@@ -106,7 +93,7 @@ def compare_runs(results: dict[str, RunResults], pairs: list[tuple[str, str]],
     for a, b in pairs:
         for run in (a, b):
             if not results[run].scores:
-                raise DataError(f"{run}: no item scores to compare (item_scores/ of its last stage); "
+                raise DataError(f"{run}: no item scores to compare (its last stage wrote none); "
                                 "runs trained before item scores existed need training again")
         names = (results[a].row["name"], results[b].row["name"])
         comparisons.append(paired_comparison(results[a].scores, results[b].scores, names, resamples))
@@ -189,22 +176,18 @@ def write_report(run_dirs: list[str], out: Path, compare: list[tuple[str, str]] 
     return [report_json, report_md, curves]
 
 
-def _origin(run_dir: Path) -> tuple[Path, int] | None:
+def _origin(run: RunFolder) -> tuple[RunFolder, int] | None:
     """(the run this run started from, the step of that run's checkpoint), when it started from a
-    stage of another run's `stages/<i>-<name>/final`."""
-    init_from = json.loads((run_dir / "run.json").read_text()).get("init_from")
-    if not init_from:
+    stage's final model of another run."""
+    init_from = run.config().get("init_from")
+    found = RunFolder.of_final(init_from) if init_from else None
+    if found is None:
         return None
-    stage_dir = Path(init_from).parent
-    source = stage_dir.parent.parent
-    if not (source / "run.json").is_file():
-        return None
-    stages = json.loads((source / "run.json").read_text())["stages"]
-    upto = int(stage_dir.name.split("-", 1)[0])
-    return source, sum(stage["steps"] for stage in stages[: upto + 1])
+    source, stage = found
+    return source, sum(s["steps"] for s in source.config()["stages"][: stage.index + 1])
 
 
-def _plot_losses(run_dirs: list[Path], path: Path) -> None:
+def _plot_losses(plotted: list[RunFolder], path: Path) -> None:
     """Each run's loss against the optimizer steps since training began, so a run continuing another
     run's checkpoint (pre-training included) starts where that checkpoint was taken."""
     import matplotlib
@@ -214,25 +197,24 @@ def _plot_losses(run_dirs: list[Path], path: Path) -> None:
 
     offsets: dict[Path, int] = {}
 
-    def offset(run_dir: Path) -> int:
-        if run_dir not in offsets:
-            origin = _origin(run_dir)
-            offsets[run_dir] = 0 if origin is None else offset(origin[0]) + origin[1]
-        return offsets[run_dir]
+    def offset(run: RunFolder) -> int:
+        if run.root not in offsets:
+            origin = _origin(run)
+            offsets[run.root] = 0 if origin is None else offset(origin[0]) + origin[1]
+        return offsets[run.root]
 
-    runs = list(dict.fromkeys(r.resolve() for r in run_dirs))
-    for run_dir in list(runs):
-        origin = _origin(run_dir)
-        while origin is not None and origin[0].resolve() not in runs:
-            runs.insert(0, origin[0].resolve())
+    runs = list({RunFolder(r.root.resolve()): None for r in plotted})
+    for run in list(runs):
+        origin = _origin(run)
+        while origin is not None and RunFolder(origin[0].root.resolve()) not in runs:
+            runs.insert(0, RunFolder(origin[0].root.resolve()))
             origin = _origin(origin[0])
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for run_dir in runs:
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        losses = [r["loss"] for r in records if "step" in r]
-        start = offset(run_dir)
-        ax.plot(range(start + 1, start + len(losses) + 1), losses, label=_label(run_dir), linewidth=1)
+    for run in runs:
+        losses = [r["loss"] for r in run.metrics() if "step" in r]
+        start = offset(run)
+        ax.plot(range(start + 1, start + len(losses) + 1), losses, label=_label(run), linewidth=1)
     ax.set_xlabel("optimizer steps since training began")
     ax.set_ylabel("training loss")
     ax.set_yscale("log")
@@ -242,6 +224,6 @@ def _plot_losses(run_dirs: list[Path], path: Path) -> None:
     plt.close(fig)
 
 
-def _label(run_dir: Path) -> str:
-    """A run's name in the plot: a seeded run's with its step's (`vqa/seed-1`)."""
-    return f"{run_dir.parent.name}/{run_dir.name}" if SEED_NAME.fullmatch(run_dir.name) else run_dir.name
+def _label(run: RunFolder) -> str:
+    """A run's name in the plot: a seeded run's with its step's (`vqa/` before the seed run's folder)."""
+    return f"{run.root.parent.name}/{run.root.name}" if run.seed is not None else run.root.name

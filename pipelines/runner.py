@@ -143,14 +143,18 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
     out = _out(path, document, settings, references)
     known = Foreknown(unset=tuple(f"${{{INPUT}{name}}}" for name in unset))
     steps = []
+    owners: dict[str, str] = {}  # a step's reference, and its outputs', → the step
     for index, entry in enumerate(document["steps"]):
         if not isinstance(entry, dict) or not all(isinstance(entry.get(key), str) for key in ("name", "kind")):
             problems.append(f"{path}: steps[{index}]: every step needs a `name` and a `kind`: {entry!r}")
             continue
-        step, step_problems = _step(entry, out, references, step_settings.get(entry["name"], {}), known)
+        step, step_problems = _step(entry, out, references, step_settings.get(entry["name"], {}), known, owners)
         problems += [f"{path}: step {step.name!r} ({step.kind}): {problem}" for problem in step_problems
                      if not any(marker in problem for marker in known.unset)]  # named once, as an input
-        references[step.name] = str(step.folder)
+        outputs = KINDS[step.kind].outputs(step.params, step.folder) if step.kind in KINDS else {}
+        named = {step.name: str(step.folder), **{f"{step.name}.{output}": path for output, path in outputs.items()}}
+        references.update(named)
+        owners.update(dict.fromkeys(named, step.name))
         known.step_folders.append(step.folder)
         steps.append(step)
     if problems:
@@ -266,9 +270,10 @@ def _out(path: Path, document: dict[str, Any], settings: dict[str, Any], referen
 
 
 def _step(entry: dict[str, Any], out: Path, references: dict[str, Any], settings: dict[str, Any],
-          known: Foreknown) -> tuple[Step, list[str]]:
+          known: Foreknown, owners: dict[str, str]) -> tuple[Step, list[str]]:
     """A pipeline file's step with its `--set STEP.…` `settings`, and its problems; `references` holds
-    the earlier steps' folders, `known` what the load checks know of them."""
+    the earlier steps' folders and outputs (`owners`: whose each is), `known` what the load checks
+    know of them."""
     name, kind = entry["name"], entry["kind"]
     params = {key: value for key, value in entry.items() if key not in ("name", "kind")}
     problems = []
@@ -279,9 +284,7 @@ def _step(entry: dict[str, Any], out: Path, references: dict[str, Any], settings
     if kind not in KINDS:
         problems.append(f"unknown kind {kind!r} (known: {', '.join(sorted(KINDS))})")
     unknown = [ref for ref in _references(params) if ref not in references]
-    problems += [f"refers to ${{{ref}}}, not a declared input (declared: "
-                 f"{', '.join(r[len(INPUT):] for r in references if r.startswith(INPUT)) or 'none'})"
-                 if ref.startswith(INPUT) else f"refers to ${{{ref}}}, not an earlier step" for ref in unknown]
+    problems += [_unknown_reference(ref, references) for ref in unknown]
     nulls = _null_in_text(params, references)
     problems += nulls
     folder = out / name
@@ -292,8 +295,23 @@ def _step(entry: dict[str, Any], out: Path, references: dict[str, Any], settings
                      for problem in [_set_field(params, field, value, KINDS[kind])] if problem]
         if not unknown and not nulls:
             problems += _checked_step(KINDS[kind], params, folder, known)
-    reads = tuple(dict.fromkeys(ref for ref in _references(entry) if ref != HERE and not ref.startswith(INPUT)))
+    reads = tuple(dict.fromkeys(owners[ref] for ref in _references(entry) if ref in owners))
     return Step(name, kind, folder, params, reads), problems
+
+
+def _unknown_reference(ref: str, references: dict[str, Any]) -> str:
+    if ref.startswith(INPUT):
+        declared = [r[len(INPUT):] for r in references if r.startswith(INPUT)]
+        return f"refers to ${{{ref}}}, not a declared input (declared: {', '.join(declared) or 'none'})"
+    step = max((name for name in references if ref.startswith(name + ".")), key=len, default=None)
+    if step is None:
+        return f"refers to ${{{ref}}}, not an earlier step"
+    offered = [name[len(step) + 1:] for name in references if name.startswith(step + ".")]
+    output = ref[len(step) + 1:]
+    if not offered:
+        return (f"refers to ${{{ref}}}, but step {step!r} offers nothing by name: a train step (without "
+                "seeds) offers final, predictions, STAGE.final and STAGE.predictions")
+    return f"refers to ${{{ref}}}, but step {step!r} offers no {output!r}; it offers {', '.join(offered)}"
 
 
 def _checked_step(kind: StepKind, params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from train.data.sources.refer import DATASETS as REFER_DATASETS
+from train.engine.run_folder import RunFolder
 from train.engine.config import RunConfig, RunConfigError, StageConfig, checked_fields, did_you_mean
 
 Log = Callable[[str], None]
@@ -61,6 +62,10 @@ def _nothing_to_verify(params: dict[str, Any], folder: Path, known: Foreknown) -
     return []
 
 
+def _no_outputs(params: dict[str, Any], folder: Path) -> dict[str, str]:
+    return {}
+
+
 @dataclass(frozen=True)
 class StepKind:
     run: Callable[[dict[str, Any], Path, bool, Log], None]
@@ -68,6 +73,8 @@ class StepKind:
     fields: Callable[[dict[str, Any]], list[str]]  # the parameters a step of this kind takes
     verify: Verify = _nothing_to_verify
     stage_fields: tuple[str, ...] = ()  # a train step's stages: what STEP.STAGE.FIELD may set
+    # What later steps may name beyond the step's folder: `${STEP.NAME}` → a path in it.
+    outputs: Callable[[dict[str, Any], Path], dict[str, str]] = _no_outputs
 
 
 def _parse(cls: type, params: dict[str, Any]) -> Any:
@@ -248,13 +255,6 @@ def _verify_vocabulary(params: dict[str, Any], folder: Path, known: Foreknown) -
 
 # ---- train ---------------------------------------------------------------------------------------
 
-SEED_FOLDER = "seed-{}"  # a seeded run's folder inside its step's folder
-
-
-def seed_folder(folder: Path, seed: int) -> Path:
-    return folder / SEED_FOLDER.format(seed)
-
-
 def _seeds(params: dict[str, Any]) -> list[int] | None:
     """A train step's `seeds`: distinct non-negative integers, each the `seed` of one run."""
     seeds = params.get("seeds")
@@ -286,13 +286,27 @@ def _run_config(params: dict[str, Any], out: str, seed: int | None = None) -> Ru
     return RunConfig.from_dict({**fields, "out": out, **({} if seed is None else {"seed": seed})})
 
 
+def _run_outputs(params: dict[str, Any], folder: Path) -> dict[str, str]:
+    """`${STEP.STAGE.final}`: the final model of the stage named STAGE, `${STEP.STAGE.predictions}`:
+    the folder of its predictions files; `${STEP.final}` and `${STEP.predictions}`: the last stage's.
+    A step with `seeds` trains several runs and offers none of them."""
+    names = [stage.get("name") for stage in params.get("stages") or [] if isinstance(stage, dict)]
+    if params.get("seeds") is not None or not names or not all(isinstance(name, str) for name in names):
+        return {}
+    stages = [RunFolder(folder).stage(index, name) for index, name in enumerate(names)]
+    named = {f"{name}.{output}": path for name, stage in zip(names, stages)
+             for output, path in (("final", stage.final), ("predictions", stage.predictions_folder))}
+    return {**{key: str(path) for key, path in named.items()}, "final": str(stages[-1].final),
+            "predictions": str(stages[-1].predictions_folder)}
+
+
 def train(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
-    """A training run (train.engine.RunConfig fields); with `seeds`, one run per seed, each in
-    `seed-<s>/` of the step's folder."""
+    """A training run (train.engine.RunConfig fields); with `seeds`, one run per seed, each in its
+    seed run folder inside the step's folder (`RunFolder.seed_run`)."""
     from train.engine.trainer import Trainer
 
     seeds = _seeds(params)
-    runs = [(folder, None)] if seeds is None else [(seed_folder(folder, seed), seed) for seed in seeds]
+    runs = [(folder, None)] if seeds is None else [(RunFolder(folder).seed_run(seed).root, seed) for seed in seeds]
     for out, seed in runs:
         if seed is not None:
             log(f"seed {seed}")
@@ -548,7 +562,7 @@ KINDS: dict[str, StepKind] = {
     "vocabulary": StepKind(vocabulary, _vocabulary_params, _field_names(VocabularyParams), _verify_vocabulary),
     "train": StepKind(train, functools.partial(_run_config, out=CHECKED_OUT),
                       _field_names(RunConfig, *TRAIN_EXTRAS, leaving_out=("out",)), _verify_train,
-                      tuple(spec.name for spec in dataclasses.fields(StageConfig))),
+                      tuple(spec.name for spec in dataclasses.fields(StageConfig)), _run_outputs),
     "evaluate": StepKind(evaluate, _evaluation, _field_names(EvaluateParams), _verify_evaluate),
     "report": StepKind(report, report_params, _field_names(ReportParams), _verify_report),
 }

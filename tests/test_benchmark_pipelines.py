@@ -22,6 +22,7 @@ from pipelines.cli import main
 from pipelines.runner import PipelineError, load_pipeline
 from train.data.files import DataError
 from train.data.vocabulary import write_vocabulary
+from train.engine.run_folder import RunFolder
 from training_world import TINY_MODEL
 from vlbert import VLBertConfig
 from vlbert.modeling import VLBertForPreTraining
@@ -116,8 +117,8 @@ def test_the_vqa2_pipeline_prepares_extracts_finetunes_and_writes_scorable_predi
 
     summary = json.loads((out / "data" / "summary.json").read_text())
     assert {s: v["items"] for s, v in summary["splits"].items()} == {"train2014": 8, "val2014": 6}
-    result = json.loads((out / "finetune" / "stages" / "0-vqa" / "eval.json").read_text())
-    predictions = out / "finetune" / "stages" / "0-vqa" / "predictions" / "val2014.json"
+    result = json.loads(RunFolder(out / "finetune").stage(0, "vqa").evaluation_file.read_text())
+    predictions = RunFolder(out / "finetune").stage(0, "vqa").predictions("val2014", ".json")
     assert result["metric"] == "vqa_accuracy" and result["samples"] == 6
     data = tmp_path / "vqa" / "data"
     scores = evaluate("vqa2", "--questions", str(data / "v2_OpenEnded_mscoco_val2014_questions.json"),
@@ -125,7 +126,7 @@ def test_the_vqa2_pipeline_prepares_extracts_finetunes_and_writes_scorable_predi
                       "--predictions", str(predictions))
     assert scores == result["official"]
     assert result["value"] == round(scores["overall"] / 100, 4)
-    items = json.loads((out / "finetune" / "stages" / "0-vqa" / "item_scores" / "val2014.json").read_text())
+    items = json.loads(RunFolder(out / "finetune").stage(0, "vqa").item_scores("val2014").read_text())
     assert len(items["items"]) == 6 and round(np.mean(list(items["items"].values())), 4) == result["value"]
 
     rerun = run(shrunk("vqa2.yaml", tmp_path), out, settings)
@@ -144,9 +145,9 @@ def test_the_vqa2_pipeline_trains_from_scratch_at_a_named_size_with_a_vocabulary
 
     vocabulary = (out / "vocabulary" / "vocab.txt").read_text().splitlines()
     assert vocabulary[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and "colour" in vocabulary
-    model = json.loads((out / "finetune" / "stages" / "0-vqa" / "final" / "config.json").read_text())
+    model = json.loads((RunFolder(out / "finetune").stage(0, "vqa").final / "config.json").read_text())
     assert (model["vocab_size"], model["hidden_size"], model["num_hidden_layers"]) == (len(vocabulary), 32, 2)
-    assert json.loads((out / "finetune" / "stages" / "0-vqa" / "eval.json").read_text())["samples"] == 6
+    assert json.loads(RunFolder(out / "finetune").stage(0, "vqa").evaluation_file.read_text())["samples"] == 6
 
 
 def test_the_vqa2_pipeline_starts_from_bert_without_vlbert_and_names_a_bert_folder_without_weights(tmp_path):
@@ -200,17 +201,17 @@ def test_the_vcr_pipeline_trains_both_steps_and_scores_q2ar_from_their_merged_pr
 
     boxes = json.loads((out / "data" / "boxes.json").read_text())
     assert boxes["movie/val_0.jpg"] == [[4, 4, 40, 40], [50, 20, 120, 90]]
-    q2a = json.loads((out / "q2a" / "stages" / "0-q2a" / "eval.json").read_text())
-    qa2r = json.loads((out / "qa2r" / "stages" / "0-qa2r" / "eval.json").read_text())
+    q2a = json.loads(RunFolder(out / "q2a").stage(0, "q2a").evaluation_file.read_text())
+    qa2r = json.loads(RunFolder(out / "qa2r").stage(0, "qa2r").evaluation_file.read_text())
     scores = json.loads((out / "scores" / "scores.json").read_text())
     assert set(scores) == {"q2a", "qa2r", "q2ar"}
     assert scores["q2a"] == round(q2a["value"] * 100, 2) and scores["qa2r"] == round(qa2r["value"] * 100, 2)
-    items = json.loads((out / "qa2r" / "stages" / "0-qa2r" / "item_scores" / "val.json").read_text())["items"]
+    items = json.loads(RunFolder(out / "qa2r").stage(0, "qa2r").item_scores("val").read_text())["items"]
     assert sorted(items) == ["val-0", "val-1", "val-2"]  # one score per annotation: given its right answer
     assert scores["q2ar"] <= min(scores["q2a"], scores["qa2r"])
     again = evaluate("vcr", "--annotations", str(tmp_path / "vcr" / "val.jsonl"),
-                     "--predictions", str(out / "q2a" / "stages" / "0-q2a" / "predictions" / "val.csv"),
-                     "--predictions", str(out / "qa2r" / "stages" / "0-qa2r" / "predictions" / "val.csv"))
+                     "--predictions", str(RunFolder(out / "q2a").stage(0, "q2a").predictions("val", ".csv")),
+                     "--predictions", str(RunFolder(out / "qa2r").stage(0, "qa2r").predictions("val", ".csv")))
     assert again == scores
 
 
@@ -245,17 +246,17 @@ def test_the_refcoco_plus_pipeline_grounds_expressions_among_the_ground_truth_bo
     out = tmp_path / "run"
     run(shrunk("refcoco+.yaml", tmp_path), out, settings)
 
-    stage = out / "finetune" / "stages" / "0-refcoco+"
-    result = json.loads((stage / "eval.json").read_text())
+    stage = RunFolder(out / "finetune").stage(0, "refcoco+")
+    result = stage.evaluation()
     assert result["metric"] == "refexp_accuracy" and result["samples"] == 4
     scores = evaluate("refcoco+", "--data", str(tmp_path / "DATA"), "--split", "val",
-                      "--predictions", str(stage / "predictions" / "val.json"))
+                      "--predictions", str(stage.predictions("val", ".json")))
     assert scores == {"accuracy": round(result["value"] * 100, 2), "count": 4}
-    items = json.loads((stage / "item_scores" / "val.json").read_text())["items"]
+    items = json.loads(stage.item_scores("val").read_text())["items"]
     assert len(items) == 4 and np.mean(list(items.values())) == result["value"]
     # The candidates are the ground-truth boxes, so every prediction is one of the image's two boxes.
     boxes = json.loads((out / "data" / "boxes.json").read_text())
-    predicted = json.loads((stage / "predictions" / "testA.json").read_text())
+    predicted = json.loads(stage.predictions("testA", ".json").read_text())
     assert len(predicted) == 2
     assert all(p["box"] in boxes["train2014/COCO_train2014_000000000006.jpg"] for p in predicted)
 
@@ -288,9 +289,9 @@ def test_the_pretraining_pipeline_reads_conceptual_captions_and_a_text_corpus(tm
     assert summary["training"]["items"] == 5 and summary["training"]["missing_images"] == 1
     meta = json.loads((out / "features" / "meta.json").read_text())
     assert meta["mask_variants"]["count"] == 3
-    result = json.loads((out / "pretrain" / "stages" / "0-pretrain" / "eval.json").read_text())
+    result = json.loads(RunFolder(out / "pretrain").stage(0, "pretrain").evaluation_file.read_text())
     assert result["metric"] == "masked_word_accuracy"
-    logged = [json.loads(line) for line in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in RunFolder(out / "pretrain").metrics_file.read_text().splitlines()]
     assert [r["step"] for r in logged if "loss" in r] == [1, 2]
 
 

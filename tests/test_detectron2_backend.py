@@ -92,7 +92,7 @@ def test_without_detectron2_the_error_says_it_is_optional(monkeypatch, images, t
     for name in [n for n in sys.modules if n.startswith(("detectron2.", "extract.backends.detectron2"))]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "detectron2", None)  # `import detectron2` now fails as if absent
-    expected = "d2:model.yaml: detectron2 is not installed; it is an optional backend, see README"
+    expected = "d2:model.yaml: detectron2 is not installed; it is an optional backend, see docs/extraction.md"
     with pytest.raises(ConfigError, match=expected):
         build_extractor("d2:model.yaml")
     result = CliRunner().invoke(main, ["extract", "--images", str(images), "--out", str(tmp_path / "store"),

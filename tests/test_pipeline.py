@@ -1,12 +1,14 @@
 """Pipeline files: steps chain, up-to-date steps are skipped, interrupted ones resume, reports are written."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 from pipelines.runner import PipelineError, StepFailed, load_pipeline, parse_setting, run_pipeline
+from train.engine.run_folder import RunFolder
 from training_world import TINY_MODEL
 
 COMMON = {"store": "${cache}", "train_annotations": "${world}/train.jsonl", "eval_annotations": "${world}/val.jsonl",
@@ -23,10 +25,10 @@ def pipeline_file(tmp_path, vqa_steps=3):
         {"name": "pretrain", "kind": "train", **COMMON,
          "stages": [{"name": "pretrain", "task": "pretrain", "steps": 2, "batch_size": 4}]},
         {"name": "vqa-frozen", "kind": "train", "detector": "frozen", **COMMON,
-         "init_from": "${pretrain}/stages/0-pretrain/final",
+         "init_from": "${pretrain.final}",
          "stages": [{"name": "vqa", "task": "vqa", "steps": vqa_steps, "batch_size": 4}]},
         {"name": "vqa-tuned", "kind": "train", "detector": "tuned", **COMMON,
-         "init_from": "${pretrain}/stages/0-pretrain/final",
+         "init_from": "${pretrain.final}",
          "stages": [{"name": "vqa", "task": "vqa", "steps": 2, "batch_size": 4, "checkpoint_every": 1},
                     {"name": "vqa-e2e", "task": "vqa", "steps": 1, "batch_size": 2, "visual": "end2end"}]},
         {"name": "report", "kind": "report", "runs": ["${vqa-frozen}", "${vqa-tuned}"]},
@@ -60,7 +62,7 @@ def test_pipeline_runs_skips_resumes_and_reports(tmp_path, monkeypatch):
     report = json.loads((out / "report" / "report.json").read_text())
     assert [(r["name"], r["detector"], r["task"], r["metric"]) for r in report["runs"]] == [
         ("vqa-frozen", "frozen", "vqa", "vqa_accuracy"), ("vqa-tuned", "tuned", "vqa", "vqa_accuracy")]
-    assert [r["init_from"] for r in report["runs"]] == ["pretrain/stages/0-pretrain/final"] * 2
+    assert [r["init_from"] for r in report["runs"]] == [str(RunFolder(Path("pretrain")).stage(0, "pretrain").final)] * 2
     for row in report["runs"]:
         assert 0 <= row["value"] <= 1 and 0 < row["chance"] <= 1 and row["wall_s"] > 0 and row["samples_per_s"] > 0
     assert (out / "report" / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
@@ -106,7 +108,7 @@ def test_train_command_runs_a_yaml_config_and_names_bad_ones(tmp_path):
     config.write_text(yaml.safe_dump(run.to_dict()))
     result = CliRunner().invoke(main, ["train", str(config)])
     assert result.exit_code == 0, result.output
-    assert json.loads((root / "cli-run" / "stages" / "0-refexp" / "eval.json").read_text())["metric"] == "refexp_accuracy"
+    assert json.loads(RunFolder(root / "cli-run").stage(0, "refexp").evaluation_file.read_text())["metric"] == "refexp_accuracy"
     again = CliRunner().invoke(main, ["train", str(config)])
     assert again.exit_code == 0  # a finished run has nothing left to do
     broken = tmp_path / "broken.yaml"
@@ -302,8 +304,6 @@ def test_a_failing_step_ends_the_command_with_one_line_naming_it(toy_dataset):
 # ---- seeds and comparisons -----------------------------------------------------------------------
 
 def test_a_train_step_with_seeds_trains_one_run_per_seed_and_the_report_gives_their_spread(tmp_path, monkeypatch):
-    from pipelines.steps import seed_folder
-
     steps = [{"name": "world", "kind": "world", "images": 16, "seed": 5},
              {"name": "cache", "kind": "extract", "images": "${world}", "detector": "tiny", "batch_size": 4,
               "progress": False},
@@ -330,17 +330,16 @@ def test_a_train_step_with_seeds_trains_one_run_per_seed_and_the_report_gives_th
     assert "[seeded] resuming an interrupted run" in messages
     assert "stage vqa: done (" in "\n".join(messages)  # seed 0 finished before the crash: nothing to train
 
-    seeded = out / "seeded"
+    seeded = RunFolder(out / "seeded")
+    assert seeded.runs() == [seeded.seed_run(0), seeded.seed_run(1)]
     for seed in (0, 1):
-        assert seed_folder(seeded, seed) == seeded / f"seed-{seed}"
-        assert json.loads((seeded / f"seed-{seed}" / "run.json").read_text())["seed"] == seed
-        assert (seeded / f"seed-{seed}" / "stages" / "0-vqa" / "item_scores" / "val.json").is_file()
-    assert not (seeded / "run.json").exists() and (out / "single" / "run.json").is_file()
+        assert seeded.seed_run(seed).config()["seed"] == seed
+        assert seeded.seed_run(seed).stage(0, "vqa").item_scores("val").is_file()
+    assert not seeded.is_run and RunFolder(out / "single").is_run
 
     report = json.loads((out / "report" / "report.json").read_text())
     single, row = report["runs"]
-    values = [json.loads((seeded / f"seed-{s}" / "stages" / "0-vqa" / "eval.json").read_text())["value"]
-              for s in (0, 1)]
+    values = [seeded.seed_run(s).stage(0, "vqa").evaluation()["value"] for s in (0, 1)]
     assert single["seeds"] is None and single["std"] is None and single["interval"][0] <= single["value"]
     assert row["seeds"] == [0, 1] and row["seed_values"] == values
     assert row["value"] == pytest.approx(sum(values) / 2) and row["std"] == pytest.approx(abs(values[0] - values[1])

@@ -14,6 +14,7 @@ from extract.device import DeviceError, check_device
 from extract.store.schema import build_meta
 from pipelines.cli import main
 from pipelines.runner import load_pipeline
+from train.engine.run_folder import RunFolder
 from train.data.vocabulary import write_vocabulary
 from training_world import TINY_MODEL
 from vlbert import VLBertConfig
@@ -175,3 +176,26 @@ def test_the_vocabulary_step_builds_a_wordpiece_vocabulary_from_texts_or_copies_
     assert error_lines(pipeline_run(nothing)) == [
         f"{nothing}: step 'vocabulary' (vocabulary): given: {tmp_path} holds no vocab.txt (a tokenizer folder, "
         "e.g. a BERT checkpoint's)"]
+
+
+def test_a_later_step_names_a_train_step_s_final_model_and_predictions_not_their_paths(tmp_path):
+    steps = world_steps()
+    steps[-1]["stages"].insert(0, {"name": "pre", "task": "pretrain", "steps": 2, "batch_size": 2})
+    steps.append({**world_steps()[-1], "name": "again", "init_from": "${finetune.final}",
+                  "predict": ["${finetune.pre.predictions}/x.jsonl", "${finetune.predictions}/y.jsonl"]})
+    pipeline = load_pipeline(write_pipeline(tmp_path, steps))
+    finetune, again = RunFolder(pipeline.steps[3].folder), pipeline.steps[4]
+    assert again.params["init_from"] == str(finetune.stage(1, "vqa").final)
+    assert again.params["predict"] == [str(finetune.stage(0, "pre").predictions_folder / "x.jsonl"),
+                                       str(finetune.stage(1, "vqa").predictions_folder / "y.jsonl")]
+    assert again.reads == ("cache", "world", "vocabulary", "finetune")
+
+    steps[-1]["init_from"] = "${finetune.vqa.fianl}"
+    steps[-1]["predict"] = ["${cache.final}/x.jsonl"]
+    path = write_pipeline(tmp_path, steps)
+    assert error_lines(pipeline_run(path)) == [
+        f"{path}: step 'again' (train): refers to ${{finetune.vqa.fianl}}, but step 'finetune' offers no "
+        "'vqa.fianl'; it offers pre.final, pre.predictions, vqa.final, vqa.predictions, final, predictions",
+        f"{path}: step 'again' (train): refers to ${{cache.final}}, but step 'cache' offers nothing by name: a "
+        "train step (without seeds) offers final, predictions, STAGE.final and STAGE.predictions",
+    ]

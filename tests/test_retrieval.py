@@ -20,6 +20,7 @@ from train.data.prepare import prepare_dataset
 from train.data.regions import RegionBank
 from train.data.sources import SOURCES
 from train.engine.config import StageConfig
+from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from train.tasks import chance_recalls, model_inputs, recalls, retrieval_ranks
 from training_world import TINY_MODEL, make_world, run_config
@@ -210,14 +211,14 @@ def test_retrieval_stage_end_to_end(world) -> None:
     run = run_config(world, "retrieval", [StageConfig("retrieval", "retrieval", steps=3, batch_size=8)],
                      eval_batch_size=32)
     result = Trainer(run).fit()[0]
-    stage = world / "retrieval" / "stages" / "0-retrieval"
+    stage = RunFolder(world / "retrieval").stage(0, "retrieval")
     assert result["metric"] == "t2i_recall@1" and set(result["recalls"]) == {
         f"{d}_r{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)}
     assert result["pairs"] == result["images"] * result["samples"] and result["pairs_per_s"] > 0
     assert result["chance"] == round(1 / result["images"], 4)
-    items = json.loads((stage / "item_scores" / "val.json").read_text())["items"]
+    items = json.loads(stage.item_scores("val").read_text())["items"]
     assert len(items) == result["samples"] and round(np.mean(list(items.values())), 4) == result["value"]
-    predictions = json.loads((stage / "predictions" / "val.json").read_text())
+    predictions = json.loads(stage.predictions("val", ".json").read_text())
     assert len(predictions["text_to_image"]) == result["samples"]
     assert len(predictions["image_to_text"]) == result["images"]
     first = predictions["text_to_image"][0]

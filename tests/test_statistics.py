@@ -12,6 +12,7 @@ import pytest
 
 from pipelines.report import run_folders, write_report
 from train.data.files import DataError
+from train.engine.run_folder import RunFolder
 from train.evaluation import statistics
 from train.evaluation.statistics import (Interval, average_over_seeds, bootstrap_interval, paired_comparison,
                                          resampled_means, seed_spread)
@@ -115,25 +116,26 @@ def test_seed_spread_and_items_averaged_over_seeds():
 
 def fake_run(folder: Path, items: dict[str, float], seed: int = 0) -> Path:
     """A finished one-stage VQA run folder as the trainer leaves it, evaluated on val.jsonl."""
-    stage = folder / "stages" / "0-vqa"
-    (stage / "item_scores").mkdir(parents=True)
-    (folder / "run.json").write_text(json.dumps({"stages": [{"name": "vqa"}], "eval_annotations": "/w/val.jsonl",
-                                                 "seed": seed}))
+    run = RunFolder(folder)
+    stage = run.stage(0, "vqa")
+    stage.item_scores("val").parent.mkdir(parents=True)
+    run.write_config({"stages": [{"name": "vqa"}], "eval_annotations": "/w/val.jsonl", "seed": seed})
     value = sum(items.values()) / len(items)
-    (stage / "eval.json").write_text(json.dumps({"stage": "vqa", "task": "vqa", "metric": "vqa_accuracy",
+    stage.write_evaluation({"stage": "vqa", "task": "vqa", "metric": "vqa_accuracy",
                                                  "value": value, "chance": 0.25, "visual": "cached",
-                                                 "wall_s": 2.0, "samples_per_s": 10.0}))
-    (stage / "item_scores" / "val.json").write_text(json.dumps({"metric": "vqa_accuracy", "items": items}))
-    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1 / s}) + "\n" for s in (1, 2, 3)))
+                            "wall_s": 2.0, "samples_per_s": 10.0})
+    stage.item_scores("val").write_text(json.dumps({"metric": "vqa_accuracy", "items": items}))
+    run.metrics_file.write_text("".join(json.dumps({"step": s, "loss": 1 / s}) + "\n" for s in (1, 2, 3)))
     return folder
 
 
 def test_report_gives_seed_spreads_item_intervals_and_comparisons(tmp_path):
     frozen = fake_run(tmp_path / "vqa-frozen", scores([1] * 20 + [0] * 80))
     tuned = tmp_path / "vqa-tuned"
-    fake_run(tuned / "seed-0", scores([1] * 80 + [0] * 20), seed=0)
-    fake_run(tuned / "seed-1", scores([1] * 70 + [0] * 30), seed=1)
-    assert run_folders(tuned) == [tuned / "seed-0", tuned / "seed-1"] and run_folders(frozen) == [frozen]
+    seeds = [RunFolder(tuned).seed_run(seed) for seed in (0, 1)]
+    fake_run(seeds[0].root, scores([1] * 80 + [0] * 20), seed=0)
+    fake_run(seeds[1].root, scores([1] * 70 + [0] * 30), seed=1)
+    assert run_folders(tuned) == seeds and run_folders(frozen) == [RunFolder(frozen)]
 
     write_report([str(frozen), str(tuned)], tmp_path / "report", [(str(frozen), str(tuned))], resamples=2000)
     report = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -156,7 +158,7 @@ def test_report_gives_seed_spreads_item_intervals_and_comparisons(tmp_path):
 
 def test_report_names_runs_it_cannot_compare(tmp_path):
     old = fake_run(tmp_path / "old", scores([1, 0]))
-    (old / "stages" / "0-vqa" / "item_scores" / "val.json").unlink()  # trained before item scores existed
+    RunFolder(old).stage(0, "vqa").item_scores("val").unlink()  # trained before item scores existed
     new = fake_run(tmp_path / "new", scores([1, 1]))
     report = write_report([str(old), str(new)], tmp_path / "report")  # rows without an interval are fine
     assert json.loads(report[0].read_text())["runs"][0]["interval"] is None

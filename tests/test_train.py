@@ -14,6 +14,7 @@ from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
 from train.end2end import EndToEndVisual
 from train.engine.config import StageConfig
+from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from training_world import make_world, run_config
 from vlbert.tokenization import load_tokenizer
@@ -113,7 +114,7 @@ STAGES = [StageConfig("pretrain", "pretrain", steps=6, batch_size=4, checkpoint_
 
 
 def losses(out) -> list[tuple]:
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in RunFolder(out).metrics_file.read_text().splitlines()]
     return [(r["stage"], r["step"], r["loss"]) for r in records if "step" in r]
 
 
@@ -140,9 +141,9 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_run(world, monkeypatch):
         Trainer(run_config(world, "crashed", STAGES)).fit()
     Trainer(run_config(world, "crashed", STAGES)).fit(resume=True)
     assert losses(world / "crashed") == losses(world / "straight")
-    for stage in ("0-pretrain", "1-vqa"):
-        a = (world / "straight" / "stages" / stage / "final" / "model.safetensors").read_bytes()
-        b = (world / "crashed" / "stages" / stage / "final" / "model.safetensors").read_bytes()
+    for index, stage in enumerate(("pretrain", "vqa")):
+        a = (RunFolder(world / "straight").stage(index, stage).final / "model.safetensors").read_bytes()
+        b = (RunFolder(world / "crashed").stage(index, stage).final / "model.safetensors").read_bytes()
         assert a == b
 
 
@@ -154,7 +155,7 @@ def test_end_to_end_stage_trains_res3_to_res5_only(world):
     trainer.fit()
     from safetensors.torch import load_file
 
-    after = load_file(world / "e2e" / "stages" / "0-vqa" / "final" / "detector.safetensors")
+    after = load_file(RunFolder(world / "e2e").stage(0, "vqa").final / "detector.safetensors")
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert any(k.startswith("backbone.res3.") for k in changed) and any(k.startswith("roi_heads.res5.") for k in changed)
     assert not any(k.startswith(("backbone.stem.", "backbone.res2.")) or "norm" in k for k in changed)
@@ -192,18 +193,20 @@ def test_two_processes_train_like_one_with_the_whole_batch(world):
     for out, batch_size, accumulation in (("ddp", "2", "1"), ("ddp-accumulated", "1", "2")):
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                         "29517", script, str(world), out, batch_size, accumulation], check=True, env=env, timeout=600)
-    stage = Path("stages") / "0-vqa"
-    single = load_file(world / "single" / stage / "final" / "model.safetensors")
+    def stage(out):
+        return RunFolder(world / out).stage(0, "vqa")
+
+    single = load_file(stage("single").final / "model.safetensors")
     trained = losses(world / "single")
     assert len(trained) == 3 and trained[-1][2] < trained[0][2]
-    scored = json.loads((world / "single" / stage / "item_scores" / "val.json").read_text())["items"]
+    scored = json.loads(stage("single").item_scores("val").read_text())["items"]
     for out in ("ddp", "ddp-accumulated"):
-        ddp = load_file(world / out / stage / "final" / "model.safetensors")
+        ddp = load_file(stage(out).final / "model.safetensors")
         for name in single:
             assert torch.allclose(single[name], ddp[name], atol=1e-5), (out, name)
-        assert json.loads((world / out / stage / "item_scores" / "val.json").read_text())["items"].keys() \
+        assert json.loads(stage(out).item_scores("val").read_text())["items"].keys() \
             == scored.keys()
-        assert json.loads((world / out / stage / "eval.json").read_text())["samples"] == len(scored)
+        assert stage(out).evaluation()["samples"] == len(scored)
 
 
 def test_multiple_choice_samples_and_a_stage(parts, world):

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from train.engine.config import StageConfig
+from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from training_world import interrupt_optimiser_step, make_world, run_config
 
@@ -25,12 +26,12 @@ def world(tmp_path_factory):
 
 
 def losses(out) -> list[float]:
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in RunFolder(out).metrics_file.read_text().splitlines()
             if '"step"' in line]
 
 
 def final_state(out) -> dict[str, torch.Tensor]:
-    return load_file(out / "stages" / "0-vqa" / "final" / "model.safetensors")
+    return load_file(RunFolder(out).stage(0, "vqa").final / "model.safetensors")
 
 
 def test_a_cached_stage_trains_on_cuda_as_on_the_cpu(world):
@@ -54,14 +55,14 @@ def test_every_precision_trains_on_cuda_and_is_recorded(world, precision):
     trained = losses(out)
     assert len(trained) == VQA.steps and all(torch.isfinite(torch.tensor(trained)))
     assert result["precision"] == precision
-    assert json.loads((out / "run.json").read_text())["stages"][0]["precision"] == precision
+    assert json.loads(RunFolder(out).config_file.read_text())["stages"][0]["precision"] == precision
 
 
 def test_an_end_to_end_stage_trains_on_cuda(world):
     out = world / "end2end-cuda"
     result = Trainer(run_config(world, out.name, [replace(VQA, visual="end2end", steps=2)], device="cuda")).fit()[0]
     assert result["visual"] == "end2end" and len(losses(out)) == 2
-    assert (out / "stages" / "0-vqa" / "final" / "detector.safetensors").is_file()
+    assert (RunFolder(out).stage(0, "vqa").final / "detector.safetensors").is_file()
 
 
 def test_an_interrupted_stage_resumes_on_cuda(world, monkeypatch):
@@ -80,5 +81,5 @@ def test_an_interrupted_stage_resumes_on_cuda(world, monkeypatch):
     monkeypatch.undo()
     messages = []
     Trainer(resumed, log=messages.append).fit(resume=True)
-    assert any("resuming from" in message and "checkpoint-2" in message for message in messages)
+    assert any(f"resuming from {RunFolder(world / 'resumed-cuda').stage(0, 'vqa').checkpoint(2)}" in message for message in messages)
     assert losses(world / "resumed-cuda") == pytest.approx(losses(world / "straight-cuda"), rel=1e-4)

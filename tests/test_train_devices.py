@@ -25,6 +25,7 @@ from train.engine.checkpoint import load_training_state, random_state, save_chec
 from train.engine.config import RunConfigError, StageConfig, run_differences
 from train.engine.distributed import World
 from train.engine.evaluate import evaluate, shard
+from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer, graph_parameters
 from train.tasks import TASKS, TaskData, model_inputs
 from training_world import interrupt_optimiser_step, make_world, run_config
@@ -41,7 +42,7 @@ def world(tmp_path_factory):
 
 
 def metrics(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in RunFolder(out).metrics_file.read_text().splitlines()]
 
 
 # ---- which device each rank trains on --------------------------------------------------------
@@ -83,9 +84,9 @@ def test_optimizer_state_follows_the_parameters_it_is_loaded_onto(tmp_path):
     """A model moved after its optimizer state was loaded leaves the state behind (CUDA: "expected all
     tensors on the same device"); loaded after the move, the state takes each parameter's place."""
     model, optimizer, scheduler = _stepped()
-    save_checkpoint(tmp_path / "checkpoint-1", model, optimizer, scheduler, 1)
+    save_checkpoint(tmp_path / "saved", model, optimizer, scheduler, 1)
     moved, fresh, fresh_scheduler = _stepped(torch.float64)  # float64 stands in for another device here
-    load_training_state(tmp_path / "checkpoint-1", fresh, fresh_scheduler)
+    load_training_state(tmp_path / "saved", fresh, fresh_scheduler)
     for parameter in moved.parameters():
         state = fresh.state[parameter]
         assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float64
@@ -99,26 +100,26 @@ def test_each_ranks_random_state_is_restored_when_the_world_matches_and_not_othe
     for seed in (1, 2):
         torch.manual_seed(seed)
         states.append(random_state(None))
-    save_checkpoint(tmp_path / "checkpoint-1", model, optimizer, scheduler, 1, random_states=states)
+    save_checkpoint(tmp_path / "saved", model, optimizer, scheduler, 1, random_states=states)
 
     torch.manual_seed(9)
-    restored = load_training_state(tmp_path / "checkpoint-1", optimizer, scheduler, rank=1, world_size=2)
+    restored = load_training_state(tmp_path / "saved", optimizer, scheduler, rank=1, world_size=2)
     assert restored.random_state_note is None and torch.equal(torch.get_rng_state(), states[1]["cpu"])
 
     torch.manual_seed(9)
     untouched = torch.get_rng_state()
-    smaller = load_training_state(tmp_path / "checkpoint-1", optimizer, scheduler, rank=0, world_size=1)
+    smaller = load_training_state(tmp_path / "saved", optimizer, scheduler, rank=0, world_size=1)
     assert torch.equal(torch.get_rng_state(), untouched) and smaller.step == 1
-    assert smaller.random_state_note == (f"{tmp_path / 'checkpoint-1'} was written by 2 process(es), this run has 1: "
+    assert smaller.random_state_note == (f"{tmp_path / 'saved'} was written by 2 process(es), this run has 1: "
                                          "random states start afresh, so dropout draws differ from an "
                                          "uninterrupted run (data order does not)")
 
 
 def test_a_checkpoint_from_before_per_rank_random_states_still_resumes(tmp_path):
     model, optimizer, scheduler = _stepped()
-    save_checkpoint(tmp_path / "checkpoint-1", model, optimizer, scheduler, 1)
-    state_file = tmp_path / "checkpoint-1" / "training_state.json"
-    tensors_file = tmp_path / "checkpoint-1" / "training_state.safetensors"
+    save_checkpoint(tmp_path / "saved", model, optimizer, scheduler, 1)
+    state_file = tmp_path / "saved" / "training_state.json"
+    tensors_file = tmp_path / "saved" / "training_state.safetensors"
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(tensors_file)
@@ -127,7 +128,7 @@ def test_a_checkpoint_from_before_per_rank_random_states_still_resumes(tmp_path)
     state_file.write_text(json.dumps({k: v for k, v in json.loads(state_file.read_text()).items()
                                       if k not in ("world_size", "scaler")}))
     torch.manual_seed(9)
-    assert load_training_state(tmp_path / "checkpoint-1", optimizer, scheduler).random_state_note is None
+    assert load_training_state(tmp_path / "saved", optimizer, scheduler).random_state_note is None
     assert torch.equal(torch.get_rng_state(), tensors["rng.cpu"])
 
 
@@ -171,9 +172,9 @@ def test_precision_is_recorded_in_run_and_eval_json_and_a_resume_in_another_is_r
     run = run_config(world, "precision", [VQA])
     Trainer(run).fit()
     out = world / "precision"
-    assert json.loads((out / "run.json").read_text())["stages"][0]["precision"] == "fp32"
-    assert json.loads((out / "stages" / "0-vqa" / "eval.json").read_text())["precision"] == "fp32"
-    assert run_differences(json.loads((out / "run.json").read_text()), replace(run, stages=[replace(VQA, precision="bf16")])) \
+    assert json.loads(RunFolder(out).config_file.read_text())["stages"][0]["precision"] == "fp32"
+    assert json.loads(RunFolder(out).stage(0, "vqa").evaluation_file.read_text())["precision"] == "fp32"
+    assert run_differences(json.loads(RunFolder(out).config_file.read_text()), replace(run, stages=[replace(VQA, precision="bf16")])) \
         == ['stages[0].precision: the run folder has "fp32", this config has "bf16"']
 
 

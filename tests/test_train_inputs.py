@@ -11,6 +11,7 @@ from pipelines.cli import main
 from training_world import TINY_MODEL, make_world, run_config
 from train.engine.config import RunConfig, RunConfigError, StageConfig
 from train.engine.optimization import learning_rate_factor
+from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 
 
@@ -65,9 +66,9 @@ def test_a_named_model_size_trains(world, tmp_path):
     run = run_config(world, str(tmp_path / "run"), [StageConfig("vqa", "vqa", steps=1, batch_size=2)])
     run = RunConfig.from_dict({**run.to_dict(), "model": {"size": "tiny", "num_hidden_layers": 1}})
     Trainer(run).fit()
-    config = json.loads((tmp_path / "run" / "stages" / "0-vqa" / "final" / "config.json").read_text())
+    config = json.loads((RunFolder(tmp_path / "run").stage(0, "vqa").final / "config.json").read_text())
     assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == (32, 1, 64)
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["model"] == {"size": "tiny", "num_hidden_layers": 1}
+    assert json.loads(RunFolder(tmp_path / "run").config_file.read_text())["model"] == {"size": "tiny", "num_hidden_layers": 1}
 
 
 @pytest.mark.parametrize("model, problem", [
@@ -92,7 +93,7 @@ def test_a_size_with_a_starting_checkpoint_is_refused(world, tmp_path):
 def test_metrics_log_the_learning_rate_each_step_applied(world, tmp_path):
     stage = StageConfig("vqa", "vqa", steps=3, batch_size=2, base_lr=1e-3, warmup_steps=2)
     Trainer(run_config(world, str(tmp_path / "run"), [stage])).fit()
-    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in RunFolder(tmp_path / "run").metrics_file.read_text().splitlines()]
     logged = [line["lr"] for line in lines if "step" in line]
     factor = learning_rate_factor(stage)
     assert logged == pytest.approx([1e-3 * 2 * factor(step) for step in range(3)])

@@ -30,6 +30,7 @@ from train.data.datasets import DamagedSample
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, load_run_config
 from train.engine.damaged import DamagedRecords
 from train.end2end import EndToEndVisual
+from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from test_store_integrity import data_file, flip_bit_in
 from training_world import interrupt_optimiser_step, make_world, run_config
@@ -52,7 +53,7 @@ def straight(world):
 
 
 def metrics(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in RunFolder(out).metrics_file.read_text().splitlines()]
 
 
 def logged_steps(out) -> list[tuple[str, int]]:
@@ -63,14 +64,15 @@ def logged_evaluations(out) -> list[str]:
     return [r["stage"] for r in metrics(out) if "eval" in r]
 
 
-def board_steps(out, stage_key: str, tag: str) -> list[int]:
-    events = EventAccumulator(str(out / "tensorboard" / stage_key))
+def board_steps(out, index: int, stage: str, tag: str) -> list[int]:
+    run = RunFolder(out)
+    events = EventAccumulator(str(run.tensorboard(run.stage(index, stage))))
     events.Reload()
     return [event.step for event in events.Scalars(tag)]
 
 
-def final_weights(out, stage_key: str) -> bytes:
-    return (out / "stages" / stage_key / "final" / "model.safetensors").read_bytes()
+def final_weights(out, index: int, stage: str) -> bytes:
+    return (RunFolder(out).stage(index, stage).final / "model.safetensors").read_bytes()
 
 
 def resume_an_hour_later(monkeypatch) -> None:
@@ -89,7 +91,7 @@ EVERY_STEP_ONCE = [("pretrain", step) for step in range(1, 5)] + [("vqa", step) 
 def test_a_changed_config_is_refused_with_every_difference_until_restarted(world):
     stage = replace(VQA, steps=2)
     Trainer(run_config(world, "changed", [stage])).fit()
-    recorded = (world / "changed" / "run.json").read_text()
+    recorded = RunFolder(world / "changed").config_file.read_text()
     changed = run_config(world, "changed", [replace(stage, steps=3, base_lr=1e-3)], max_length=40)
 
     with pytest.raises(RunMismatchError) as refused:
@@ -99,29 +101,29 @@ def test_a_changed_config_is_refused_with_every_difference_until_restarted(world
         "  stages[0].base_lr: the run folder has 0.0005, this config has 0.001",
         "  max_length: the run folder has 48, this config has 40",
     ]
-    assert (world / "changed" / "run.json").read_text() == recorded
+    assert RunFolder(world / "changed").config_file.read_text() == recorded
 
     messages = []
     Trainer(changed, log=messages.append).fit(restart=True)
-    assert json.loads((world / "changed" / "run.json").read_text())["stages"][0]["steps"] == 3
+    assert json.loads(RunFolder(world / "changed").config_file.read_text())["stages"][0]["steps"] == 3
     assert logged_steps(world / "changed") == [("vqa", 1), ("vqa", 2), ("vqa", 3)]
     assert any(m.startswith("restart: removed the previous run's stages, metrics.jsonl, tensorboard, run.json")
                for m in messages)
 
 
 def test_a_finished_run_reruns_without_training_and_takes_result_neutral_changes(straight, monkeypatch):
-    logged_before = (straight / "metrics.jsonl").read_text()
+    logged_before = RunFolder(straight).metrics_file.read_text()
     monkeypatch.setattr(torch.optim.AdamW, "step", lambda *a, **k: pytest.fail("a finished run trained again"))
     neutral = [replace(PRETRAIN, num_workers=1, checkpoint_every=1, checkpoint_minutes=0.5, keep_checkpoints=0), VQA]
     run = run_config(straight.parent, "straight", neutral, eval_batch_size=3, damaged_records="skip")
     messages = []
     results = Trainer(run, log=messages.append).fit()
 
-    assert messages == [f"stage pretrain: done ({straight}/stages/0-pretrain/final), nothing to train",
-                        f"stage vqa: done ({straight}/stages/1-vqa/final), nothing to train"]
+    assert messages == [f"stage pretrain: done ({RunFolder(straight).stage(0, 'pretrain').final}), nothing to train",
+                        f"stage vqa: done ({RunFolder(straight).stage(1, 'vqa').final}), nothing to train"]
     assert [r["stage"] for r in results] == ["pretrain", "vqa"]
-    assert (straight / "metrics.jsonl").read_text() == logged_before
-    recorded = json.loads((straight / "run.json").read_text())
+    assert RunFolder(straight).metrics_file.read_text() == logged_before
+    recorded = json.loads(RunFolder(straight).config_file.read_text())
     assert recorded["eval_batch_size"] == 3 and recorded["damaged_records"] == "skip"
     assert recorded["stages"][0]["checkpoint_minutes"] == 0.5
 
@@ -149,7 +151,7 @@ def test_an_interrupt_without_checkpoints_restarts_the_stage_and_logs_each_step_
     interrupt_optimiser_step(monkeypatch, call=6)  # vqa's second step: pre-training is done
     with pytest.raises(KeyboardInterrupt):
         Trainer(run_config(world, "interrupted", TWO_STAGES)).fit()
-    assert not list((world / "interrupted" / "stages" / "1-vqa").glob("checkpoint-*"))
+    assert not RunFolder(world / "interrupted").stage(1, "vqa").checkpoints()
     monkeypatch.undo()
     resume_an_hour_later(monkeypatch)
 
@@ -158,14 +160,14 @@ def test_an_interrupt_without_checkpoints_restarts_the_stage_and_logs_each_step_
     assert "stage vqa: no checkpoint, starting again at step 0" in messages
     out = world / "interrupted"
     assert logged_steps(out) == EVERY_STEP_ONCE and logged_evaluations(out) == ["pretrain", "vqa"]
-    assert board_steps(out, "1-vqa", "vqa/loss") == [1, 2, 3]
-    for stage_key in ("0-pretrain", "1-vqa"):
-        assert final_weights(out, stage_key) == final_weights(straight, stage_key)
+    assert board_steps(out, 1, "vqa", "vqa/loss") == [1, 2, 3]
+    for index, stage in enumerate(("pretrain", "vqa")):
+        assert final_weights(out, index, stage) == final_weights(straight, index, stage)
 
 
 def test_an_interrupt_after_a_step_checkpoint_resumes_from_it(world, straight, monkeypatch):
     stages = [replace(PRETRAIN, checkpoint_every=2), VQA]
-    interrupt_optimiser_step(monkeypatch, call=4)  # pre-training's step 4: step 3 is logged past checkpoint-2
+    interrupt_optimiser_step(monkeypatch, call=4)  # pre-training's step 4: step 3 is logged past step 2's checkpoint
     with pytest.raises(KeyboardInterrupt):
         Trainer(run_config(world, "checkpointed", stages)).fit()
     monkeypatch.undo()
@@ -174,15 +176,14 @@ def test_an_interrupt_after_a_step_checkpoint_resumes_from_it(world, straight, m
     messages = []
     Trainer(run_config(world, "checkpointed", stages), log=messages.append).fit(resume=True)
     out = world / "checkpointed"
-    assert f"stage pretrain: resuming from {out}/stages/0-pretrain/checkpoint-2 (step 2)" in messages
+    assert f"stage pretrain: resuming from {RunFolder(out).stage(0, 'pretrain').checkpoint(2)} (step 2)" in messages
     assert logged_steps(out) == EVERY_STEP_ONCE
-    assert board_steps(out, "0-pretrain", "pretrain/loss") == [1, 2, 3, 4]
-    for stage_key in ("0-pretrain", "1-vqa"):
-        assert final_weights(out, stage_key) == final_weights(straight, stage_key)
+    assert board_steps(out, 0, "pretrain", "pretrain/loss") == [1, 2, 3, 4]
+    for index, stage in enumerate(("pretrain", "vqa")):
+        assert final_weights(out, index, stage) == final_weights(straight, index, stage)
 
 
-@pytest.mark.parametrize("keep, kept", [(2, ["checkpoint-6", "checkpoint-8"]),
-                                        (0, ["checkpoint-3", "checkpoint-6", "checkpoint-8"])])
+@pytest.mark.parametrize("keep, kept", [(2, [6, 8]), (0, [3, 6, 8])])
 def test_checkpoints_come_by_wall_time_and_only_the_newest_are_kept(world, monkeypatch, keep, kept):
     original, calls = torch.optim.AdamW.step, {"n": 0}
 
@@ -195,8 +196,8 @@ def test_checkpoints_come_by_wall_time_and_only_the_newest_are_kept(world, monke
     monkeypatch.setattr(train.engine.checkpoint, "monotonic", lambda: calls["n"] * 240.0)
     stage = replace(VQA, steps=8, checkpoint_minutes=10, keep_checkpoints=keep)
     Trainer(run_config(world, f"wall-time-{keep}", [stage])).fit()
-    stage_dir = world / f"wall-time-{keep}" / "stages" / "0-vqa"
-    assert sorted(p.name for p in stage_dir.glob("checkpoint-*")) == kept
+    stage_dir = RunFolder(world / f"wall-time-{keep}").stage(0, "vqa")
+    assert stage_dir.checkpoints() == [stage_dir.checkpoint(step) for step in kept]
 
 
 # ---- damaged records --------------------------------------------------------------------------
@@ -456,8 +457,8 @@ def test_end_to_end_images_are_decoded_by_the_workers_and_train_as_in_one_proces
     readers = (tmp_path / "readers").read_text().split()
     assert readers and str(os.getpid()) not in readers  # the forward pass read no image itself
     for name in ("model.safetensors", "detector.safetensors"):
-        assert ((world / "e2e-in-process" / "stages" / "0-vqa" / "final" / name).read_bytes()
-                == (world / "e2e-workers" / "stages" / "0-vqa" / "final" / name).read_bytes())
+        assert ((RunFolder(world / "e2e-in-process").stage(0, "vqa").final / name).read_bytes()
+                == (RunFolder(world / "e2e-workers").stage(0, "vqa").final / name).read_bytes())
 
 
 def test_an_unreadable_image_stops_an_end_to_end_stage_with_one_line_naming_it(world, tmp_path):

@@ -21,6 +21,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import torch
 
+from extract.atomic import write_atomically
 from train.data.annotations import AnnotationFile, AnswerVocabulary, answers_by_type
 from train.data.datasets import (
     AnnotatedDataset,
@@ -33,7 +34,6 @@ from train.data.datasets import (
     Sample,
     VisualCommonsense,
 )
-from train.data.files import write_atomically
 from train.data.regions import RegionBank
 from train.evaluation.refer import pairwise_iou, score_refer, write_refer_predictions
 from train.evaluation.vcr import VcrPrediction, write_vcr_csv

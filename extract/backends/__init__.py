@@ -87,7 +87,7 @@ def _build_detectron2(spec: str, weights: str | Path | None, device: str, overri
         if (exc.name or "").partition(".")[0] != "detectron2":
             raise ConfigError(f"--detector d2:{spec}: detectron2 is installed but does not import ({exc})") from None
         raise ConfigError(f"--detector d2:{spec}: detectron2 is not installed; it is an optional backend, "
-                          "see README") from None
+                          "see docs/extraction.md") from None
     return Detectron2Extractor.build(spec, weights=weights, device=device, overrides=overrides)
 
 

@@ -135,11 +135,6 @@ def read_meta(root: Path) -> dict[str, Any]:
     return meta
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
 
 def failure_key(image_id: str) -> bytes:
     """Failures are keyed by a digest so that even an id too long for an LMDB key can be recorded."""

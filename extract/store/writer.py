@@ -14,9 +14,10 @@ from typing import Any, Callable, Mapping
 
 import lmdb
 
+from extract.atomic import write_atomically
 from extract.store.layout import (
     FAILURES, FAILURES_DB, META, RECORDS_DB, SHARDS, acquire_shard, check_shard, failure_key, failures_in,
-    lmdb_errors, open_shard, read_meta, release_shard, shard_dirs, shard_name, write_text_atomic, writer_lock_path,
+    lmdb_errors, open_shard, read_meta, release_shard, shard_dirs, shard_name, writer_lock_path,
 )
 from extract.store.records import encode_record
 from extract.store.schema import (
@@ -59,7 +60,7 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
             f"(use a new --out, or the original settings):\n  " + "\n  ".join(problems))
     if recorded["schema_version"] != SCHEMA_VERSION:
         recorded["schema_version"] = SCHEMA_VERSION
-        write_text_atomic(path, json.dumps(recorded, indent=2) + "\n")
+        write_atomically(path, json.dumps(recorded, indent=2) + "\n")
     return recorded
 
 
@@ -163,7 +164,7 @@ class FeatureStoreWriter:
             finally:
                 for path in others:
                     release_shard(path)
-            write_text_atomic(self.root / FAILURES, "".join(json.dumps(e) + "\n" for e in entries))
+            write_atomically(self.root / FAILURES, "".join(json.dumps(e) + "\n" for e in entries))
 
     def close(self) -> None:
         self.render_failures()

@@ -16,7 +16,7 @@ def analyze_group() -> None:
 
 @analyze_group.command("grounding")
 @click.option("--model", "model_dir", required=True, type=_folder,
-              help="A saved model folder, e.g. a run's stages/<i>-<name>/final.")
+              help="A saved model folder, e.g. a run stage's final model (docs/training.md).")
 @click.option("--store", required=True, type=_folder, help="The FeatureStore of the annotations' images.")
 @click.option("--annotations", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Phrases and their boxes: an annotation file (refs), or Flickr30K Entities' split file.")

@@ -11,7 +11,7 @@ import click
 @click.option("--resume", is_flag=True,
               help="Continue the unfinished run in its `out` folder from its latest checkpoints.")
 @click.option("--restart", is_flag=True,
-              help="Discard the run in the `out` folder (stages, metrics, TensorBoard logs, run.json) and start over.")
+              help="Discard the run in the `out` folder (stages, metrics, TensorBoard logs, recorded config) and start over.")
 @click.option("--skip-damaged", is_flag=True,
               help="Train and evaluate without samples whose FeatureStore record is damaged, counting them "
                    "(damaged_records: skip).")
@@ -19,10 +19,13 @@ import click
 @click.option("--device", help="Override the config's device (cpu, cuda, cuda:N).")
 def train_command(config: Path, resume: bool, restart: bool, skip_damaged: bool, out: str | None,
                   device: str | None) -> None:
-    """Train the stages of CONFIG (RunConfig fields in YAML); under torchrun, with DDP.
+    """Train the stages of CONFIG (a run config in YAML); under torchrun, with DDP.
+
+    The run config's fields and each stage's, with their defaults, are listed in docs/training.md,
+    section "Run config fields".
 
     Each stage ends with its task's metric on the evaluation split, printed and kept in
-    OUT/stages/<i>-<name>/eval.json; metrics.jsonl and tensorboard/ hold the training curves.
+    the stage's folder under OUT (docs/training.md, "Run folder"), beside the training curves.
     OUT must hold this run or none: a run folder trained with another config is refused (the
     differences are listed) unless --restart. Rerunning a finished run trains nothing.
     """

@@ -25,13 +25,14 @@ from safetensors import SafetensorError
 from torchvision.ops import box_iou
 from transformers import PreTrainedTokenizerFast
 
+from extract.atomic import write_atomically
 from extract.device import check_device
 from extract.store.schema import StoreError, StoreMismatchError
 from train.analysis.figures import draw_example, draw_heat_map
 from train.analysis.phrases import PHRASE_READERS, Phrase
 from train.data.collate import collate, to_device
 from train.data.datasets import Sample
-from train.data.files import DataError, read_json, write_atomically
+from train.data.files import DataError, read_json
 from train.data.regions import RegionBank
 from train.engine.config import model_settings
 from train.evaluation.statistics import LEVEL, Interval, bootstrap_interval, paired_comparison

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import os
 import reprlib
 import sys
 from pathlib import Path
@@ -93,10 +92,3 @@ def shown(value: Any) -> str:
     the square of the file's size."""
     return _SHOWN.repr(value)
 
-
-def write_atomically(path: str | Path, text: str) -> None:
-    """`text` in `path`, replacing it whole or not at all."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
+from extract.atomic import write_atomically
 from extract.images import IMAGE_EXTENSIONS, is_utf8
 from extract.progress import progress_bar
-from train.data.files import DataError, shown, write_atomically
+from train.data.files import DataError, shown
 
 SUMMARY = "summary.json"
 IMAGES = "images.txt"

@@ -17,6 +17,8 @@ from time import monotonic
 import torch
 from safetensors.torch import load_file, save_file
 
+from train.engine.run_folder import StageFolder
+
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"
 
@@ -117,22 +119,10 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.
     return tensors, {"param_groups": state["param_groups"]}
 
 
-def latest_checkpoint(stage_dir: Path) -> Path | None:
-    checkpoints = _checkpoints(stage_dir)
-    return checkpoints[-1] if checkpoints else None
-
-
-def prune_checkpoints(stage_dir: Path, keep: int) -> None:
+def prune_checkpoints(stage: StageFolder, keep: int) -> None:
     """Removes all but the newest `keep` checkpoints (0 keeps all), so a long run does not fill the disk."""
-    for old in _checkpoints(stage_dir)[:-keep] if keep else []:
+    for old in stage.checkpoints()[:-keep] if keep else []:
         shutil.rmtree(old)
-
-
-def _checkpoints(stage_dir: Path) -> list[Path]:
-    """The stage's complete checkpoints, oldest first."""
-    steps = sorted((int(p.name.split("-")[1]), p) for p in stage_dir.glob("checkpoint-*")
-                   if p.is_dir() and not p.name.endswith(".tmp"))
-    return [path for _, path in steps]
 
 
 class CheckpointSchedule:

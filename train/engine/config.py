@@ -32,7 +32,7 @@ VISUAL_MODES = ("cached", "end2end")
 DAMAGED_RECORD_POLICIES = ("fail", "skip")
 
 # Fields that do not change what a run computes: a rerun in the same run folder may change them
-# (and run.json then records the new values), any other difference is refused. They say where
+# (and the run folder's recorded config then takes the new values), any other difference is refused. They say where
 # outputs go, evaluation batching, data-loading workers, checkpointing, and whether damaged
 # records are skipped (switching to "skip" after a failure is the point of the option).
 # `stages[]` stands for every stage. The device counts by its type only (`COMPARED_AS`): another
@@ -179,7 +179,7 @@ class RunConfig:
                                  "from random weights")
         names = [stage.name for stage in self.stages]
         repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:  # metrics.jsonl tells stages apart by name
+        if repeated:  # the metrics file tells stages apart by name
             raise RunConfigError(f"stages: every stage needs its own name; repeated: {', '.join(repeated)}")
 
     @classmethod
@@ -344,7 +344,7 @@ _ABSENT = object()  # a field or stage one side of a comparison does not have
 
 
 def run_differences(recorded: Mapping[str, Any], run: RunConfig) -> list[str]:
-    """Every way `run` differs from the run a run folder recorded (its run.json), one line each,
+    """Every way `run` differs from the run a run folder recorded (`RunFolder.config`), one line each,
     leaving out RESULT_NEUTRAL_FIELDS."""
     found = []
     for path, old, new in _differences(_with_precision(recorded), run.to_dict(), ""):
@@ -356,7 +356,7 @@ def run_differences(recorded: Mapping[str, Any], run: RunConfig) -> list[str]:
 
 
 def _with_precision(recorded: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A run.json from before stages had a precision, with the one they ran in: bf16 autocast on
+    """A recorded run config from before stages had a precision, with the one they ran in: bf16 autocast on
     CUDA, fp32 elsewhere."""
     stages = recorded.get("stages")
     if not isinstance(stages, list) or all(not isinstance(s, dict) or "precision" in s for s in stages):

@@ -15,8 +15,8 @@ from typing import Callable
 import torch
 from torch.utils.data import Dataset, Subset
 
+from extract.atomic import write_atomically
 from extract.modeling.precision import Precision
-from train.data.files import write_atomically
 from train.end2end import PIXELS
 from train.data.collate import to_device
 from train.engine.batches import Batch, evaluation_batches

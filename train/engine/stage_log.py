@@ -1,9 +1,9 @@
-"""A stage's training curves: a JSON line per optimiser step and one for its evaluation in
-OUT/metrics.jsonl, TensorBoard scalars in OUT/tensorboard/<i>-<name>/.
+"""A stage's training curves: a JSON line per optimiser step and one for its evaluation in the run
+folder's metrics file, TensorBoard scalars in the stage's TensorBoard folder (`RunFolder`).
 
 A stage that starts at step S (from a checkpoint, or at 0 after an interruption without one)
 first drops what an interrupted attempt logged past S, so every step is logged exactly once: its
-metrics.jsonl lines (and evaluation line) go, and its TensorBoard events are purged by opening
+metrics lines (and evaluation line) go, and its TensorBoard events are purged by opening
 the writer with purge_step=S+1. TensorBoard purges per log directory, hence one per stage.
 """
 
@@ -14,17 +14,16 @@ from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
-METRICS = "metrics.jsonl"
-TENSORBOARD = "tensorboard"
+from train.engine.run_folder import RunFolder, StageFolder
 
 
 class StageLog:
-    def __init__(self, out: Path, stage_key: str, stage: str, start: int) -> None:
-        """`stage_key`: the stage's folder name (`<i>-<name>`); `start`: the step it starts from."""
+    def __init__(self, run: RunFolder, folder: StageFolder, stage: str, start: int) -> None:
+        """`stage`: the stage's name; `start`: the step it starts from."""
         self.stage = stage
-        path = out / METRICS
+        path = run.metrics_file
         _drop_entries_after(path, stage, start)
-        board = out / TENSORBOARD / stage_key
+        board = run.tensorboard(folder)
         self.board = SummaryWriter(str(board), purge_step=start + 1 if board.exists() else None)
         self.metrics = path.open("a")
 
@@ -70,7 +69,7 @@ class MutedStageLog:
 
 
 def _drop_entries_after(path: Path, stage: str, start: int) -> None:
-    """Removes `stage`'s step lines past `start`, and its evaluation line, from metrics.jsonl."""
+    """Removes `stage`'s step lines past `start`, and its evaluation line, from the metrics file."""
     if not path.is_file():
         return
     lines = path.read_text().splitlines(keepends=True)

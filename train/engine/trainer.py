@@ -1,16 +1,6 @@
 """Runs the stages of a training run from the FeatureStore: data, optimisation, checkpoints, evaluation.
 
-Layout of `run.out`:
-    run.json                       the resolved run config; another config is refused in this folder
-    metrics.jsonl                  one JSON object per optimiser step and per evaluation
-    tensorboard/<i>-<name>/        the stage's TensorBoard scalars
-    stages/<i>-<name>/checkpoint-<step>/   model (save_pretrained), optimizer, scheduler, RNG state
-    stages/<i>-<name>/final/       the stage's model; its presence marks the stage done
-    stages/<i>-<name>/eval.json    the stage's evaluation
-    stages/<i>-<name>/predictions/<split>.<ext>   its predictions on the evaluation split (and on
-                                   each `predict` split) in the benchmark's format
-    stages/<i>-<name>/item_scores/<split>.json    each evaluated item's score (bootstrap intervals
-                                   and paired comparisons resample these)
+The run folder `run.out` (its layout: `train.engine.run_folder`) holds this run or none.
 Before anything trains, the config's paths, the device, every stage's precision on it, and the
 store's arrays for every stage are checked. Resuming finds the first unfinished stage and its
 latest checkpoint (or starts it again at step 0, and says which); data order and dropout continue
@@ -22,7 +12,6 @@ of each split, and saves its random state into rank 0's checkpoints.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -47,31 +36,20 @@ from train.data.sources.text import TextCorpus
 from train.end2end import PIXELS, EndToEndVisual
 from train.data.collate import to_device
 from train.engine.batches import Batch, EpochBatches, stage_batches
-from train.engine.checkpoint import (
-    CheckpointSchedule,
-    latest_checkpoint,
-    load_training_state,
-    prune_checkpoints,
-    random_state,
-    save_checkpoint,
-)
+from train.engine.checkpoint import CheckpointSchedule, load_training_state, prune_checkpoints, random_state, save_checkpoint
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
 from train.engine.damaged import DamagedRecords
 from train.engine.distributed import World, any_rank, barrier, gathered, start_process_group
 from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
-from train.engine.stage_log import METRICS, TENSORBOARD, MutedStageLog, StageLog
+from train.engine.run_folder import RunFolder, StageFolder
+from train.engine.stage_log import MutedStageLog, StageLog
 from train.tasks import TASKS, TaskData, model_inputs
 from vlbert import VLBertConfig
 from vlbert.modeling import CONFIG_NAME
 from vlbert.tokenization import check_vocabulary_size, load_tokenizer
 
 DETECTOR_WEIGHTS = "detector.safetensors"
-RUN_FILE = "run.json"
-ITEM_SCORES = "item_scores"
-STAGES = "stages"
-# What `restart` removes from a run folder; anything else there (a pipeline's step.json) stays.
-RUN_OUTPUTS = (STAGES, METRICS, TENSORBOARD, RUN_FILE)
 
 
 @dataclass
@@ -131,7 +109,7 @@ class Trainer:
         self.device = check_device(rank_device(run.device, os.environ))
         for stage in run.stages:
             precision(stage.precision, TRAINING_PRECISIONS).check(self.device)
-        self.out = run.out_dir
+        self.folder = RunFolder(run.out_dir)
         self.regions = RegionBank(run.store, run.max_regions)
         self._check_store_feeds_every_stage()
         self.tokenizer = load_tokenizer(run.vocabulary)
@@ -147,7 +125,7 @@ class Trainer:
     def fit(self, resume: bool = False, restart: bool = False) -> list[dict]:
         """Runs (or, with `resume`, continues) every stage not done yet; returns each stage's evaluation.
 
-        `out` must hold this run or none: a run.json that differs beyond RESULT_NEUTRAL_FIELDS is
+        `out` must hold this run or none: a recorded config that differs beyond RESULT_NEUTRAL_FIELDS is
         refused (RunMismatchError) unless `restart`, which removes the previous run's outputs first."""
         if self.world.distributed:
             start_process_group(self.device)
@@ -155,19 +133,19 @@ class Trainer:
         results = []
         previous: Path | None = Path(self.run.init_from) if self.run.init_from else None
         for index, stage in enumerate(self.run.stages):
-            stage_dir = self.out / STAGES / f"{index}-{stage.name}"
-            if (stage_dir / "final").is_dir():
-                self.log(f"stage {stage.name}: done ({stage_dir / 'final'}), nothing to train")
+            stage_dir = self.folder.stage(index, stage.name)
+            if stage_dir.done:
+                self.log(f"stage {stage.name}: done ({stage_dir.final}), nothing to train")
             else:
-                if not resume and latest_checkpoint(stage_dir) is not None:
-                    raise FileExistsError(f"{stage_dir} holds checkpoints of an earlier run: pass resume=True "
+                if not resume and stage_dir.latest_checkpoint() is not None:
+                    raise FileExistsError(f"{stage_dir.path} holds checkpoints of an earlier run: pass resume=True "
                                           "(--resume) to continue it, restart=True (--restart) to start over, "
                                           "or use another output folder")
                 if index == 0:
                     self.log(f"model: {self._model_origin()}")
                 self._train_stage(stage, stage_dir, previous)
-            results.append(json.loads((stage_dir / "eval.json").read_text()))
-            previous = stage_dir / "final"
+            results.append(stage_dir.evaluation())
+            previous = stage_dir.final
         return results
 
     # ---- before training -------------------------------------------------------------------
@@ -224,34 +202,32 @@ class Trainer:
 
     def _claim_run_folder(self, restart: bool) -> None:
         """Refuses a run folder holding a run with another config unless `restart`, then records this
-        config in run.json (its result-neutral fields may have changed)."""
-        recorded = self.out / RUN_FILE
-        differences = run_differences(json.loads(recorded.read_text()), self.run) if recorded.is_file() else []
+        config in the run folder (its result-neutral fields may have changed)."""
+        differences = run_differences(self.folder.config(), self.run) if self.folder.is_run else []
         if differences and not restart:
-            raise RunMismatchError(f"{self.out} holds a run with another config; pass restart=True (--restart) to "
+            raise RunMismatchError(f"{self.folder.root} holds a run with another config; pass restart=True (--restart) to "
                                    "discard it, or use another output folder:\n"
                                    + "\n".join(f"  {difference}" for difference in differences))
-        barrier(self.world)  # every process has read run.json before rank 0 replaces it
+        barrier(self.world)  # every process has read the recorded config before rank 0 replaces it
         if self.world.rank == 0:
             if restart:
                 self._remove_outputs()
-            self.out.mkdir(parents=True, exist_ok=True)
-            recorded.write_text(json.dumps(self.run.to_dict(), indent=1))
+            self.folder.write_config(self.run.to_dict())
         barrier(self.world)
 
     def _remove_outputs(self) -> None:
-        previous = [self.out / name for name in RUN_OUTPUTS if (self.out / name).exists()]
+        previous = self.folder.outputs()
         for path in previous:
             if path.is_dir():
                 shutil.rmtree(path)
             else:
                 path.unlink()
         if previous:
-            self.log(f"restart: removed the previous run's {', '.join(p.name for p in previous)} from {self.out}")
+            self.log(f"restart: removed the previous run's {', '.join(p.name for p in previous)} from {self.folder.root}")
 
     # ---- one stage -------------------------------------------------------------------------
 
-    def _train_stage(self, stage: StageConfig, stage_dir: Path, previous: Path | None) -> None:
+    def _train_stage(self, stage: StageConfig, stage_dir: StageFolder, previous: Path | None) -> None:
         torch.manual_seed(self.run.seed)
         parts = self._parts(stage, previous)
         step, saved = self._start(stage, stage_dir, parts)
@@ -262,16 +238,16 @@ class Trainer:
             self._optimise(stage, stage_dir, parts, objective, batches, step, progress, log)
             seconds = progress.seconds
             del batches  # its DataLoader workers stop before evaluation starts its own
-            self._save(stage, stage_dir / f"checkpoint-{stage.steps}", parts, stage.steps, progress)
+            self._save(stage, stage_dir, parts, stage.steps, progress)
             self._finish(stage, stage_dir, parts, seconds, progress, log)
         barrier(self.world)
 
-    def _start(self, stage: StageConfig, stage_dir: Path, parts: StageParts) -> tuple[int, dict]:
+    def _start(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts) -> tuple[int, dict]:
         """Loads the stage's latest checkpoint, if any: (the step to start from, the saved progress).
         The model is on its device already, so the optimizer state loads onto it too."""
-        checkpoint = latest_checkpoint(stage_dir)
+        checkpoint = stage_dir.latest_checkpoint()
         if checkpoint is None:
-            attempted = (self.out / TENSORBOARD / stage_dir.name).exists()  # an interrupted attempt logged there
+            attempted = self.folder.tensorboard(stage_dir).exists()  # an interrupted attempt logged there
             self.log(f"stage {stage.name}: " + ("no checkpoint, starting again at step 0" if attempted
                                                else "starting at step 0"))
             return 0, {}
@@ -287,7 +263,7 @@ class Trainer:
             self.log(f"stage {stage.name}: {state.random_state_note}")
         return state.step, state.progress
 
-    def _optimise(self, stage: StageConfig, stage_dir: Path, parts: StageParts, objective: nn.Module,
+    def _optimise(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, objective: nn.Module,
                   batches: Iterator[Batch], step: int, progress: StageProgress, log: StageLog | MutedStageLog) -> None:
         """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule."""
         schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
@@ -301,7 +277,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{losses['loss']:.3f}")
                 log.step(step, lr, losses, progress.damaged.skipped - skipped_before)
                 if step < stage.steps and self._checkpoint_due(schedule, step):
-                    self._save(stage, stage_dir / f"checkpoint-{step}", parts, step, progress)
+                    self._save(stage, stage_dir, parts, step, progress)
                     schedule.written()
 
     def _optimiser_step(self, stage: StageConfig, parts: StageParts, objective: nn.Module,
@@ -339,7 +315,7 @@ class Trainer:
         due = schedule.due(step)
         return any_rank(due, self.world, self.device) if schedule.seconds > 0 else due
 
-    def _finish(self, stage: StageConfig, stage_dir: Path, parts: StageParts, seconds: float,
+    def _finish(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, seconds: float,
                 progress: StageProgress, log: StageLog | MutedStageLog) -> None:
         """Evaluates the stage on every rank (writing its predictions); rank 0 logs the result and
         writes the final model."""
@@ -362,7 +338,7 @@ class Trainer:
         if progress.damaged.skipped:
             self.log(f"stage {stage.name}: {progress.damaged.summary()}")
 
-    def _evaluate(self, stage: StageConfig, stage_dir: Path, parts: StageParts, annotations: AnnotationFile,
+    def _evaluate(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, annotations: AnnotationFile,
                   progress: StageProgress) -> dict | None:
         """The split's evaluation on rank 0, None on the other ranks."""
         task = TASKS[stage.task]
@@ -370,11 +346,11 @@ class Trainer:
         split = annotations.path.stem
         predictions = None
         if task.prediction_suffix is not None:
-            predictions = stage_dir / "predictions" / (split + task.prediction_suffix)
+            predictions = stage_dir.predictions(split, task.prediction_suffix)
         return evaluate(task.evaluator(self.data, dataset), parts.model, parts.visual, dataset,
                         self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id,
                         lambda batch: progress.damaged.check(batch.damaged, batch.with_images), parts.precision,
-                        predictions, stage_dir / ITEM_SCORES / f"{split}.json", stage.num_workers, self.world)
+                        predictions, stage_dir.item_scores(split), stage.num_workers, self.world)
 
     # ---- pieces ----------------------------------------------------------------------------
 
@@ -417,8 +393,8 @@ class Trainer:
         reached = graph_parameters(loss)
         return any(id(p) not in reached for p in parts.parameters)
 
-    def _stage_log(self, stage: StageConfig, stage_dir: Path, start: int) -> StageLog | MutedStageLog:
-        return StageLog(self.out, stage_dir.name, stage.name, start) if self.world.rank == 0 else MutedStageLog()
+    def _stage_log(self, stage: StageConfig, stage_dir: StageFolder, start: int) -> StageLog | MutedStageLog:
+        return StageLog(self.folder, stage_dir, stage.name, start) if self.world.rank == 0 else MutedStageLog()
 
     def _model(self, stage: StageConfig, previous: Path | None):
         task = TASKS[stage.task]
@@ -458,7 +434,7 @@ class Trainer:
         return PeekedBatches(stage_batches(streams, step * stage.grad_accumulation, stage.num_workers,
                                            self.tokenizer.pad_token_id, self.device.type == "cuda"))
 
-    def _save(self, stage: StageConfig, directory: Path, parts: StageParts, step: int,
+    def _save(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, step: int,
               progress: StageProgress) -> None:
         """A checkpoint, with every rank's random state, written by rank 0; then the stage's oldest
         beyond `keep_checkpoints` removed."""
@@ -467,18 +443,17 @@ class Trainer:
             return
         extra = {DETECTOR_WEIGHTS: _detector_state(parts.visual)} if parts.visual is not None else None
         scaler = parts.scaler.state_dict() if parts.scaler.is_enabled() else None
-        save_checkpoint(directory, parts.model, parts.optimizer, parts.scheduler, step, progress.saved(), extra,
+        save_checkpoint(stage_dir.checkpoint(step), parts.model, parts.optimizer, parts.scheduler, step, progress.saved(), extra,
                         random_states, scaler)
-        prune_checkpoints(directory.parent, stage.keep_checkpoints)
+        prune_checkpoints(stage_dir, stage.keep_checkpoints)
 
-    def _save_final(self, stage_dir: Path, parts: StageParts, result: dict) -> None:
-        final = stage_dir / "final"
-        tmp = stage_dir / "final.tmp"
+    def _save_final(self, stage_dir: StageFolder, parts: StageParts, result: dict) -> None:
+        tmp = stage_dir.final_staging
         parts.model.save_pretrained(tmp)
         if parts.visual is not None:
             save_file(_detector_state(parts.visual), tmp / DETECTOR_WEIGHTS)
-        (stage_dir / "eval.json").write_text(json.dumps(result, indent=1))
-        os.replace(tmp, final)
+        stage_dir.write_evaluation(result)
+        os.replace(tmp, stage_dir.final)
 
 
 class PeekedBatches:

@@ -24,7 +24,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from train.data.files import DataError, iter_jsonl, write_atomically
+from extract.atomic import write_atomically
+from train.data.files import DataError, iter_jsonl
 from train.data.sources.vcr import CHOICES, parse_annotation
 from train.evaluation.predictions import SHOWN, check_prediction_ids
 

@@ -21,7 +21,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
-from train.data.files import DataError, read_json, write_atomically
+from extract.atomic import write_atomically
+from train.data.files import DataError, read_json
 from train.data.sources.vqa2 import (clean_answer, leave_one_out_accuracy, normalize_answer, process_answer,
                                      read_annotations, read_questions)
 from train.evaluation.predictions import check_prediction_ids

@@ -1,0 +1,172 @@
+"""A training run's folder: the one module that names what a run writes there, for the trainer that
+writes it and for the reports, pipeline steps, benches and tests that read it.
+
+    run.json                        the resolved run config; another config is refused in this folder
+    metrics.jsonl                   one JSON object per optimiser step and per evaluation
+    tensorboard/<i>-<name>/         the stage's TensorBoard scalars
+    stages/<i>-<name>/checkpoint-<step>/   model (save_pretrained), optimizer, scheduler, RNG state
+    stages/<i>-<name>/final/        the stage's model; its presence marks the stage done
+    stages/<i>-<name>/eval.json     the stage's evaluation
+    stages/<i>-<name>/predictions/<split><suffix>  its predictions on each evaluated split, in the
+                                    benchmark's format (the task gives the suffix)
+    stages/<i>-<name>/item_scores/<split>.json     each evaluated item's score (bootstrap intervals
+                                    and paired comparisons resample these)
+    seed-<s>/                       a pipeline train step with `seeds`: one run folder per seed
+
+Every file is written whole or not at all (`extract.atomic.write_atomically`); model folders are
+written beside their name and renamed into it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from extract.atomic import write_atomically
+
+_RUN_FILE = "run.json"
+_METRICS = "metrics.jsonl"
+_TENSORBOARD = "tensorboard"
+_STAGES = "stages"
+_SEED_RUN = re.compile(r"seed-(\d+)")
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+
+
+@dataclass(frozen=True)
+class StageFolder:
+    """stages/<i>-<name>/ of a run."""
+
+    path: Path
+
+    @property
+    def key(self) -> str:
+        """`<i>-<name>`: the stage's folder name, also its TensorBoard folder's."""
+        return self.path.name
+
+    @property
+    def index(self) -> int:
+        return int(self.key.split("-", 1)[0])
+
+    @property
+    def final(self) -> Path:
+        return self.path / "final"
+
+    @property
+    def final_staging(self) -> Path:
+        """Where the final model is written before it is renamed to `final`."""
+        return self.path / "final.tmp"
+
+    @property
+    def done(self) -> bool:
+        return self.final.is_dir()
+
+    @property
+    def evaluation_file(self) -> Path:
+        return self.path / "eval.json"
+
+    def evaluation(self) -> dict[str, Any]:
+        return json.loads(self.evaluation_file.read_text())
+
+    def write_evaluation(self, result: dict[str, Any]) -> None:
+        write_atomically(self.evaluation_file, json.dumps(result, indent=1))
+
+    @property
+    def predictions_folder(self) -> Path:
+        return self.path / "predictions"
+
+    def predictions(self, split: str, suffix: str) -> Path:
+        return self.predictions_folder / (split + suffix)
+
+    def item_scores(self, split: str) -> Path:
+        return self.path / "item_scores" / f"{split}.json"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.path / f"checkpoint-{step}"
+
+    def checkpoints(self) -> list[Path]:
+        """The stage's complete checkpoints, oldest first (one being written ends in .tmp)."""
+        steps = sorted((int(match.group(1)), path) for path in self.path.glob("checkpoint-*")
+                       if path.is_dir() and (match := _CHECKPOINT.fullmatch(path.name)))
+        return [path for _, path in steps]
+
+    def latest_checkpoint(self) -> Path | None:
+        checkpoints = self.checkpoints()
+        return checkpoints[-1] if checkpoints else None
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / _RUN_FILE
+
+    @property
+    def is_run(self) -> bool:
+        return self.config_file.is_file()
+
+    def config(self) -> dict[str, Any]:
+        """The run config recorded in run.json."""
+        return json.loads(self.config_file.read_text())
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.config_file, json.dumps(config, indent=1))
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.root / _METRICS
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.metrics_file.read_text().splitlines()]
+
+    def tensorboard(self, stage: StageFolder) -> Path:
+        return self.root / _TENSORBOARD / stage.key
+
+    def outputs(self) -> list[Path]:
+        """What a run wrote and a restart removes; anything else here (a pipeline's step.json) stays."""
+        return [path for path in (self.root / name for name in (_STAGES, _METRICS, _TENSORBOARD, _RUN_FILE))
+                if path.exists()]
+
+    def stage(self, index: int, name: str) -> StageFolder:
+        return StageFolder(self.root / _STAGES / f"{index}-{name}")
+
+    def stages(self) -> list[StageFolder]:
+        """The stages run.json records, in order."""
+        return [self.stage(i, stage["name"]) for i, stage in enumerate(self.config()["stages"])]
+
+    def last_stage(self) -> StageFolder:
+        return self.stages()[-1]
+
+    def seed_run(self, seed: int) -> RunFolder:
+        return RunFolder(self.root / f"seed-{seed}")
+
+    def runs(self) -> list[RunFolder]:
+        """This folder's runs: itself when it holds one, else its seed-<s>/ runs by seed (empty if none)."""
+        if self.is_run:
+            return [self]
+        seeded = sorted((int(match.group(1)), RunFolder(path)) for path in self.root.glob("seed-*")
+                        if (match := _SEED_RUN.fullmatch(path.name)) and RunFolder(path).is_run)
+        return [run for _, run in seeded]
+
+    @property
+    def seed(self) -> int | None:
+        """The seed of a seed-<s>/ run of a pipeline step; None for any other run."""
+        match = _SEED_RUN.fullmatch(self.root.name)
+        return int(match.group(1)) if match else None
+
+    @staticmethod
+    def of_final(path: str | Path) -> tuple[RunFolder, StageFolder] | None:
+        """(the run, the stage) whose final model `path` is; None when it is not one."""
+        stage = StageFolder(Path(path).parent)
+        run = RunFolder(stage.path.parent.parent)
+        if Path(path).name != "final" or stage.path.parent.name != _STAGES or not run.is_run:
+            return None
+        return run, stage
