@@ -7,8 +7,8 @@ import importlib
 
 _EXPORTS = {
     "CheckpointError": "extract.checkpoint", "load_weights": "extract.checkpoint", "read_state_dict": "extract.checkpoint",
-    "PRESETS": "extract.config", "ConfigError": "extract.config", "DetectorConfig": "extract.config",
-    "load_config": "extract.config",
+    "ConfigError": "extract.config", "DetectorConfig": "extract.config",
+    "PRESETS": "extract.presets", "load_config": "extract.presets",
     "BoxError": "extract.detector", "Detector": "extract.detector", "RegionFeatures": "extract.detector",
     "DeviceError": "extract.device", "check_device": "extract.device",
     "ImageError": "extract.images", "load_image": "extract.images",

@@ -1,11 +1,20 @@
-"""Reading detector checkpoints (detectron2 .pkl, PyTorch .pth, .safetensors) and loading them strictly."""
+"""Reading detector checkpoints (detectron2 .pkl, PyTorch .pth, .safetensors) and loading them strictly.
+
+The detector's modules carry detectron2's key names. A checkpoint written under another naming
+scheme goes through its key map, a record in `KEY_MAPS` recognised from the checkpoint's keys:
+a new scheme is one record. maskrcnn-benchmark's (VinVL's detector, scene_graph_benchmark) renames
+the modules, puts background first where detectron2 puts it last (and "no attribute" first),
+regresses a box for background too, and orders its RPN anchors ratio-major.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import pickle
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -53,6 +62,104 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{path}: entry {key!r} is a {type(value).__name__}, not an array")
         state[key] = value.float() if value.is_floating_point() else value
     return state
+
+
+@dataclass(frozen=True)
+class KeyMap:
+    name: str
+    recognises: Callable[[Iterable[str]], bool]
+    # (state, detector config, source) → the state under detectron2's names and layouts
+    convert: Callable[[dict[str, torch.Tensor], Any, str], dict[str, torch.Tensor]]
+
+
+def detectron2_names(state: dict[str, torch.Tensor], cfg, source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """`state` under detectron2's key names, through the first key map that recognises its keys."""
+    key_map = next((m for m in KEY_MAPS.values() if m.recognises(state)), None)
+    return state if key_map is None else key_map.convert(state, cfg, source)
+
+
+_MB_BLOCK = re.compile(r"(?P<block>\d+)\.(?P<part>conv[123]|bn[123]|downsample\.[01])\.(?P<param>\w+)")
+_MB_MODULES = (  # maskrcnn-benchmark prefix → ours, for the ResNet stages
+    *((f"backbone.body.layer{i}.", f"backbone.res{i + 1}.") for i in (1, 2, 3)),
+    ("roi_heads.box.feature_extractor.head.layer4.", "roi_heads.res5."),
+)
+_MB_RENAMES = {
+    "backbone.body.stem.conv1.weight": "backbone.stem.conv1.weight",
+    **{f"backbone.body.stem.bn1.{p}": f"backbone.stem.conv1.norm.{p}" for p in ("weight", "bias", "running_mean", "running_var")},
+    **{f"rpn.head.{a}.{p}": f"proposal_generator.rpn_head.{b}.{p}" for a, b in
+       (("conv", "conv"), ("cls_logits", "objectness_logits"), ("bbox_pred", "anchor_deltas")) for p in ("weight", "bias")},
+    **{f"roi_heads.box.predictor.{n}.{p}": f"roi_heads.box_predictor.{n}.{p}" for n in ("cls_score", "bbox_pred")
+       for p in ("weight", "bias")},
+    "roi_heads.attribute.predictor.cls_embedding.weight": "roi_heads.box_predictor.cls_embedding.weight",
+    **{f"roi_heads.attribute.predictor.{n}.{p}": f"roi_heads.box_predictor.{n}.{p}" for n in ("fc_attr", "attr_score")
+       for p in ("weight", "bias")},
+}
+# Entries that hold nothing the detector learns: anchors (recomputed from the config), and the
+# attribute head's feature extractor when it is the box head's (checked equal).
+_MB_IGNORED = re.compile(r"rpn\.anchor_generator\..*")
+_MB_SHARED = ("roi_heads.attribute.feature_extractor.", "roi_heads.box.feature_extractor.")
+
+
+def _maskrcnn_benchmark_name(key: str) -> str | None:
+    if key in _MB_RENAMES:
+        return _MB_RENAMES[key]
+    for theirs, ours in _MB_MODULES:
+        if key.startswith(theirs) and (block := _MB_BLOCK.fullmatch(key[len(theirs):])):
+            part, param = block["part"], block["param"]
+            layer = "shortcut" if part.startswith("downsample") else "conv" + part[-1]
+            norm = part.startswith("bn") or part == "downsample.1"
+            return f"{ours}{block['block']}.{layer}" + (f".norm.{param}" if norm else f".{param}")
+    return None
+
+
+def _background_last(tensor: torch.Tensor, rows_per_class: int = 1) -> torch.Tensor:
+    """Class rows with background (or "no attribute") moved from first to last."""
+    return torch.cat((tensor[rows_per_class:], tensor[:rows_per_class]))
+
+
+def _size_major(tensor: torch.Tensor, sizes: int, ratios: int) -> torch.Tensor:
+    """RPN outputs per anchor (A, or 4A rows) from ratio-major to size-major order."""
+    per_anchor = tensor.shape[0] // (sizes * ratios)
+    return tensor.reshape(ratios, sizes, per_anchor, *tensor.shape[1:]).transpose(0, 1).reshape(tensor.shape)
+
+
+def _from_maskrcnn_benchmark(state: dict[str, torch.Tensor], cfg, source: str) -> dict[str, torch.Tensor]:
+    state = {key.removeprefix("module."): value for key, value in state.items()}
+    converted, unknown = {}, []
+    for key, value in state.items():
+        if _MB_IGNORED.fullmatch(key):
+            continue
+        if key.startswith(_MB_SHARED[0]):
+            twin = _MB_SHARED[1] + key[len(_MB_SHARED[0]):]
+            if twin not in state or not torch.equal(state[twin], value):
+                raise CheckpointError(f"{source}: {key} differs from {twin}: an attribute head with its own "
+                                      "feature extractor is not supported")
+            continue
+        name = _maskrcnn_benchmark_name(key)
+        if name is None:
+            unknown.append(key)
+        else:
+            converted[name] = value
+    if unknown:
+        raise CheckpointError(f"{source}: {len(unknown)} maskrcnn-benchmark key(s) with no place in the detector: "
+                              + ", ".join(sorted(unknown)[:20]))
+    sizes, ratios = len(cfg.anchor_sizes), len(cfg.anchor_ratios)
+    for name in list(converted):
+        if name.startswith(("proposal_generator.rpn_head.objectness_logits.", "proposal_generator.rpn_head.anchor_deltas.")):
+            converted[name] = _size_major(converted[name], sizes, ratios)
+        elif name.startswith(("roi_heads.box_predictor.cls_score.", "roi_heads.box_predictor.cls_embedding.",
+                              "roi_heads.box_predictor.attr_score.")):
+            converted[name] = _background_last(converted[name])
+        elif name.startswith("roi_heads.box_predictor.bbox_pred."):
+            converted[name] = converted[name][4:]  # background's box regression: detectron2 has none
+    return converted
+
+
+KEY_MAPS: dict[str, KeyMap] = {
+    "maskrcnn-benchmark": KeyMap("maskrcnn-benchmark",
+                                 lambda keys: any(k.removeprefix("module.").startswith("backbone.body.") for k in keys),
+                                 _from_maskrcnn_benchmark),
+}
 
 
 def fill_folded_norms(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

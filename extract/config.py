@@ -1,4 +1,4 @@
-"""Detector configuration: one dataclass, named presets, overrides and YAML files.
+"""Detector configuration: one dataclass and its overrides (presets and YAML files: `extract.presets`).
 
 Field names follow detectron2's config where one exists (lower-cased, without the MODEL. prefix),
 so a preset can be checked against the detectron2 YAML it reproduces.
@@ -9,12 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from extract.modeling.parts import PARTS
+from extract.modeling.parts import PARTS, part_shape
 from vlbert.errors import UserError
 
 
@@ -35,7 +34,8 @@ class DetectorConfig:
     res_blocks: tuple[int, int, int, int] = (3, 4, 23, 3)  # ResNet-101
     stem_out_channels: int = 64
     res2_out_channels: int = 256
-    bottleneck_channels: int = 64
+    bottleneck_channels: int = 64  # res2's 3x3 width: groups x width per group (ResNeXt 32x8d: 256)
+    num_groups: int = 1  # the 3x3 convs' groups: 1 for ResNet, 32 for ResNeXt 32x8d
     stride_in_1x1: bool = True  # MSRA/caffe weights put the stride in the first 1x1 conv
     stem_pool: str = "caffe"  # "caffe": max-pool k3 s2 pad 0 ceil mode; "standard": pad 1
     res5_stride: int = 1
@@ -85,11 +85,8 @@ class DetectorConfig:
 
     @property
     def feature_dim(self) -> int:
-        return self.res2_out_channels * 8
-
-    @property
-    def res4_channels(self) -> int:
-        return self.res2_out_channels * 4
+        """The RoI feature size, as the RoI head part declares it."""
+        return part_shape("roi_heads", self).channels
 
     @property
     def num_anchors(self) -> int:
@@ -117,6 +114,9 @@ def _check(cfg: DetectorConfig) -> None:
     for name, allowed in choices.items():
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"{name}={getattr(cfg, name)!r}: expected one of {', '.join(allowed)}")
+    if cfg.num_groups < 1 or cfg.bottleneck_channels % cfg.num_groups:
+        raise ConfigError(f"bottleneck_channels={cfg.bottleneck_channels}, num_groups={cfg.num_groups}: expected "
+                          "groups >= 1 that divide the bottleneck width")
     if len(cfg.res_blocks) != 4 or min(cfg.res_blocks) < 1:
         raise ConfigError(f"res_blocks={cfg.res_blocks!r}: expected four positive block counts (res2-res5)")
     if not 0 < cfg.min_boxes <= cfg.max_boxes:
@@ -127,48 +127,6 @@ def _check(cfg: DetectorConfig) -> None:
         names, expected = getattr(cfg, name), cfg.num_classes if name == "class_names" else cfg.num_attributes
         if names and len(names) != expected:
             raise ConfigError(f"{name} has {len(names)} entries, the config has {expected}")
-
-
-PRESETS: dict[str, DetectorConfig] = {
-    # Bottom-up-attention Faster R-CNN on Visual Genome: 1600 classes, 400 attributes.
-    "butd-vg": DetectorConfig(),
-    # detectron2 COCO-Detection/faster_rcnn_R_101_C4_3x.
-    "d2-r101-c4": DetectorConfig(
-        name="d2-r101-c4",
-        stem_pool="standard",
-        res5_stride=2,
-        res5_dilation=1,
-        rpn_hidden_channels=1024,
-        anchor_sizes=(32.0, 64.0, 128.0, 256.0, 512.0),
-        rpn_post_nms_topk=1000,
-        pooler="roialign",
-        num_classes=80,
-        num_attributes=0,
-        pixel_mean=(103.53, 116.28, 123.675),
-        min_size=800,
-        max_size=1333,
-    ),
-    # The butd-vg architecture scaled down for tests and the demo.
-    "tiny": DetectorConfig(
-        name="tiny",
-        res_blocks=(1, 1, 1, 1),
-        stem_out_channels=8,
-        res2_out_channels=32,
-        bottleneck_channels=8,
-        rpn_hidden_channels=32,
-        anchor_sizes=(16.0, 32.0, 64.0, 128.0),
-        rpn_pre_nms_topk=600,
-        rpn_post_nms_topk=100,
-        num_classes=6,
-        num_attributes=8,
-        attr_embed_dim=16,
-        attr_hidden_dim=32,
-        min_size=128,
-        max_size=192,
-        min_boxes=4,
-        max_boxes=20,
-    ),
-}
 
 
 def _coerce(name: str, value: Any, current: Any) -> Any:
@@ -210,43 +168,11 @@ def parse_override(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def load_config(preset_or_file: str, overrides: Mapping[str, Any] | None = None) -> DetectorConfig:
-    """A preset name, or a YAML file with an optional `base: PRESET` and field values."""
-    if preset_or_file in PRESETS:
-        cfg = PRESETS[preset_or_file]
-    elif preset_or_file.endswith((".yaml", ".yml")):
-        cfg = _load_yaml(Path(preset_or_file))
-    else:
-        raise ConfigError(
-            f"detector {preset_or_file!r}: not a preset ({', '.join(PRESETS)}) nor a .yaml file"
-        )
-    return apply_overrides(cfg, overrides or {})
-
-
 def yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML syntax error in one line: where it is, and what."""
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     return where + (getattr(exc, "problem", None) or str(exc).splitlines()[0])
-
-
-def _load_yaml(path: Path) -> DetectorConfig:
-    if not path.is_file():
-        raise ConfigError(f"detector config {path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"detector config {path}: invalid YAML, {yaml_problem(exc)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"detector config {path}: expected a mapping of field: value")
-    base = data.pop("base", "butd-vg")
-    if base not in PRESETS:
-        raise ConfigError(f"detector config {path}: base {base!r} is not a preset ({', '.join(PRESETS)})")
-    data.setdefault("name", path.stem)
-    try:
-        return apply_overrides(PRESETS[base], data)
-    except ConfigError as exc:
-        raise ConfigError(f"detector config {path}: {exc}") from None
 
 
 def config_from_dict(data: Mapping[str, Any]) -> DetectorConfig:

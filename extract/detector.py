@@ -17,8 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from extract.checkpoint import check_recorded_buffers, fill_folded_norms, load_weights, read_state_dict
-from extract.config import DetectorConfig, load_config
+from extract.checkpoint import (check_recorded_buffers, detectron2_names, fill_folded_norms, load_weights,
+                                read_state_dict)
+from extract.config import DetectorConfig
+from extract.presets import load_config
 from extract.device import check_device
 from extract.modeling.boxes import clip_boxes
 from extract.modeling.parts import build_part
@@ -94,8 +96,8 @@ class Detector(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.backbone = build_part("backbone", cfg)
-        self.proposal_generator = build_part("proposal_generator", cfg)
-        self.roi_heads = build_part("roi_heads", cfg)
+        self.proposal_generator = build_part("proposal_generator", cfg, self.backbone.output_shape)
+        self.roi_heads = build_part("roi_heads", cfg, self.backbone.output_shape)
         self.precision = precision
         self.init_weights(cfg.init_seed)
         self.eval()
@@ -125,12 +127,13 @@ class Detector(nn.Module):
         self._precision = find_precision(name)
 
     def load_checkpoint(self, path: str | Path, trunk_only: bool = False) -> None:
-        """detectron2-named weights from .pkl, .pth or .safetensors; refuses anything that does not fit.
+        """Weights from .pkl, .pth or .safetensors under detectron2's names or a known scheme
+        (`extract.checkpoint.KEY_MAPS`); refuses anything that does not fit.
 
         `trunk_only`: the RPN and box predictor may be absent, as in the Fast R-CNN weights of a
         converted VL-BERT checkpoint, which only the end-to-end stage's trunk and res5 use.
         """
-        state = check_recorded_buffers(read_state_dict(path), {
+        state = check_recorded_buffers(detectron2_names(read_state_dict(path), self.cfg, str(path)), {
             "cell_anchors": self.proposal_generator.cell_anchors.cpu(),
             "pixel_mean": torch.tensor(self.cfg.pixel_mean),
             "pixel_std": torch.tensor(self.cfg.pixel_std),

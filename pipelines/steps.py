@@ -171,7 +171,8 @@ def _verify_extract(params: dict[str, Any], folder: Path, known: Foreknown) -> l
     """Paths, device and precision, and the detector: a preset or a YAML file of ours (whose feature
     size the store will have), or another backend's config file (`d2:CONFIG.yaml`)."""
     from extract.backends import BACKENDS
-    from extract.config import ConfigError, load_config
+    from extract.config import ConfigError
+    from extract.presets import load_config
 
     options = _extraction_options(params)
     problems = missing_paths([(name, options[name]) for name in ("images", "weights", "boxes", "image_list")], known)

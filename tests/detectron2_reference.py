@@ -10,6 +10,8 @@ import types
 import torch.nn.functional as F
 from torch import nn
 
+from extract.modeling.parts import part_shape
+
 
 def caffe_stem_forward(stem, x):
     return F.max_pool2d(F.relu_(stem.conv1(x)), kernel_size=3, stride=2, padding=0, ceil_mode=True)
@@ -66,7 +68,8 @@ def detectron2_model(ours, device: str = "cpu"):
         blocks = ours.res_blocks[3]
         model.roi_heads.res5 = nn.Sequential(*ResNet.make_stage(
             BottleneckBlock, blocks, stride_per_block=[ours.res5_stride] + [1] * (blocks - 1),
-            in_channels=ours.res4_channels, bottleneck_channels=ours.bottleneck_channels * 8,
-            out_channels=ours.feature_dim, num_groups=1, norm="FrozenBN", stride_in_1x1=ours.stride_in_1x1,
+            in_channels=part_shape("backbone", ours).channels, bottleneck_channels=ours.bottleneck_channels * 8,
+            out_channels=ours.feature_dim, num_groups=ours.num_groups, norm="FrozenBN",
+            stride_in_1x1=ours.stride_in_1x1,
             dilation=ours.res5_dilation)).to(device).eval()
     return model

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from PIL import Image
 from transformers import BertConfig, BertForPreTraining
 
-from extract.config import load_config
+from extract.presets import load_config
 from pipelines.cli import main
 from pipelines.runner import PipelineError, load_pipeline
 from train.data.files import DataError

@@ -11,7 +11,7 @@ from torchvision.ops import roi_align
 from conftest import randomized_state
 from extract.synthetic import synthetic_image
 from extract import CheckpointError, Detector, load_weights, read_state_dict
-from extract.config import PRESETS
+from extract.presets import PRESETS
 
 
 def test_butd_keys_are_detectron2_names():
@@ -179,7 +179,7 @@ def test_legacy_roialign_matches_torchvision_unaligned():
     """`roialign_legacy` pools without the half-pixel offset, as maskrcnn-benchmark did."""
     aligned = Detector.build("tiny", pooler="roialign", pooler_sampling_ratio=1)
     legacy = Detector.build("tiny", pooler="roialign_legacy", pooler_sampling_ratio=1)
-    res4 = torch.randn(1, aligned.cfg.res4_channels, 6, 8)
+    res4 = torch.randn(1, aligned.backbone.output_shape.channels, 6, 8)
     rois = torch.tensor([[0.0, 8.0, 8.0, 72.0, 60.0]])
     expected = roi_align(res4, rois, 14, 1 / 16, 1, aligned=False)
     assert torch.equal(legacy.roi_heads.pool(res4, rois), expected)

@@ -8,10 +8,12 @@ import torch
 
 from extract.synthetic import synthetic_image
 from extract import BoxError, ConfigError, Detector, load_config, mask_pixels, select_boxes
-from extract.config import PRESETS, parse_override
+from extract.config import parse_override
 from extract.modeling.boxes import BoxCoder
+from extract.modeling.parts import ShapeSpec, part_shape
 from extract.modeling.rpn import cell_anchors
 from extract.preprocess import MIN_INPUT_SIDE, resized_size
+from extract.presets import PRESETS
 
 
 # ---- presets and configs -------------------------------------------------------------------
@@ -21,7 +23,8 @@ def test_butd_preset_matches_the_bottom_up_attention_layout():
     assert cfg.res_blocks == (3, 4, 23, 3) and cfg.stride_in_1x1 and cfg.stem_pool == "caffe"
     assert (cfg.res5_stride, cfg.res5_dilation, cfg.pooler, cfg.pooler_resolution) == (1, 2, "roipool", 14)
     assert (cfg.rpn_hidden_channels, cfg.num_anchors, cfg.rpn_pre_nms_topk, cfg.rpn_post_nms_topk) == (512, 12, 6000, 300)
-    assert (cfg.num_classes, cfg.num_attributes, cfg.feature_dim, cfg.res4_channels) == (1600, 400, 2048, 1024)
+    assert (cfg.num_classes, cfg.num_attributes, cfg.feature_dim, part_shape("backbone", cfg)) == (
+        1600, 400, 2048, ShapeSpec(1024, 16))
     assert cfg.pixel_mean == (102.9801, 115.9465, 122.7717) and (cfg.min_size, cfg.max_size) == (600, 1000)
     assert (cfg.score_thresh, cfg.nms_thresh, cfg.min_boxes, cfg.max_boxes) == (0.2, 0.3, 10, 100)
 

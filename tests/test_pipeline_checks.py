@@ -9,7 +9,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from extract.config import PRESETS, load_config
+from extract.presets import PRESETS, load_config
 from extract.device import DeviceError, check_device
 from extract.store.schema import build_meta
 from pipelines.cli import main

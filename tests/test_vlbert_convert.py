@@ -15,6 +15,7 @@ import yaml
 from click.testing import CliRunner, Result
 from safetensors.torch import load_file
 
+from extract.presets import PRESETS
 from pipelines.cli import main
 from vlbert import VLBertForPreTraining, VLBertForQuestionAnswering, convert_official_checkpoint, load_pretrained
 
@@ -289,11 +290,11 @@ def test_converted_detector_uses_detectron2_names(converted_pretraining):
     # 1 stem conv + 3 trunk blocks and 1 res5 block with shortcut (4 convs) + 1 res5 block (3 convs),
     # each conv with a 4-tensor norm.
     assert len(detector) == (1 + 4 * 4 + 3) * 5
-    settings = yaml.safe_load((out / "detector.yaml").read_text())
-    assert settings["base"] == "butd-vg"
-    assert settings["stem_pool"] == "standard" and settings["stride_in_1x1"] is True
-    assert (settings["res5_stride"], settings["res5_dilation"], settings["pooler_resolution"]) == (1, 2, 14)
-    assert settings["pixel_mean"] == [102.9801, 115.9465, 122.7717] and settings["input_format"] == "BGR"
+    assert yaml.safe_load((out / "detector.yaml").read_text()) == {"base": "vlbert-official"}
+    settings = PRESETS["vlbert-official"]
+    assert settings.stem_pool == "standard" and settings.stride_in_1x1 is True
+    assert (settings.res5_stride, settings.res5_dilation, settings.pooler_resolution) == (1, 2, 14)
+    assert settings.pixel_mean == (102.9801, 115.9465, 122.7717) and settings.input_format == "BGR"
 
 
 def test_detector_yaml_and_weights_load_into_the_extractor(converted_pretraining):

@@ -91,28 +91,9 @@ HEAD_RENAMES = {
 PROJECTION = "image_feature_extractor.obj_downsample.1."
 DETECTOR_PREFIXES = ("image_feature_extractor.backbone.", "image_feature_extractor.roi_head_feature_extractor.")
 
-DETECTOR_YAML = """\
-# Fast R-CNN of the official VL-BERT checkpoint (jackroos/VL-BERT common/fast_rcnn.py,
-# common/backbone/resnet/resnet.py, cfgs/*/base_*.yaml): ResNet-101 C4 with FrozenBN (eps 1e-5),
-# torchvision-style stem max-pool (kernel 3, stride 2, pad 1), stride in the 1x1 convs, res5 on
-# 14x14 RoI features with stride 1 and dilation 2, then a 14x14 mean -> 2048-d.
-# Its RoI pooling is maskrcnn-benchmark's legacy ROIAlign (aligned=False: no half-pixel offset,
-# RoI sides clamped to >= 1 feature cell), sampling ratio 1, spatial scale 1/16: `roialign_legacy`.
-# Input: RGB image loaded, converted to BGR x 255, minus the pixel means, std 1; short side 600,
-# long side <= 1000.
-base: butd-vg
-name: vlbert-official-fast-rcnn
-stem_pool: standard
-stride_in_1x1: true
-res5_stride: 1
-res5_dilation: 2
-pooler: roialign_legacy
-pooler_resolution: 14
-pooler_sampling_ratio: 1
-pixel_mean: [102.9801, 115.9465, 122.7717]
-pixel_std: [1.0, 1.0, 1.0]
-input_format: BGR
-"""
+# The Fast R-CNN of the official checkpoints is the extractor's preset `vlbert-official`
+# (extract/presets.py); the converted folder names it.
+DETECTOR_YAML = "base: vlbert-official\n"
 
 
 @dataclass

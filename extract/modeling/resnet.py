@@ -1,10 +1,14 @@
-"""ResNet bottleneck stages with frozen batch norm, named as detectron2 names them.
+"""ResNet and ResNeXt bottleneck stages with frozen batch norm, named as detectron2 names them.
 
 Module names mirror detectron2's checkpoint keys (`stem.conv1.norm.running_var`,
-`res4.22.conv2.weight`, ...) so its checkpoints load by name without a key map.
+`res4.22.conv2.weight`, ...) so its checkpoints load by name; other naming schemes go through a
+key map (`extract.checkpoint.KEY_MAPS`). `make_stage` is the one block factory: the C4 trunk's
+res2-res4 and the RoI head's res5 are built by it, with the config's groups (ResNeXt) and widths.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -12,14 +16,15 @@ from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
 from extract.modeling.conv import conv2d
+from extract.modeling.parts import ShapeSpec
 
 
 class ConvNorm(nn.Conv2d):
     """A bias-free conv followed by its frozen batch norm, held as the child `norm`."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
-                 padding: int = 0, dilation: int = 1) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias=False)
+                 padding: int = 0, dilation: int = 1, groups: int = 1) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias=False)
         self.norm = FrozenBatchNorm2d(out_channels)
         self._folded: FoldedNorm | None = None
 
@@ -76,13 +81,15 @@ def norm_state(norm: FrozenBatchNorm2d) -> tuple:
 
 
 class Bottleneck(nn.Module):
+    """1x1, 3x3 (in `groups` groups: ResNeXt), 1x1, plus the shortcut."""
+
     def __init__(self, in_channels: int, out_channels: int, bottleneck_channels: int, stride: int,
-                 dilation: int, stride_in_1x1: bool) -> None:
+                 dilation: int, stride_in_1x1: bool, groups: int = 1) -> None:
         super().__init__()
         self.shortcut = ConvNorm(in_channels, out_channels, 1, stride) if in_channels != out_channels else None
         stride_1x1, stride_3x3 = (stride, 1) if stride_in_1x1 else (1, stride)
         self.conv1 = ConvNorm(in_channels, bottleneck_channels, 1, stride_1x1)
-        self.conv2 = ConvNorm(bottleneck_channels, bottleneck_channels, 3, stride_3x3, dilation, dilation)
+        self.conv2 = ConvNorm(bottleneck_channels, bottleneck_channels, 3, stride_3x3, dilation, dilation, groups)
         self.conv3 = ConvNorm(bottleneck_channels, out_channels, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -93,14 +100,21 @@ class Bottleneck(nn.Module):
         return F.relu_(out)
 
 
-def make_stage(num_blocks: int, in_channels: int, out_channels: int, bottleneck_channels: int,
-               first_stride: int, dilation: int, stride_in_1x1: bool) -> nn.Sequential:
+def make_stage(cfg, index: int, in_channels: int, first_stride: int, dilation: int = 1) -> nn.Sequential:
+    """Stage `index` (0: res2 ... 3: res5) of `cfg`'s ResNet or ResNeXt: its block count, widths
+    and groups from the config, its input channels from what feeds it."""
+    out_channels, bottleneck_channels = stage_widths(cfg, index)
     blocks = []
-    for i in range(num_blocks):
-        blocks.append(Bottleneck(in_channels, out_channels, bottleneck_channels,
-                                 first_stride if i == 0 else 1, dilation, stride_in_1x1))
+    for i in range(cfg.res_blocks[index]):
+        blocks.append(Bottleneck(in_channels, out_channels, bottleneck_channels, first_stride if i == 0 else 1,
+                                 dilation, cfg.stride_in_1x1, cfg.num_groups))
         in_channels = out_channels
     return nn.Sequential(*blocks)
+
+
+def stage_widths(cfg, index: int) -> tuple[int, int]:
+    """(output, bottleneck) channels of stage `index`: both double from one stage to the next."""
+    return cfg.res2_out_channels * 2 ** index, cfg.bottleneck_channels * 2 ** index
 
 
 class Stem(nn.Module):
@@ -118,24 +132,25 @@ class Stem(nn.Module):
         return F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
 
 
+C4_STRIDES = {"res2": 1, "res3": 2, "res4": 2}  # each stage's first block; the stem divides by 4
+
+
 class ResNetC4(nn.Module):
-    """Stem and res2-res4: the shared trunk of a C4 detector (output stride 16)."""
+    """Stem and res2-res4: the shared trunk of a C4 detector (ResNet or ResNeXt)."""
 
     def __init__(self, cfg) -> None:
         super().__init__()
         self.stem = Stem(cfg.stem_out_channels, cfg.stem_pool == "caffe")
-        in_ch, out_ch, mid_ch = cfg.stem_out_channels, cfg.res2_out_channels, cfg.bottleneck_channels
-        for index, name in enumerate(("res2", "res3", "res4")):
-            stage = make_stage(cfg.res_blocks[index], in_ch, out_ch, mid_ch, 1 if index == 0 else 2, 1,
-                               cfg.stride_in_1x1)
-            self.add_module(name, stage)
-            in_ch, out_ch, mid_ch = out_ch, out_ch * 2, mid_ch * 2
+        channels = cfg.stem_out_channels
+        for index, (name, stride) in enumerate(C4_STRIDES.items()):
+            self.add_module(name, make_stage(cfg, index, channels, stride))
+            channels = stage_widths(cfg, index)[0]
+        self.output_shape = resnet_c4_shape(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.res4(self.res3(self.res2(self.stem(x))))
 
 
-def make_res5(cfg) -> nn.Sequential:
-    """res5 as the RoI head of a C4 detector: stride 2 (detectron2) or stride 1, dilation 2 (BUTD)."""
-    return make_stage(cfg.res_blocks[3], cfg.res4_channels, cfg.feature_dim, cfg.bottleneck_channels * 8,
-                      cfg.res5_stride, cfg.res5_dilation, cfg.stride_in_1x1)
+def resnet_c4_shape(cfg) -> ShapeSpec:
+    """What the C4 trunk gives the RPN and the RoI head: res4's channels and stride."""
+    return ShapeSpec(stage_widths(cfg, len(C4_STRIDES) - 1)[0], 4 * math.prod(C4_STRIDES.values()))

@@ -17,8 +17,8 @@ from torch import nn
 from torchvision.ops import roi_align, roi_pool
 
 from extract.modeling.boxes import BoxCoder
-from extract.modeling.resnet import make_res5
-from extract.modeling.rpn import FEATURE_STRIDE
+from extract.modeling.parts import ShapeSpec
+from extract.modeling.resnet import make_stage, stage_widths
 
 # RoIs per res5 pass. res5 over a whole batch's RoIs at once (300 proposals an image at BUTD size
 # are 480 MB per fp32 activation) costs memory and, on the CPU, time; each RoI's numbers do not
@@ -48,14 +48,14 @@ class BoxPredictions:
 
 
 class BoxPredictor(nn.Module):
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, feature_dim: int) -> None:
         super().__init__()
-        self.cls_score = nn.Linear(cfg.feature_dim, cfg.num_classes + 1)
-        self.bbox_pred = nn.Linear(cfg.feature_dim, cfg.num_classes * 4)
+        self.cls_score = nn.Linear(feature_dim, cfg.num_classes + 1)
+        self.bbox_pred = nn.Linear(feature_dim, cfg.num_classes * 4)
         self.has_attributes = cfg.num_attributes > 0
         if self.has_attributes:
             self.cls_embedding = nn.Embedding(cfg.num_classes + 1, cfg.attr_embed_dim)
-            self.fc_attr = nn.Linear(cfg.feature_dim + cfg.attr_embed_dim, cfg.attr_hidden_dim)
+            self.fc_attr = nn.Linear(feature_dim + cfg.attr_embed_dim, cfg.attr_hidden_dim)
             self.attr_score = nn.Linear(cfg.attr_hidden_dim, cfg.num_attributes + 1)
 
     def forward(self, features: torch.Tensor) -> BoxPredictions:
@@ -73,14 +73,23 @@ class BoxPredictor(nn.Module):
         return self.attr_score(F.relu(self.fc_attr(torch.cat((features, embedded), dim=1))))
 
 
+def res5_shape(cfg) -> ShapeSpec:
+    """res5's output channels: the size of a RoI feature (the mean over its grid)."""
+    return ShapeSpec(stage_widths(cfg, 3)[0])
+
+
 class Res5ROIHeads(nn.Module):
-    def __init__(self, cfg) -> None:
+    """res5 as the RoI head of a C4 detector, built by the trunk's block factory for the backbone's
+    output: stride 2 (detectron2) or stride 1 with dilation 2 (BUTD)."""
+
+    def __init__(self, cfg, input_shape: ShapeSpec) -> None:
         super().__init__()
         self.pooler = cfg.pooler
         self.resolution = cfg.pooler_resolution
         self.sampling_ratio = cfg.pooler_sampling_ratio
-        self.res5 = make_res5(cfg)
-        self.box_predictor = BoxPredictor(cfg)
+        self.spatial_scale = 1.0 / input_shape.stride
+        self.res5 = make_stage(cfg, 3, input_shape.channels, cfg.res5_stride, cfg.res5_dilation)
+        self.box_predictor = BoxPredictor(cfg, res5_shape(cfg).channels)
         self.box_coder = BoxCoder(cfg.bbox_reg_weights)
 
     def pool(self, res4: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
@@ -91,10 +100,10 @@ class Res5ROIHeads(nn.Module):
         """
         res4, rois = res4.float(), rois.float()
         if self.pooler == "roipool":
-            return roi_pool(res4, rois, self.resolution, 1.0 / FEATURE_STRIDE)
+            return roi_pool(res4, rois, self.resolution, self.spatial_scale)
         # "roialign_legacy" is maskrcnn-benchmark's (the official VL-BERT's Fast R-CNN): no half-pixel
         # offset, RoI sides of at least one cell.
-        return roi_align(res4, rois, self.resolution, 1.0 / FEATURE_STRIDE, self.sampling_ratio,
+        return roi_align(res4, rois, self.resolution, self.spatial_scale, self.sampling_ratio,
                          aligned=self.pooler == "roialign")
 
     def box_features(self, res4: Sequence[torch.Tensor], boxes: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -16,8 +16,7 @@ from torchvision.ops import nms
 
 from extract.modeling.boxes import BoxCoder, clip_boxes
 from extract.modeling.conv import conv2d
-
-FEATURE_STRIDE = 16
+from extract.modeling.parts import ShapeSpec
 
 
 def cell_anchors(sizes: tuple[float, ...], ratios: tuple[float, ...]) -> torch.Tensor:
@@ -44,9 +43,10 @@ class RPNHead(nn.Module):
 
 
 class RPN(nn.Module):
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, input_shape: ShapeSpec) -> None:
         super().__init__()
-        self.rpn_head = RPNHead(cfg.res4_channels, cfg.rpn_hidden_channels, cfg.num_anchors)
+        self.stride = input_shape.stride
+        self.rpn_head = RPNHead(input_shape.channels, cfg.rpn_hidden_channels, cfg.num_anchors)
         self.register_buffer("cell_anchors", cell_anchors(cfg.anchor_sizes, cfg.anchor_ratios), persistent=False)
         self.pre_nms_topk = cfg.rpn_pre_nms_topk
         self.post_nms_topk = cfg.rpn_post_nms_topk
@@ -56,23 +56,23 @@ class RPN(nn.Module):
     def anchors(self, height: int, width: int) -> torch.Tensor:
         """(H*W*A, 4) anchors for a feature map, location-major as the head's outputs are flattened."""
         device = self.cell_anchors.device
-        xs = torch.arange(width, device=device, dtype=torch.float32) * FEATURE_STRIDE
-        ys = torch.arange(height, device=device, dtype=torch.float32) * FEATURE_STRIDE
+        xs = torch.arange(width, device=device, dtype=torch.float32) * self.stride
+        ys = torch.arange(height, device=device, dtype=torch.float32) * self.stride
         grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
         shifts = torch.stack((grid_x, grid_y, grid_x, grid_y), dim=-1).reshape(-1, 1, 4)
         return (shifts + self.cell_anchors.reshape(1, -1, 4)).reshape(-1, 4)
 
-    def forward(self, features: torch.Tensor, image_size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, features: torch.Tensor, input_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """One image's proposals: `features` is its (1, C, H, W) res4 map (see `propose`)."""
-        return self.propose(features, [image_size])[0]
+        return self.propose(features, [input_hw])[0]
 
     @torch.no_grad()
     def propose(self, features: torch.Tensor,
-                image_sizes: Sequence[tuple[int, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                input_hws: Sequence[tuple[int, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per image, proposals (K, 4) in input pixels sorted by objectness, and their objectness logits.
 
         `features` is the (B, C, H, W) res4 map of B images of one input size; the head runs once over
-        all of them. `image_sizes` are their (height, width) after resizing and before any padding,
+        all of them. `input_hws` are their (height, width) after resizing and before any padding,
         which proposals are clipped to. Decoding and NMS run in float32 whatever the head's precision.
         """
         logits, deltas = self.rpn_head(features)
@@ -81,16 +81,16 @@ class RPN(nn.Module):
         count = len(features)
         logits = logits.float().permute(0, 2, 3, 1).reshape(count, -1)
         deltas = deltas.float().reshape(count, -1, 4, h, w).permute(0, 3, 4, 1, 2).reshape(count, -1, 4)
-        return [self._select(l, d, anchors, size) for l, d, size in zip(logits, deltas, image_sizes)]
+        return [self._select(l, d, anchors, size) for l, d, size in zip(logits, deltas, input_hws)]
 
     def _select(self, logits: torch.Tensor, deltas: torch.Tensor, anchors: torch.Tensor,
-                image_size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+                input_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         k = min(self.pre_nms_topk, logits.numel())
         logits, order = logits.topk(k)
         boxes = self.box_coder.decode(deltas[order], anchors[order])
 
         valid = torch.isfinite(boxes).all(dim=1) & torch.isfinite(logits)
-        boxes, logits = clip_boxes(boxes[valid], *image_size), logits[valid]
+        boxes, logits = clip_boxes(boxes[valid], *input_hw), logits[valid]
         nonempty = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
         boxes, logits = boxes[nonempty], logits[nonempty]
         keep = nms(boxes, logits, self.nms_thresh)[: self.post_nms_topk]

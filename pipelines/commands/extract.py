@@ -7,6 +7,7 @@ import click
 from extract.config import parse_override
 from extract.images import DEFAULT_MAX_PIXELS
 from extract.modeling.precision import PRECISIONS
+from extract.presets import PRESETS
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
 
 
@@ -28,7 +29,7 @@ def _top_k(value: str) -> int | None:
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="FeatureStore directory (created, or resumed when it exists).")
 @click.option("--detector", required=True,
-              help="Preset (butd-vg, d2-r101-c4, tiny), a YAML config file, or d2:CONFIG.yaml: any detectron2 "
+              help=f"Preset ({', '.join(PRESETS)}), a YAML config file, or d2:CONFIG.yaml: any detectron2 "
                    "Faster R-CNN (C4 or FPN) run by detectron2 itself, if installed (optional; --set then takes "
                    "score_thresh, nms_thresh, min_boxes, max_boxes or detectron2 keys such as MODEL.RPN.NMS_THRESH).")
 @click.option("--weights", type=click.Path(exists=True, dir_okay=False, path_type=Path),
