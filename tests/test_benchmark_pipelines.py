@@ -22,7 +22,7 @@ from pipelines.cli import main
 from pipelines.runner import PipelineError, load_pipeline
 from train.data.files import DataError
 from train.data.vocabulary import write_vocabulary
-from training_world import TINY_MODEL
+from pipelines.world.tiny import TINY_MODEL
 from vlbert import VLBertConfig
 from vlbert.modeling import VLBertForPreTraining
 from vlbert.tokenization import load_tokenizer

@@ -8,7 +8,8 @@ import yaml
 from click.testing import CliRunner
 
 from pipelines.cli import main
-from training_world import TINY_MODEL, make_world, run_config
+from pipelines.world.tiny import TINY_MODEL, build_tiny_world
+from tests.helpers.worlds import run_config
 from train.engine.config import RunConfig, RunConfigError, StageConfig
 from train.engine.optimization import learning_rate_factor
 from train.engine.trainer import Trainer
@@ -16,7 +17,7 @@ from train.engine.trainer import Trainer
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("inputs"), images=8)
+    return build_tiny_world(tmp_path_factory.mktemp("inputs"), images=8)
 
 
 def write_run(world, tmp_path, **changes) -> str:

@@ -31,8 +31,9 @@ from train.engine.config import RunConfig, RunConfigError, RunMismatchError, Sta
 from train.engine.damaged import DamagedRecords
 from train.end2end import EndToEndVisual
 from train.engine.trainer import Trainer
-from test_store_integrity import data_file, flip_bit_in
-from training_world import interrupt_optimiser_step, make_world, run_config
+from pipelines.world.tiny import build_tiny_world
+from tests.helpers.stores import data_file, flip_bit_in
+from tests.helpers.worlds import interrupt_optimiser_step, run_config
 
 PRETRAIN = StageConfig("pretrain", "pretrain", steps=4, batch_size=2, base_lr=5e-4)
 VQA = StageConfig("vqa", "vqa", steps=3, batch_size=2, base_lr=5e-4)
@@ -41,7 +42,7 @@ TWO_STAGES = [PRETRAIN, VQA]
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("runs"), images=12)
+    return build_tiny_world(tmp_path_factory.mktemp("runs"), images=12)
 
 
 @pytest.fixture(scope="module")
