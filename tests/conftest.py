@@ -1,7 +1,12 @@
 import pytest
 import torch
 
+from pipelines.world.tiny import build_tiny_world
+from tests.helpers.worlds import copy_world
+
 torch.set_num_threads(2)
+
+TINY_WORLD_IMAGES = 12
 
 
 @pytest.fixture(scope="session")
@@ -9,6 +14,19 @@ def tiny_detector():
     from extract import Detector
 
     return Detector.build("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory):
+    """The tiny training world (world/, cache/, vocab/), built and extracted once per session.
+    Read-only: a test or module that writes into it takes a copy (`tiny_world_copy`, `copy_world`)."""
+    return build_tiny_world(tmp_path_factory.mktemp("tiny-world"), images=TINY_WORLD_IMAGES)
+
+
+@pytest.fixture
+def tiny_world_copy(tiny_world, tmp_path):
+    """This test's own copy of the session's tiny world."""
+    return copy_world(tiny_world, tmp_path / "tiny-world")
 
 
 def pytest_collection_modifyitems(config, items):

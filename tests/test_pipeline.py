@@ -93,15 +93,14 @@ def test_bad_pipelines_are_named(tmp_path, steps, message):
         run_pipeline(path)
 
 
-def test_train_command_runs_a_yaml_config_and_names_bad_ones(tmp_path):
+def test_train_command_runs_a_yaml_config_and_names_bad_ones(tmp_path, tiny_world_copy):
     from click.testing import CliRunner
 
     from pipelines.cli import main
-    from pipelines.world.tiny import build_tiny_world
     from tests.helpers.worlds import run_config
     from train.engine.config import StageConfig
 
-    root = build_tiny_world(tmp_path, images=12)
+    root = tiny_world_copy
     run = run_config(root, "cli-run", [StageConfig("refexp", "refexp", steps=2, batch_size=2)])
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(run.to_dict()))

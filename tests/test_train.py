@@ -15,14 +15,13 @@ from train.data.sources.text import TextCorpus
 from train.end2end import EndToEndVisual
 from train.engine.config import StageConfig
 from train.engine.trainer import Trainer
-from pipelines.world.tiny import build_tiny_world
-from tests.helpers.worlds import run_config
+from tests.helpers.worlds import copy_world, run_config
 from vlbert.tokenization import load_tokenizer
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return build_tiny_world(tmp_path_factory.mktemp("training"))
+def world(tiny_world, tmp_path_factory):
+    return copy_world(tiny_world, tmp_path_factory.mktemp("training"))
 
 
 @pytest.fixture(scope="module")

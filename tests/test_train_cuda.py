@@ -10,9 +10,8 @@ from safetensors.torch import load_file
 
 from train.engine.config import StageConfig
 from train.engine.trainer import Trainer
-from pipelines.world.tiny import build_tiny_world
 from tests.helpers.models import NO_DROPOUT
-from tests.helpers.worlds import interrupt_optimiser_step, run_config
+from tests.helpers.worlds import copy_world, interrupt_optimiser_step, run_config
 
 pytestmark = pytest.mark.cuda
 
@@ -20,8 +19,8 @@ VQA = StageConfig("vqa", "vqa", steps=4, batch_size=4, base_lr=5e-4)
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return build_tiny_world(tmp_path_factory.mktemp("cuda-runs"), images=12)
+def world(tiny_world, tmp_path_factory):
+    return copy_world(tiny_world, tmp_path_factory.mktemp("cuda-runs"))
 
 
 def losses(out) -> list[float]:

@@ -1,6 +1,6 @@
 """Helpers shared by test modules (fixtures stay in tests/conftest.py):
 
-    worlds.py           run configs over the tiny training world
+    worlds.py           run configs over the tiny training world, and copies of it
     stores.py           synthetic FeatureStore records, damaged store files, record comparison
     detection.py        random detector weights, detections and image folders
     models.py           VL-BERT configs and batches

@@ -1,11 +1,19 @@
-"""Run configs over the tiny training world (pipelines/world/tiny.py)."""
+"""Run configs over the tiny training world (pipelines/world/tiny.py), and a copy of it to write into."""
 
+import shutil
 from pathlib import Path
 
 import torch
 
 from pipelines.world.tiny import TINY_MODEL
 from train.engine.config import RunConfig, StageConfig
+
+
+def copy_world(world: Path, root: Path) -> Path:
+    """The tiny world at `world` copied to `root`, for tests that write run folders or models into it.
+    The store's images_root still names the original world's images, which the copy only reads."""
+    shutil.copytree(world, root, dirs_exist_ok=True)
+    return root
 
 
 def run_config(root: Path, out: str, stages: list[StageConfig], **overrides) -> RunConfig:
