@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/ holds the detectron2 reference model
+sys.path.insert(0, str(ROOT))
 
 from extract import Detector, select_boxes  # noqa: E402
 from extract.config import parse_override  # noqa: E402
 from extract.fidelity import compare_to_fp32  # noqa: E402
-from test_detector_batching import per_class_nms_selection  # noqa: E402
+from extract.selection import per_class_nms_selection  # noqa: E402
 
 
 def synthetic_images(count: int, height: int = 480, width: int = 640) -> list[np.ndarray]:
@@ -74,7 +74,7 @@ def detectron2_runner(detector: Detector, device: str):
     (or cannot build the architecture: its ResNets come in the standard depths only)."""
     try:
         from detectron2.structures import Boxes
-        from detectron2_reference import detectron2_model
+        from extract.detectron2_reference import detectron2_model
     except ImportError:
         return None
     ours = detector.cfg

@@ -22,15 +22,15 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
 from extract.modeling.precision import PRECISIONS  # noqa: E402
+from pipelines.world.tiny import TINY_MODEL, build_tiny_world  # noqa: E402
 from train.data.annotations import AnnotationFile  # noqa: E402
 from train.data.datasets import RetrievalCandidates  # noqa: E402
 from train.data.regions import RegionBank  # noqa: E402
 from train.engine.evaluate import evaluate  # noqa: E402
 from train.tasks import RetrievalRecall  # noqa: E402
-from training_world import TINY_MODEL, make_world  # noqa: E402
 from vlbert import VLBertConfig  # noqa: E402
 from vlbert.modeling import VLBertForImageTextMatching  # noqa: E402
 from vlbert.tokenization import load_tokenizer  # noqa: E402
@@ -57,7 +57,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        root = make_world(Path(tmp), images=args.images)
+        root = build_tiny_world(Path(tmp), images=args.images)
         tokenizer = load_tokenizer(root / "vocab")
         bank = RegionBank(str(root / "cache"))
         annotations = AnnotationFile(root / "world" / "val.jsonl", keep=bank.__contains__)

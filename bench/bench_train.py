@@ -38,7 +38,7 @@ BOXES, DIM = 100, 2048
 
 def make_data(work: Path, images: int) -> Path:
     """The demo world (annotations, vocabulary) and a BUTD-sized store of its images."""
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     from bench_store import synthetic_record
     from extract.store import FeatureStoreWriter, build_meta
     from pipelines.world.generate import generate_world

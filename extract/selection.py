@@ -180,3 +180,17 @@ def _one_thread_on_cpu(device: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def per_class_nms_selection(boxes: torch.Tensor, class_probs: torch.Tensor, score_thresh: float, nms_thresh: float,
+                            min_boxes: int, max_boxes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The straightforward procedure, one torchvision NMS per class over every box: the reference that
+    `select_boxes` must equal bitwise (tests) and is timed against (bench/bench_detector.py)."""
+    scores = class_probs[:, :-1].float()
+    max_conf = scores.new_zeros(len(boxes))
+    for c in range(scores.shape[1]):
+        kept = nms(boxes, scores[:, c], nms_thresh)
+        max_conf[kept] = torch.maximum(max_conf[kept], scores[kept, c])
+    order = torch.sort(max_conf, descending=True, stable=True).indices
+    count = min(max(int((max_conf >= score_thresh).sum()), min_boxes), max_boxes, len(boxes))
+    return order[:count], max_conf[order[:count]]

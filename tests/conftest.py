@@ -1,36 +1,12 @@
-import numpy as np
 import pytest
 import torch
 
+from pipelines.world.tiny import build_tiny_world
+from tests.helpers.worlds import copy_world
+
 torch.set_num_threads(2)
 
-
-def randomized_state(model: torch.nn.Module, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random weights with non-trivial batch-norm statistics, as NumPy arrays (like a .pkl holds)."""
-    rng = np.random.default_rng(seed)
-    state = {}
-    for key, value in model.state_dict().items():
-        shape = tuple(value.shape)
-        if key.endswith("norm.running_var"):
-            array = rng.uniform(0.5, 2.0, shape)
-        elif key.endswith(("norm.running_mean", "norm.bias", ".bias")):
-            array = rng.normal(0, 0.1, shape)
-        elif key.endswith("norm.weight"):
-            array = rng.uniform(0.2 if ".conv3." in key else 0.6, 1.2, shape)
-        else:
-            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            array = rng.normal(0, (1.0 / fan_in) ** 0.5, shape)
-        state[key] = array.astype(np.float32)
-    return state
-
-
-def image_folder(root, count: int):
-    """`root` with `count` synthetic images and one file named like an image that is not one."""
-    from extract.synthetic import write_synthetic_images
-
-    write_synthetic_images(root, count)
-    (root / "notes.jpg").write_text("not an image")
-    return root
+TINY_WORLD_IMAGES = 12
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +14,19 @@ def tiny_detector():
     from extract import Detector
 
     return Detector.build("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory):
+    """The tiny training world (world/, cache/, vocab/), built and extracted once per session.
+    Read-only: a test or module that writes into it takes a copy (`tiny_world_copy`, `copy_world`)."""
+    return build_tiny_world(tmp_path_factory.mktemp("tiny-world"), images=TINY_WORLD_IMAGES)
+
+
+@pytest.fixture
+def tiny_world_copy(tiny_world, tmp_path):
+    """This test's own copy of the session's tiny world."""
+    return copy_world(tiny_world, tmp_path / "tiny-world")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -20,10 +20,10 @@ from transformers import BertConfig, BertForPreTraining
 from extract.presets import load_config
 from pipelines.cli import main
 from pipelines.runner import PipelineError, load_pipeline
+from pipelines.world.tiny import TINY_MODEL
 from train.data.files import DataError
 from train.data.vocabulary import write_vocabulary
 from train.engine.run_folder import RunFolder
-from training_world import TINY_MODEL
 from vlbert import VLBertConfig
 from vlbert.modeling import VLBertForPreTraining
 from vlbert.tokenization import load_tokenizer

@@ -8,7 +8,7 @@ import torch
 import torchvision
 from torchvision.ops import roi_align
 
-from conftest import randomized_state
+from tests.helpers.detection import randomized_state
 from extract.synthetic import synthetic_image
 from extract import CheckpointError, Detector, load_weights, read_state_dict
 from extract.presets import PRESETS

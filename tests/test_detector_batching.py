@@ -7,7 +7,6 @@ goes through oneDNN (extract/modeling/conv.py), whose per-image numbers do not d
 import numpy as np
 import pytest
 import torch
-from torchvision.ops import nms
 
 from extract import Detector, select_boxes
 from extract.fidelity import compare_to_fp32
@@ -16,7 +15,9 @@ from extract.modeling.parts import PARTS, Part, register_part
 from extract.modeling.precision import PRECISIONS, PrecisionError
 from extract.modeling.resnet import ResNetC4
 from extract.config import ConfigError
+from extract.selection import per_class_nms_selection
 from extract.synthetic import synthetic_image
+from tests.helpers.detection import random_detections
 
 SIZES = [(96, 140), (96, 140), (130, 70), (96, 140)]  # three share an input size, one does not
 
@@ -145,29 +146,6 @@ def test_precision_sets_cuda_math_only_inside_a_forward(name, mode):
 
 
 # ---- box selection against the per-class NMS loop -----------------------------------------
-
-def per_class_nms_selection(boxes, probs, score_thresh, nms_thresh, min_boxes, max_boxes):
-    """The straightforward procedure: one torchvision NMS per class over every box."""
-    scores = probs[:, :-1].float()
-    max_conf = scores.new_zeros(len(boxes))
-    for c in range(scores.shape[1]):
-        kept = nms(boxes, scores[:, c], nms_thresh)
-        max_conf[kept] = torch.maximum(max_conf[kept], scores[kept, c])
-    order = torch.sort(max_conf, descending=True, stable=True).indices
-    count = min(max(int((max_conf >= score_thresh).sum()), min_boxes), max_boxes, len(boxes))
-    return order[:count], max_conf[order[:count]]
-
-
-def random_detections(seed, num_boxes, num_classes, sharpness, quantised):
-    gen = torch.Generator().manual_seed(seed)
-    xy = torch.rand(num_boxes, 2, generator=gen) * torch.tensor([600.0, 400.0])
-    boxes = torch.cat((xy, xy + 8 + torch.rand(num_boxes, 2, generator=gen) * 250), dim=1)
-    boxes[1::7] = boxes[::7][: len(boxes[1::7])]  # duplicates: IoU 1
-    probs = (torch.randn(num_boxes, num_classes + 1, generator=gen) * sharpness).softmax(dim=1)
-    if quantised:  # many exact ties, within and across classes
-        probs = (probs * 64).round() / 64
-    return boxes, probs
-
 
 @pytest.mark.parametrize("num_boxes, num_classes", [(60, 6), (300, 1600), (200, 80), (5, 400), (1, 3)])
 @pytest.mark.parametrize("sharpness, quantised", [(0.01, False), (3.0, False), (8.0, False), (3.0, True)])

@@ -13,7 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import image_folder, randomized_state
+from tests.helpers.detection import image_folder, randomized_state
 from extract import CheckpointError, ConfigError, Detector, load_image, load_weights, mask_pixels
 from extract.backends import RegionExtractor, build_extractor
 from extract.checkpoint import file_sha256
@@ -61,7 +61,7 @@ def tiny_fpn_config():
 def c4(tmp_path_factory):
     """(our detector, config file, checkpoint): a narrow C4 model and one random checkpoint for both."""
     pytest.importorskip("detectron2")
-    from detectron2_reference import detectron2_config
+    from extract.detectron2_reference import detectron2_config
 
     root = tmp_path_factory.mktemp("c4")
     ours = Detector.build("d2-r101-c4", **NARROW_C4, **SELECTION)

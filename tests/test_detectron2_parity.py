@@ -1,7 +1,7 @@
 """Parity with detectron2 for the same weights: features of given boxes and their argmax class.
 
 Runs where detectron2 is importable and skips elsewhere. For `butd-vg`, the reference is upstream
-detectron2 with the caffe stem and the dilated res5 patched in (tests/detectron2_reference.py).
+detectron2 with the caffe stem and the dilated res5 patched in (extract/detectron2_reference.py).
 """
 
 import numpy as np
@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import randomized_state
+from tests.helpers.detection import randomized_state
 from extract.synthetic import synthetic_image
 from extract import Detector, load_weights
 
 pytest.importorskip("detectron2")
 from detectron2.structures import Boxes  # noqa: E402
-from detectron2_reference import detectron2_model  # noqa: E402
+from extract.detectron2_reference import detectron2_model  # noqa: E402
 
 HEIGHT, WIDTH = 320, 480  # already at the test size: neither side resizes it
 

@@ -18,7 +18,6 @@ import pytest
 import torch
 from torchvision.ops import nms, roi_align, roi_pool
 
-from conftest import image_folder
 from extract import Detector, mask_pixels
 from extract.detector import REGION_ARRAYS, regions_numpy
 from extract.device import is_sticky_cuda_error
@@ -26,8 +25,7 @@ from extract.job import run_extraction
 from extract.selection import select_boxes_batch
 from extract.store import FeatureStore
 from extract.synthetic import synthetic_image
-from test_detector_batching import random_detections
-from test_extract_transfers import loop_masked
+from tests.helpers.detection import image_folder, loop_masked, random_detections
 
 pytestmark = pytest.mark.cuda
 

@@ -10,7 +10,6 @@ import torch
 from click.testing import CliRunner
 
 import extract.job
-from conftest import image_folder
 from extract.device import StickyDeviceError, is_sticky_cuda_error
 from extract.device import DeviceError, rank_device
 from extract.job import WorkItem, _isolating_failures, run_extraction
@@ -18,7 +17,8 @@ from extract.store import FeatureStore
 from extract.store.audit import verify_store
 from extract.store.writer import FeatureStoreWriter
 from pipelines.cli import main
-from test_extract_job import assert_same_records
+from tests.helpers.detection import image_folder
+from tests.helpers.stores import assert_same_records
 
 ASYNC_NOTE = ("\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
               "might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1")

@@ -9,7 +9,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import image_folder
 from extract import Detector
 from extract.backends import build_extractor
 from extract.job import JobError, run_extraction
@@ -20,20 +19,10 @@ from extract.store.audit import verify_store
 from extract.synthetic import write_synthetic_images
 from extract.threads import MAX_DEFAULT_LANES, configured_threads
 from pipelines.cli import main
+from tests.helpers.detection import image_folder
+from tests.helpers.stores import assert_same_records
 
 MASKED = dict(mask_variants=2, mask_prob=0.3, mask_seed=7)
-
-
-def assert_same_records(a: FeatureStore, b: FeatureStore) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        ra, rb = a[key], b[key]
-        assert ra.keys() == rb.keys(), key
-        for name, value in ra.items():
-            if isinstance(value, np.ndarray):
-                assert value.dtype == rb[name].dtype and np.array_equal(value, rb[name]), (key, name)
-            else:
-                assert value == rb[name], (key, name)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from extract.job import run_extraction
 from extract.store import FeatureStore
 from extract.store.audit import verify_store
 from extract.synthetic import write_synthetic_images
-from test_extract_job import assert_same_records
+from tests.helpers.stores import assert_same_records
 
 BATCH = 2
 COUNT = 24

@@ -18,8 +18,8 @@ from extract.loader import DecodingPipeline
 from extract.store import FeatureStore
 from extract.store.audit import verify_store
 from extract.store.writer import FeatureStoreWriter
-from conftest import image_folder
-from test_extract_job import assert_same_records
+from tests.helpers.detection import image_folder
+from tests.helpers.stores import assert_same_records
 
 MASKED = dict(mask_variants=1, mask_prob=0.3, mask_seed=3)
 

@@ -10,19 +10,7 @@ from extract.detector import REGION_ARRAYS, RegionFeatures, checked_boxes, regio
 from extract.preprocess import filled, prepare_image, transferred
 from extract.store.schema import MASKED_REGION_ARRAYS
 from extract.synthetic import synthetic_image
-
-
-def loop_masked(image, boxes):
-    """The masking as it was written first: one slice per box, its corners from the host."""
-    out = image.clone()
-    _, h, w = out.shape
-    for x1, y1, x2, y2 in boxes.tolist():
-        c1, c2 = max(int(x1), 0), min(int(x2), w - 1)
-        r1, r2 = max(int(y1), 0), min(int(y2), h - 1)
-        if c1 <= c2 and r1 <= r2:
-            out[:, r1 : r2 + 1, c1 : c2 + 1] = 0
-    return out
-
+from tests.helpers.detection import loop_masked
 
 EDGE_BOXES = [
     [2.7, 1.2, 5.9, 3.99],  # fractions truncate

@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from extract import Detector
 from extract.modeling.conv import conv2d
 from extract.modeling.resnet import ConvNorm
+from tests.helpers.detection import random_norm_state, trunk_input
 from train.end2end import FROZEN_PREFIXES, EndToEndVisual
 
 
@@ -22,28 +23,12 @@ def unfolded_forward(self: ConvNorm, x: torch.Tensor) -> torch.Tensor:
     return conv2d(self, x).mul_(scale.view(1, -1, 1, 1)).add_(bias.view(1, -1, 1, 1))
 
 
-def random_norm_state(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
-    """Every frozen norm's buffers drawn anew, as a checkpoint would bring them."""
-    g = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, tensor in module.state_dict().items():
-        if name.endswith(("norm.weight", "norm.bias", "norm.running_mean")):
-            state[name] = torch.randn(tensor.shape, generator=g) * 0.5 + (1.0 if name.endswith("weight") else 0.0)
-        elif name.endswith("norm.running_var"):
-            state[name] = torch.rand(tensor.shape, generator=g) + 0.5
-    return state
-
-
 @pytest.fixture
 def detector():
     torch.manual_seed(0)
     detector = Detector.build("tiny")
     detector.load_state_dict(random_norm_state(detector, seed=1), strict=False)
     return detector
-
-
-def trunk_input(seed: int = 0) -> torch.Tensor:
-    return torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(seed))
 
 
 def unfolded(module: torch.nn.Module, x: torch.Tensor, monkeypatch) -> torch.Tensor:

@@ -19,7 +19,8 @@ from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS, Phrase
 from train.data.annotations import read_annotations
 from train.data.files import shown
 from train.data.regions import RegionBank
-from training_world import TINY_MODEL, make_world
+from pipelines.world.tiny import TINY_MODEL
+from tests.helpers.worlds import copy_world
 from vlbert.config import VLBertConfig
 from vlbert.modeling import VLBertForPreTraining
 from vlbert.tokenization import load_tokenizer
@@ -106,8 +107,8 @@ def test_the_accuracy_table_and_baselines_on_a_hand_built_attention_tensor():
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = make_world(tmp_path_factory.mktemp("grounding"), images=12)
+def world(tiny_world, tmp_path_factory):
+    root = copy_world(tiny_world, tmp_path_factory.mktemp("grounding"))
     tokenizer = load_tokenizer(root / "vocab")
     features = RegionBank(root / "cache").feature_dim
     config = VLBertConfig(**TINY_MODEL, vocab_size=len(tokenizer), visual_feature_size=features)

@@ -5,11 +5,11 @@ float32 with TF32 off throughout; skipped where torch sees no CUDA device (tests
 import pytest
 import torch
 import torch.nn.functional as F
-from test_end2end import assert_batched_matches_per_image, assert_close_to_scale
-from test_end2end import make_batch as end2end_batch
-from test_frozen_norm import random_norm_state, trunk_input
-from test_vlbert_model import make_batch as vlbert_batch
-from test_vlbert_model import tiny
+from tests.helpers.detection import random_norm_state, trunk_input
+from tests.helpers.end2end import assert_batched_matches_per_image, assert_close_to_scale
+from tests.helpers.end2end import make_batch as end2end_batch
+from tests.helpers.models import make_batch as vlbert_batch
+from tests.helpers.models import tiny
 
 from extract import Detector
 from extract.modeling.precision import precision

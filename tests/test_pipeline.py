@@ -8,8 +8,8 @@ import torch
 import yaml
 
 from pipelines.runner import PipelineError, StepFailed, load_pipeline, parse_setting, run_pipeline
+from pipelines.world.tiny import TINY_MODEL
 from train.engine.run_folder import RunFolder
-from training_world import TINY_MODEL
 
 COMMON = {"store": "${cache}", "train_annotations": "${world}/train.jsonl", "eval_annotations": "${world}/val.jsonl",
           "vocabulary": "${vocabulary}", "corpus": "${world}/corpus.txt", "images": "${world}", "max_length": 40,
@@ -95,14 +95,14 @@ def test_bad_pipelines_are_named(tmp_path, steps, message):
         run_pipeline(path)
 
 
-def test_train_command_runs_a_yaml_config_and_names_bad_ones(tmp_path):
+def test_train_command_runs_a_yaml_config_and_names_bad_ones(tmp_path, tiny_world_copy):
     from click.testing import CliRunner
 
     from pipelines.cli import main
+    from tests.helpers.worlds import run_config
     from train.engine.config import StageConfig
-    from training_world import make_world, run_config
 
-    root = make_world(tmp_path, images=12)
+    root = tiny_world_copy
     run = run_config(root, "cli-run", [StageConfig("refexp", "refexp", steps=2, batch_size=2)])
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(run.to_dict()))

@@ -16,7 +16,7 @@ from pipelines.cli import main
 from pipelines.runner import load_pipeline
 from train.engine.run_folder import RunFolder
 from train.data.vocabulary import write_vocabulary
-from training_world import TINY_MODEL
+from pipelines.world.tiny import TINY_MODEL
 from vlbert import VLBertConfig
 from vlbert.modeling import VLBertForPreTraining
 

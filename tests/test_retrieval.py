@@ -23,7 +23,8 @@ from train.engine.config import StageConfig
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from train.tasks import chance_recalls, model_inputs, recalls, retrieval_ranks
-from training_world import TINY_MODEL, make_world, run_config
+from pipelines.world.tiny import TINY_MODEL
+from tests.helpers.worlds import copy_world, run_config
 from vlbert import VLBertConfig
 from vlbert.losses import group_softmax_loss, hardest_negative_triplet_loss
 from vlbert.modeling import VLBertForImageTextMatching
@@ -74,8 +75,8 @@ def test_chance_recall_is_that_of_a_random_ranking() -> None:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("retrieval"), images=16)
+def world(tiny_world, tmp_path_factory):
+    return copy_world(tiny_world, tmp_path_factory.mktemp("retrieval"))
 
 
 @pytest.fixture(scope="module")

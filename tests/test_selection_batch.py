@@ -6,8 +6,8 @@ import torch
 
 import extract.selection as selection
 from extract import select_boxes
-from extract.selection import select_boxes_batch
-from test_detector_batching import per_class_nms_selection, random_detections
+from extract.selection import per_class_nms_selection, select_boxes_batch
+from tests.helpers.detection import random_detections
 
 THRESHOLDS = ((0.2, 0.3, 10, 100), (0.05, 0.5, 2, 20), (0.0, 0.3, 3, 5))
 

@@ -17,8 +17,7 @@ from extract.store.audit import verify_store
 from extract.store.interop import export_store
 from extract.store.lmdb_file import P_BRANCH, P_LEAF
 from pipelines.cli import main
-from store_damage import SHARD_FILE
-from test_store_reader import meta, synthetic_record
+from tests.helpers.stores import data_file, flip_bit_in, meta, synthetic_record
 
 TESTS = Path(__file__).parent
 PAGE = 4096
@@ -33,22 +32,6 @@ def write_store(root: Path, count: int = 24) -> dict[str, dict]:
         for start in range(0, count, 8):
             writer.commit({k: records[k] for k in list(records)[start : start + 8]})
     return records
-
-
-def data_file(root: Path) -> Path:
-    return root / SHARD_FILE
-
-
-def flip_bit_in(path: Path, needle: bytes, bit: int = 3) -> None:
-    """Flips one bit in the middle of every occurrence of `needle` in the file (pages LMDB copied
-    on write keep stale copies; damaging only those would change nothing)."""
-    data = bytearray(path.read_bytes())
-    offset = data.find(needle)
-    assert offset >= 0
-    while offset >= 0:
-        data[offset + len(needle) // 2] ^= 1 << bit
-        offset = data.find(needle, offset + 1)
-    path.write_bytes(bytes(data))
 
 
 def cli(*args: str):
@@ -177,7 +160,7 @@ def run_damage(tmp_path: Path, seed: int, tree: int, overflow: int) -> list[dict
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     work = tmp_path / "work"
     work.mkdir()
-    job = subprocess.run([sys.executable, str(TESTS / "store_damage.py"), str(clean), str(work),
+    job = subprocess.run([sys.executable, "-m", "tests.helpers.store_damage", str(clean), str(work),
                           str(tmp_path / "plan.json")], capture_output=True, text=True, timeout=900,
                          cwd=TESTS.parent)
     outcomes = [json.loads(line) for line in job.stdout.splitlines()]

@@ -16,11 +16,9 @@ from extract.store.interop import MEAN_IMAGE_FEATURE, export_store, import_store
 from extract.synthetic import write_synthetic_images
 from pipelines.cli import main
 from pipelines.commands.cache import cache_group
-from test_extract_job import assert_same_records
+from tests.helpers.stores import QUIET_LOSSES, assert_same_records
 
 # What a format drops is warned about; tested once, in the last test.
-QUIET_LOSSES = pytest.mark.filterwarnings("ignore:.*(imported without|not exported)")
-
 # What each format carries besides boxes, features and the image size.
 CARRIED = {
     "npz": None,  # everything

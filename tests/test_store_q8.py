@@ -21,8 +21,7 @@ from extract.store.records import CHECKSUM, record_checksum
 from extract.store.schema import FEATURE_ENCODINGS, Encoded, as_stored
 from extract.synthetic import write_synthetic_images
 from pipelines.cli import main
-from test_store_integrity import flip_bit_in
-from test_store_interop import QUIET_LOSSES
+from tests.helpers.stores import QUIET_LOSSES, flip_bit_in
 
 MASKED = dict(mask_variants=2, mask_prob=0.3, mask_seed=7)
 

@@ -10,37 +10,11 @@ import pytest
 import torch
 
 import extract.store.writer
-from extract.store import FeatureStore, FeatureStoreWriter, StoreError, build_meta, decode_record, encode_record
+from extract.store import FeatureStore, FeatureStoreWriter, StoreError, decode_record, encode_record
 from extract.store.audit import verify_store
 from extract.store.records import widened
 from extract.store.layout import writer_active
-
-DIM = 32
-
-
-def synthetic_record(image_id: str, num_boxes: int = 5, variants: int = 0) -> dict:
-    """A record whose numbers follow from its id, so any process can check what it reads."""
-    rng = np.random.default_rng(sum(image_id.encode()))
-    features = rng.random((num_boxes, DIM)).astype(np.float16)
-    record = {
-        "boxes": (rng.random((num_boxes, 4)) * 50).astype(np.float32).cumsum(axis=1),
-        "features": features,
-        "image_feature": rng.random(DIM).astype(np.float16),
-        "objects_id": rng.integers(0, 6, num_boxes), "objects_conf": rng.random(num_boxes).astype(np.float32),
-        "class_probs": rng.random((num_boxes, 7)).astype(np.float16),
-        "image_h": 80, "image_w": 120, "box_source": "proposals",
-    }
-    if variants:
-        masks = rng.random((variants, num_boxes)) < 0.5
-        masks[:, 0] = True
-        masked = np.repeat(features[None], variants, axis=0)
-        masked[:, 1::2] = rng.random((variants, len(masked[0, 1::2]), DIM))  # rows 0, 2, ... unchanged
-        record.update(mask_boxes=masks, masked_features=masked, masked_image_feature=rng.random((variants, DIM)).astype(np.float16))
-    return record
-
-
-def meta(variants: int = 0) -> dict:
-    return build_meta(feature_dim=DIM, mode="imported", num_classes=7, has_attributes=False, mask_variants=variants)
+from tests.helpers.stores import DIM, meta, synthetic_record
 
 
 def test_record_round_trip_is_exact_and_unchanged_variant_rows_are_not_stored_twice():
@@ -106,7 +80,7 @@ def test_verify_lists_what_is_wrong(tmp_path, monkeypatch):
 
 WRITER = textwrap.dedent("""
     import sys
-    from test_store_reader import meta, synthetic_record
+    from tests.helpers.stores import meta, synthetic_record
     from extract.store import FeatureStoreWriter
     with FeatureStoreWriter(sys.argv[1], meta(), initial_map_size=128 * 1024) as writer:
         for start in range(40, 120, 10):
@@ -133,8 +107,8 @@ def test_dataloader_workers_read_while_a_writer_commits_and_grows_the_map(tmp_pa
     keys = store.keys()
     expected = {i: float(r["features"].astype(np.float64).sum() + r["boxes"].sum())
                 for i, r in ((i, synthetic_record(k, 30)) for i, k in enumerate(keys))}
-    tests_dir = str(__import__("pathlib").Path(__file__).parent)
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], cwd=tests_dir)
+    root = str(__import__("pathlib").Path(__file__).parents[1])  # where `tests` imports from
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], cwd=root)
     loader = torch.utils.data.DataLoader(Checksums(store, keys * 5), batch_size=8, num_workers=2, shuffle=True,
                                          persistent_workers=True)
     epochs = 0

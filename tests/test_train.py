@@ -16,13 +16,13 @@ from train.end2end import EndToEndVisual
 from train.engine.config import StageConfig
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
-from training_world import make_world, run_config
+from tests.helpers.worlds import copy_world, run_config
 from vlbert.tokenization import load_tokenizer
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("training"))
+def world(tiny_world, tmp_path_factory):
+    return copy_world(tiny_world, tmp_path_factory.mktemp("training"))
 
 
 @pytest.fixture(scope="module")
@@ -187,12 +187,14 @@ def test_two_processes_train_like_one_with_the_whole_batch(world):
     from safetensors.torch import load_file
 
     tests = Path(__file__).parent
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests), str(tests.parent)]))
-    script = str(tests / "distributed_run.py")
-    subprocess.run([sys.executable, script, str(world), "single", "4", "1"], check=True, env=env, timeout=600)
+    env = dict(os.environ, PYTHONPATH=str(tests.parent))
+    script = "tests.helpers.distributed_run"
+    subprocess.run([sys.executable, "-m", script, str(world), "single", "4", "1"], check=True, env=env, timeout=600)
     for out, batch_size, accumulation in (("ddp", "2", "1"), ("ddp-accumulated", "1", "2")):
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                        "29517", script, str(world), out, batch_size, accumulation], check=True, env=env, timeout=600)
+                        "29517", "--module", script, str(world), out, batch_size, accumulation],
+                       check=True, env=env, timeout=600)
+
     def stage(out):
         return RunFolder(world / out).stage(0, "vqa")
 

@@ -11,18 +11,17 @@ from safetensors.torch import load_file
 from train.engine.config import StageConfig
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
-from training_world import interrupt_optimiser_step, make_world, run_config
+from tests.helpers.models import NO_DROPOUT
+from tests.helpers.worlds import copy_world, interrupt_optimiser_step, run_config
 
 pytestmark = pytest.mark.cuda
 
 VQA = StageConfig("vqa", "vqa", steps=4, batch_size=4, base_lr=5e-4)
-NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, visual_dropout_prob=0.0,
-                  classifier_dropout=0.0)
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("cuda-runs"), images=12)
+def world(tiny_world, tmp_path_factory):
+    return copy_world(tiny_world, tmp_path_factory.mktemp("cuda-runs"))
 
 
 def losses(out) -> list[float]:

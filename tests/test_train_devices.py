@@ -28,7 +28,7 @@ from train.engine.evaluate import evaluate, shard
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer, graph_parameters
 from train.tasks import TASKS, TaskData, model_inputs
-from training_world import interrupt_optimiser_step, make_world, run_config
+from tests.helpers.worlds import copy_world, interrupt_optimiser_step, run_config
 from vlbert import VLBertConfig
 from vlbert.modeling import VLBertForQuestionAnswering
 from vlbert.tokenization import load_tokenizer
@@ -37,8 +37,8 @@ VQA = StageConfig("vqa", "vqa", steps=3, batch_size=2, base_lr=5e-4)
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("devices"), images=12)
+def world(tiny_world, tmp_path_factory):
+    return copy_world(tiny_world, tmp_path_factory.mktemp("devices"))
 
 
 def metrics(out) -> list[dict]:

@@ -8,7 +8,8 @@ import yaml
 from click.testing import CliRunner
 
 from pipelines.cli import main
-from training_world import TINY_MODEL, make_world, run_config
+from pipelines.world.tiny import TINY_MODEL
+from tests.helpers.worlds import run_config
 from train.engine.config import RunConfig, RunConfigError, StageConfig
 from train.engine.optimization import learning_rate_factor
 from train.engine.run_folder import RunFolder
@@ -16,8 +17,8 @@ from train.engine.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("inputs"), images=8)
+def world(tiny_world):
+    return tiny_world  # read only: every run here writes under its test's tmp_path
 
 
 def write_run(world, tmp_path, **changes) -> str:

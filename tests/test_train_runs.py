@@ -32,8 +32,8 @@ from train.engine.damaged import DamagedRecords
 from train.end2end import EndToEndVisual
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
-from test_store_integrity import data_file, flip_bit_in
-from training_world import interrupt_optimiser_step, make_world, run_config
+from tests.helpers.stores import data_file, flip_bit_in
+from tests.helpers.worlds import copy_world, interrupt_optimiser_step, run_config
 
 PRETRAIN = StageConfig("pretrain", "pretrain", steps=4, batch_size=2, base_lr=5e-4)
 VQA = StageConfig("vqa", "vqa", steps=3, batch_size=2, base_lr=5e-4)
@@ -41,8 +41,8 @@ TWO_STAGES = [PRETRAIN, VQA]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("runs"), images=12)
+def world(tiny_world, tmp_path_factory):
+    return copy_world(tiny_world, tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(scope="module")

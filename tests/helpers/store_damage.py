@@ -1,7 +1,7 @@
 """Damages a copy of a FeatureStore's data file in each of several ways and runs the cache commands'
 Python API on it, in a process of its own: a damaged file must give errors, never a signal.
 
-    python store_damage.py CLEAN_STORE WORK_DIR MUTATIONS.json
+    python -m tests.helpers.store_damage CLEAN_STORE WORK_DIR MUTATIONS.json
 
 MUTATIONS.json: a list of ["truncate", size, 0] or ["xor", offset, mask]. Prints one JSON line per
 mutation: {"index", "detected", "same", "messages"}; `same` (only when nothing was detected) says

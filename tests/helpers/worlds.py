@@ -1,23 +1,18 @@
-"""A small demo world extracted into a FeatureStore, shared by the training tests."""
+"""Run configs over the tiny training world (pipelines/world/tiny.py), and a copy of it to write into."""
 
+import shutil
 from pathlib import Path
 
 import torch
 
-from extract.job import run_extraction
-from pipelines.world.generate import generate_world
-from train.data.vocabulary import write_world_vocabulary
+from pipelines.world.tiny import TINY_MODEL
 from train.engine.config import RunConfig, StageConfig
 
-TINY_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                  max_position_embeddings=128, geometry_frequencies=8)
 
-
-def make_world(root: Path, images: int = 24) -> Path:
-    world = root / "world"
-    generate_world(world, num_images=images, seed=3)
-    run_extraction(world, root / "cache", "tiny", mask_variants=2, batch_size=4, progress=False)
-    write_world_vocabulary(world, root / "vocab")
+def copy_world(world: Path, root: Path) -> Path:
+    """The tiny world at `world` copied to `root`, for tests that write run folders or models into it.
+    The store's images_root still names the original world's images, which the copy only reads."""
+    shutil.copytree(world, root, dirs_exist_ok=True)
     return root
 
 

@@ -1,4 +1,5 @@
-"""Run by test_train.py under torchrun: one training run whose processes split each batch."""
+"""Run by test_train.py under torchrun (`--module tests.helpers.distributed_run`): one training run
+whose processes split each batch."""
 
 import os
 import sys
@@ -6,12 +7,10 @@ from pathlib import Path
 
 import torch
 
+from tests.helpers.models import NO_DROPOUT
+from tests.helpers.worlds import run_config
 from train.engine.config import StageConfig
 from train.engine.trainer import Trainer
-from training_world import run_config
-
-NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, visual_dropout_prob=0.0,
-                  classifier_dropout=0.0)
 
 
 def main(root: str, out: str, batch_size: int, grad_accumulation: int) -> None:
