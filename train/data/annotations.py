@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from train.data.files import DataError, parse_json_line, read_text
+from train.evaluation.vqa2 import answer_scores, normalize_answer
 
 ITEM_KINDS = ("captions", "vqa", "refs", "vcr")
 
@@ -235,8 +236,6 @@ class AnswerVocabulary:
     @classmethod
     def from_annotations(cls, annotations) -> AnswerVocabulary:
         """Every normalised answer of the annotations' questions."""
-        from train.data.sources.vqa2 import normalize_answer
-
         counts = Counter(normalize_answer(a) for ann in annotations for q in ann.questions for a in q.answers)
         return cls([a for a, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))])
 
@@ -253,8 +252,6 @@ class AnswerVocabulary:
         return len(self.answers)
 
     def scores(self, answers: list[str]) -> np.ndarray:
-        from train.data.sources.vqa2 import answer_scores
-
         scores = np.zeros(len(self.answers), np.float32)
         for answer, score in answer_scores(answers).items():
             if answer in self.index:
