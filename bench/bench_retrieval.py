@@ -26,10 +26,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from extract.modeling.precision import PRECISIONS  # noqa: E402
 from train.data.annotations import AnnotationFile  # noqa: E402
-from train.data.datasets import RetrievalCandidates  # noqa: E402
 from train.data.regions import RegionBank  # noqa: E402
 from train.engine.evaluate import evaluate  # noqa: E402
-from train.tasks import RetrievalRecall  # noqa: E402
+from train.tasks.retrieval import RetrievalCandidates, RetrievalRecall  # noqa: E402
 from training_world import TINY_MODEL, make_world  # noqa: E402
 from vlbert import VLBertConfig  # noqa: E402
 from vlbert.modeling import VLBertForImageTextMatching  # noqa: E402

@@ -7,7 +7,8 @@ import torch
 
 from train.data.annotations import AnnotationFile
 from train.data.files import DataError
-from train.tasks import TASKS, model_inputs
+from train.data.collate import model_inputs
+from train.tasks import TASKS
 from vlbert import VLBertConfig
 from vlbert.modeling import VLBertForQuestionAnswering
 
@@ -60,7 +61,7 @@ def test_a_model_is_given_only_the_batch_entries_its_forward_takes():
     batch = {"input_ids": torch.zeros(1, 3), "answer_positions": torch.zeros(1), "labels": torch.zeros(1, 3),
              "mlm_labels": torch.zeros(1, 3), "iou": torch.zeros(1, 2), "boxes": torch.zeros(1, 2, 4)}
     assert set(model_inputs(model, batch)) == {"input_ids", "answer_positions", "labels", "boxes"}
-    assert set(model_inputs(model, batch, targets=False)) == {"input_ids", "answer_positions", "boxes"}
+    assert set(model_inputs(model, batch, training=False)) == {"input_ids", "answer_positions", "boxes"}
 
 
 def test_every_task_names_a_model_dataset_and_evaluation():

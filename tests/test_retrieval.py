@@ -14,14 +14,15 @@ import torch.nn.functional as F
 from pipelines.runner import load_pipeline
 from train.data.annotations import AnnotationFile
 from train.data.collate import collate
-from train.data.datasets import RetrievalCandidates, RetrievalPairs, caption_similarity
 from train.data.files import DataError
 from train.data.prepare import prepare_dataset
 from train.data.regions import RegionBank
 from train.data.sources import SOURCES
 from train.engine.config import StageConfig
 from train.engine.trainer import Trainer
-from train.tasks import chance_recalls, model_inputs, recalls, retrieval_ranks
+from train.data.collate import model_inputs
+from train.evaluation.retrieval import chance_recalls, recalls, retrieval_ranks
+from train.tasks.retrieval import RetrievalCandidates, RetrievalPairs, caption_similarity
 from training_world import TINY_MODEL, make_world, run_config
 from vlbert import VLBertConfig
 from vlbert.losses import group_softmax_loss, hardest_negative_triplet_loss
