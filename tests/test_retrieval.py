@@ -177,7 +177,7 @@ def caption_ids(tokenizer, sample) -> list[int]:
 def _image(captions: list[str]):
     from train.data.annotations import ImageAnnotation
 
-    return ImageAnnotation("x", "x.png", captions)
+    return ImageAnnotation("x", "x.png", {"captions": captions})
 
 
 def test_candidates_pair_every_image_with_every_caption_reading_each_image_once(parts, monkeypatch) -> None:
