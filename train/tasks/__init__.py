@@ -77,7 +77,7 @@ class Task:
     about: str
     prediction_suffix: str | None = None  # the predictions file's, where the task writes one
     options: type = NoOptions  # the dataclass that a stage's `options:` mapping is checked against
-    # (data, options) → the HEAD_DEFAULTS fields this task sets
+    # (data, options) → the VLBertConfig fields this task's heads need (HEAD_DEFAULTS' or others)
     model_config: Callable[[TaskData, Any], dict[str, Any]] = lambda data, options: {}
     # (the store's regions, options) → why the store cannot feed the task, or None
     store_problem: Callable[[RegionBank, Any], str | None] = lambda regions, options: None
@@ -87,7 +87,7 @@ class Task:
     loss: Callable[[torch.nn.Module, dict[str, torch.Tensor], Any], dict[str, torch.Tensor]] = model_loss
 
     def model_overrides(self, data: TaskData, options: Any) -> dict[str, Any]:
-        """Every HEAD_DEFAULTS field, as this task's stage sets it."""
+        """Every HEAD_DEFAULTS field and the task's own model config fields, as this task's stage sets them."""
         return {**HEAD_DEFAULTS, **self.model_config(data, options)}
 
 
