@@ -27,10 +27,9 @@ sys.path.insert(0, str(ROOT))
 from extract.modeling.precision import PRECISIONS  # noqa: E402
 from pipelines.world.tiny import TINY_MODEL, build_tiny_world  # noqa: E402
 from train.data.annotations import AnnotationFile  # noqa: E402
-from train.data.datasets import RetrievalCandidates  # noqa: E402
 from train.data.regions import RegionBank  # noqa: E402
 from train.engine.evaluate import evaluate  # noqa: E402
-from train.tasks import RetrievalRecall  # noqa: E402
+from train.tasks.retrieval import RetrievalCandidates, RetrievalRecall  # noqa: E402
 from vlbert import VLBertConfig  # noqa: E402
 from vlbert.modeling import VLBertForImageTextMatching  # noqa: E402
 from vlbert.tokenization import load_tokenizer  # noqa: E402

@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from train.data.annotations import AnnotationFile
+from train.data.annotations import ITEM_KINDS, AnnotationFile, register_item_kind
 from train.data.files import DataError
-from train.tasks import TASKS, model_inputs
+from train.data.collate import model_inputs
+from train.tasks import TASKS
 from vlbert import VLBertConfig
 from vlbert.modeling import VLBertForQuestionAnswering
 
@@ -39,6 +40,18 @@ def test_items_are_indexed_by_line_and_position_and_read_lazily(tmp_path):
     assert annotations[0].questions[0].question_id == 7
 
 
+def test_a_kind_registered_outside_the_schema_module_is_indexed_and_parsed(tmp_path, monkeypatch):
+    monkeypatch.setattr("train.data.annotations.ITEM_KINDS", dict(ITEM_KINDS))
+    register_item_kind("pairs", lambda value, record: (value["a"], len(record.get("captions", []))))
+    records = [{"file": "a/1.jpg", "captions": ["one"], "pairs": [{"a": 1}, {"a": 2}]}, {"file": "a/2.jpg"}]
+    annotations = AnnotationFile(write(tmp_path / "train.jsonl", records))
+    assert annotations.items("pairs").tolist() == [[0, 0], [0, 1]]
+    assert annotations.item(annotations.items("pairs")[1], "pairs")[1] == (2, 1)
+    assert annotations.items("captions").tolist() == [[0, 0]]
+    with pytest.raises(ValueError, match="annotation key 'captions' is taken"):
+        register_item_kind("captions", lambda value, record: value)
+
+
 @pytest.mark.parametrize("line, problem", [
     ('{"file": "x.jpg", "captions": [', "invalid JSON at column"),
     ('{"captions": []}', "not an annotation record (missing key 'file')"),
@@ -60,7 +73,7 @@ def test_a_model_is_given_only_the_batch_entries_its_forward_takes():
     batch = {"input_ids": torch.zeros(1, 3), "answer_positions": torch.zeros(1), "labels": torch.zeros(1, 3),
              "mlm_labels": torch.zeros(1, 3), "iou": torch.zeros(1, 2), "boxes": torch.zeros(1, 2, 4)}
     assert set(model_inputs(model, batch)) == {"input_ids", "answer_positions", "labels", "boxes"}
-    assert set(model_inputs(model, batch, targets=False)) == {"input_ids", "answer_positions", "boxes"}
+    assert set(model_inputs(model, batch, training=False)) == {"input_ids", "answer_positions", "boxes"}
 
 
 def test_every_task_names_a_model_dataset_and_evaluation():

@@ -17,6 +17,7 @@ def documented_fields() -> dict[str, list[str]]:
     text = DOCS.joinpath("training.md").read_text()
     section = text.split("## Run config fields", 1)[1].split("\n## ", 1)[0]
     run, stage = section.split("### Stage", 1)
+    stage = stage.split("### Task options", 1)[0]
     return {name: re.findall(r"^\| `(\w+)` \|", part, re.M) for name, part in (("run", run), ("stage", stage))}
 
 

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from pipelines.runner import load_pipeline
 from train.data.annotations import AnnotationFile
 from train.data.collate import collate
-from train.data.datasets import RetrievalCandidates, RetrievalPairs, caption_similarity
 from train.data.files import DataError
 from train.data.prepare import prepare_dataset
 from train.data.regions import RegionBank
@@ -22,7 +21,9 @@ from train.data.sources import SOURCES
 from train.engine.config import StageConfig
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
-from train.tasks import chance_recalls, model_inputs, recalls, retrieval_ranks
+from train.data.collate import model_inputs
+from train.evaluation.retrieval import chance_recalls, recalls, retrieval_ranks
+from train.tasks.retrieval import RetrievalCandidates, RetrievalPairs, caption_similarity
 from pipelines.world.tiny import TINY_MODEL
 from tests.helpers.worlds import copy_world, run_config
 from vlbert import VLBertConfig
@@ -178,7 +179,7 @@ def caption_ids(tokenizer, sample) -> list[int]:
 def _image(captions: list[str]):
     from train.data.annotations import ImageAnnotation
 
-    return ImageAnnotation("x", "x.png", captions)
+    return ImageAnnotation("x", "x.png", {"captions": captions})
 
 
 def test_candidates_pair_every_image_with_every_caption_reading_each_image_once(parts, monkeypatch) -> None:

@@ -9,7 +9,9 @@ from torchvision.ops import box_iou
 
 from train.data.annotations import AnnotationFile, AnswerVocabulary
 from train.data.collate import collate, to_device
-from train.data.datasets import CaptionPretraining, QuestionAnswering, ReferringExpressions, TextOnlyCorpus
+from train.tasks.pretrain import CaptionPretraining, TextOnlyCorpus
+from train.tasks.refexp import ReferringExpressions
+from train.tasks.vqa import QuestionAnswering
 from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
 from train.end2end import EndToEndVisual
@@ -213,7 +215,7 @@ def test_two_processes_train_like_one_with_the_whole_batch(world):
 
 def test_multiple_choice_samples_and_a_stage(parts, world):
     from train.data.annotations import answers_by_type
-    from train.data.datasets import MultipleChoice
+    from train.tasks.choice import MultipleChoice
 
     tokenizer, annotations, bank = parts
     dataset = MultipleChoice(annotations, bank, tokenizer, 48, answers_by_type(annotations), num_choices=3)
@@ -223,7 +225,7 @@ def test_multiple_choice_samples_and_a_stage(parts, world):
     batch = collate([dataset[0], dataset[1]], tokenizer.pad_token_id)
     assert batch["input_ids"].shape[:2] == (2, 3) and batch["appearance"].shape[0] == 2
     assert batch["labels"].tolist() == [label, dataset.candidates(1)[1]]
-    run = run_config(world, "choice", [StageConfig("choice", "choice", steps=2, batch_size=2, num_choices=3)])
+    run = run_config(world, "choice", [StageConfig("choice", "choice", steps=2, batch_size=2, options={"num_choices": 3})])
     result = Trainer(run).fit()[0]
     assert result["metric"] == "choice_accuracy" and 0 <= result["value"] <= 1 and result["chance"] >= 1 / 3
 

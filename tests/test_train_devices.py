@@ -17,7 +17,7 @@ from train.data.annotations import AnnotationFile
 from extract.store.reader import FeatureStore
 from extract.store.schema import DamagedRecordError
 from train.data.collate import collate, to_device
-from train.data.datasets import TextOnlyCorpus
+from train.tasks.pretrain import TextOnlyCorpus
 from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
 from train.engine.batches import EpochBatches, stage_batches
@@ -27,7 +27,8 @@ from train.engine.distributed import World
 from train.engine.evaluate import evaluate, shard
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer, graph_parameters
-from train.tasks import TASKS, TaskData, model_inputs
+from train.data.collate import model_inputs
+from train.tasks import TASKS, TaskData
 from tests.helpers.worlds import copy_world, interrupt_optimiser_step, run_config
 from vlbert import VLBertConfig
 from vlbert.modeling import VLBertForQuestionAnswering
@@ -197,6 +198,23 @@ def test_a_run_folder_from_before_precision_counts_as_the_arithmetic_it_ran_in(w
         'stages[0].precision: the run folder has "bf16", this config has "fp32"']
 
 
+
+def test_a_run_folder_from_before_stage_options_compares_its_flat_settings_as_options(world):
+    """Before `options:`, every stage recorded every task's settings flat; a stage's own are its
+    options now, the other tasks' are dropped."""
+    pretrain = StageConfig("pretrain", "pretrain", steps=1, options={"masked_roi": False})
+    choice = StageConfig("choice", "choice", steps=1, options={"num_choices": 3})
+    run = run_config(world, "flat", [pretrain, choice, VQA])
+    flat = {"masked_lm": True, "masked_roi": True, "roi_masking": "pixel", "relationship": False, "text_only": True,
+            "num_choices": 4}
+    older = run.to_dict()
+    for stage in older["stages"]:
+        stage.update({**flat, **stage.pop("options")})
+    assert older["stages"][0]["masked_roi"] is False and older["stages"][1]["num_choices"] == 3
+    assert run_differences(older, run) == []
+    assert run_differences(older, replace(run, stages=[replace(pretrain, options={}), choice, VQA])) == [
+        "stages[0].options.masked_roi: the run folder has false, this config has true"]
+
 # ---- batches: collated in workers, the same as in one process ----------------------------------
 
 
@@ -205,7 +223,7 @@ def _training_streams(world):
     bank = RegionBank(str(world / "cache"))
     data = TaskData(bank, tokenizer, 48, AnnotationFile(world / "world" / "train.jsonl", keep=bank.__contains__))
     pretrain = StageConfig("pretrain", "pretrain", steps=1, batch_size=3)
-    dataset = TASKS["pretrain"].dataset(data, pretrain, data.train, 7, True)
+    dataset = TASKS["pretrain"].dataset(data, pretrain.options, data.train, 7, True)
     text = TextOnlyCorpus(TextCorpus(str(world / "world" / "corpus.txt")), tokenizer, 48, 8)
     return [(dataset, EpochBatches(len(dataset), 3, 7, World())), (text, EpochBatches(len(text), 3, 8, World()))], \
         tokenizer
@@ -272,11 +290,11 @@ def test_evaluation_in_rank_slices_merges_into_the_single_process_result(world, 
     bank = RegionBank(str(world / "cache"))
     keep = bank.__contains__
     data = TaskData(bank, tokenizer, 48, AnnotationFile(world / "world" / "train.jsonl", keep=keep))
-    stage = StageConfig(task, task, steps=1, num_choices=3)
-    dataset = TASKS[task].dataset(data, stage, AnnotationFile(world / "world" / "val.jsonl", keep=keep), 0, False)
+    stage = StageConfig(task, task, steps=1, options={"num_choices": 3} if task == "choice" else {})
+    dataset = TASKS[task].dataset(data, stage.options, AnnotationFile(world / "world" / "val.jsonl", keep=keep), 0, False)
     config = VLBertConfig(**run_config(world, "x", [stage]).model, vocab_size=len(tokenizer),
                           visual_feature_size=bank.feature_dim, num_detector_classes=bank.num_classes,
-                          num_answers=len(data.answers) if TASKS[task].uses_answers() else 1,
+                          **TASKS[task].model_overrides(data, stage.options),
                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
     model = TASKS[task].model(config).eval()
@@ -315,7 +333,7 @@ def test_the_graph_names_exactly_the_parameters_a_loss_reaches(world):
     tokenizer = load_tokenizer(world / "vocab")
     bank = RegionBank(str(world / "cache"))
     data = TaskData(bank, tokenizer, 48, AnnotationFile(world / "world" / "train.jsonl", keep=bank.__contains__))
-    dataset = TASKS["vqa"].dataset(data, VQA, data.train, 0, True)
+    dataset = TASKS["vqa"].dataset(data, VQA.options, data.train, 0, True)
     config = VLBertConfig(**run_config(world, "x", [VQA]).model, vocab_size=len(tokenizer),
                           visual_feature_size=bank.feature_dim, num_answers=len(data.answers))
     model = VLBertForQuestionAnswering(config)

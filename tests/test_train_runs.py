@@ -364,7 +364,7 @@ def imported_like_store(world, tmp_path_factory):
 @pytest.mark.parametrize("stage, problem", [
     (StageConfig("e2e", "vqa", steps=1, batch_size=2, visual="end2end"),
      "stage 'e2e': the FeatureStore records no detector config"),
-    (StageConfig("pretrain", "pretrain", steps=1, batch_size=2, roi_masking="feature"),
+    (StageConfig("pretrain", "pretrain", steps=1, batch_size=2, options={"roi_masking": "feature"}),
      "stage 'pretrain': {store} stores no class distributions"),
 ])
 def test_a_stage_the_store_cannot_feed_is_named_before_anything_trains(world, imported_like_store, stage, problem):
@@ -399,8 +399,16 @@ def run_values(world, **changes) -> dict:
     ({"corpus": 3}, "corpus: expected a string, found 3"),
     ({"stages": {"name": "vqa"}}, "stages: expected a list, found a mapping"),
     ({"stages": ["vqa"]}, "stages[0]: expected a mapping of stage settings, found 'vqa'"),
-    ({"stages": [{"name": "a", "task": "vqa", "steps": 1, "masked_lm": "no"}]},
-     "stages[0].masked_lm: expected true or false, found 'no'"),
+    ({"stages": [{"name": "a", "task": "pretrain", "steps": 1, "options": {"masked_lm": "no"}}]},
+     "stage 'a': options.masked_lm: expected true or false, found 'no'"),
+    ({"stages": [{"name": "a", "task": "pretrain", "steps": 1, "options": {"masked_rio": False}}]},
+     "stage 'a': options: unknown field 'masked_rio' (did you mean 'masked_roi'?)"),
+    ({"stages": [{"name": "a", "task": "vqa", "steps": 1, "options": {"num_choices": 3}}]},
+     "stage 'a': options: unknown field 'num_choices'"),
+    ({"stages": [{"name": "a", "task": "pretrain", "steps": 1, "options": {"roi_masking": "pixels"}}]},
+     "stage 'a': roi_masking 'pixels' is not one of ('pixel', 'feature')"),
+    ({"stages": [{"name": "a", "task": "pretrain", "steps": 1, "options": "fast"}]},
+     "stage 'a': options: expected a mapping of pre-training options, found 'fast'"),
     ({"stages": [{"name": "a", "task": "dance", "steps": 1}]}, "stage 'a': task 'dance' is not one of"),
     ({"stages": [{"name": "a", "task": "vqa", "steps": 1}, {"name": "a", "task": "vqa", "steps": 1}]},
      "stages: every stage needs its own name; repeated: a"),

@@ -11,8 +11,9 @@ from PIL import Image
 
 from train.data.files import DataError
 from train.data.prepare import prepare_dataset
-from train.data.sources.vqa2 import SOURCE, answer_scores, normalize_answer
-from train.evaluation.vqa2 import VqaTruth, evaluate_vqa2, question_accuracy, score_vqa, write_vqa_predictions
+from train.data.sources.vqa2 import SOURCE
+from train.evaluation.vqa2 import (VqaTruth, answer_scores, evaluate_vqa2, normalize_answer, question_accuracy, score_vqa,
+                                   write_vqa_predictions)
 
 
 def question(question_id: int, image_id: int) -> dict[str, Any]:

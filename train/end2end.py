@@ -23,7 +23,6 @@ from extract.preprocess import PreparedImage, mask_pixels
 from train.data.datasets import DamagedSample, Sample, SampleGroup
 
 FROZEN_PREFIXES = ("backbone.stem.", "backbone.res2.", "proposal_generator.", "roi_heads.box_predictor.")
-PIXELS = ("image_files", "images")  # the batch entries (lists, not tensors) that the forward pass reads besides tensors
 
 
 class EndToEndVisual(nn.Module):
@@ -114,6 +113,14 @@ class EndToEndVisual(nn.Module):
             images.append(image)
             boxes.append(input_boxes)
         return rows, images, boxes
+
+
+def with_appearance(visual: EndToEndVisual | None, inputs: dict, pixels: dict[str, list]) -> dict:
+    """`inputs` with the appearance features that the end-to-end `visual` side recomputes from the
+    batch's `pixels` entries (train.data.collate.pixel_entries); as they are for cached features."""
+    if visual is None or "appearance" not in inputs:
+        return inputs
+    return {**inputs, "appearance": visual({**inputs, **pixels})}
 
 
 class WithImages(Dataset):

@@ -280,8 +280,17 @@ class Pooler(nn.Module):
         return torch.tanh(self.dense(hidden_states[:, 0]))
 
 
+# Every VL-BERT model class by name, as config.json records it: `load_pretrained` finds a saved
+# model's class here. A class registers itself by subclassing VLBertPreTrainedModel.
+TASK_MODELS: dict[str, type[VLBertPreTrainedModel]] = {}
+
+
 class VLBertPreTrainedModel(nn.Module):
     """Weight initialisation and `save_pretrained` / `from_pretrained` for every VL-BERT model."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        TASK_MODELS[cls.__name__] = cls
 
     def __init__(self, config: VLBertConfig):
         super().__init__()
@@ -770,19 +779,6 @@ class VLBertForImageTextMatching(VLBertPreTrainedModel):
         elif labels is not None:
             loss = losses.binary_loss(logits, labels)
         return TaskOutput(encoded, logits, loss)
-
-
-TASK_MODELS = {
-    model.__name__: model
-    for model in (
-        VLBertModel,
-        VLBertForPreTraining,
-        VLBertForQuestionAnswering,
-        VLBertForMultipleChoice,
-        VLBertForReferringExpressions,
-        VLBertForImageTextMatching,
-    )
-}
 
 
 def load_pretrained(directory: str | Path) -> VLBertPreTrainedModel:

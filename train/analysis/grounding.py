@@ -30,13 +30,12 @@ from extract.device import check_device
 from extract.store.schema import StoreError, StoreMismatchError
 from train.analysis.figures import draw_example, draw_heat_map
 from train.analysis.phrases import PHRASE_READERS, Phrase
-from train.data.collate import collate, to_device
+from train.data.collate import collate, model_inputs, to_device
 from train.data.datasets import Sample
 from train.data.files import DataError, read_json
 from train.data.regions import RegionBank
 from train.engine.config import model_settings
 from train.evaluation.statistics import LEVEL, Interval, bootstrap_interval, paired_comparison
-from train.tasks import model_inputs
 from vlbert.modeling import CONFIG_NAME, WEIGHTS_NAME, VLBertModel
 from vlbert.tokenization import build_caption_sequence, check_vocabulary_size, load_tokenizer
 
@@ -237,7 +236,7 @@ def batch_attention(model: VLBertModel, batch: dict[str, Any], inside: tuple[np.
     """(B, layers, heads, N) on the CPU: the model's attention from each sample's phrase pieces
     (`inside`, one mask per sample) to its regions, as the model sees them at evaluation."""
     inputs = to_device(batch, device)
-    given = {k: v for k, v in model_inputs(model, inputs, targets=False).items() if k != "masked_regions"}
+    given = model_inputs(model, inputs, training=False)
     output = model(**given, output_attentions=True)
     phrase_mask = torch.zeros_like(batch["text_mask"])
     for row, mask in enumerate(inside):

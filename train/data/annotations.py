@@ -12,7 +12,8 @@ from the benchmarks' published files; the demo world writes it too).
               "rationale_choices": [TAGGED x4], "answer_label": 1, "rationale_label": 2}],
      "objects": ["person", "horse", ...]}                # VCR: the category of each given box
 
-Every key but `file` is optional; `{"question", "answer"}` is read as one answer. TAGGED is a list
+Every key but `file` is optional; `{"question", "answer"}` is read as one answer. The item kinds
+are a registry (`ITEM_KINDS`): a task whose items are none of these registers its key and parser. TAGGED is a list
 of tokens, each a word or [word, object] where `object` indexes the image's boxes (the boxes file
 of given-box extraction, in its order): that word's visual feature is the object's RoI feature.
 
@@ -27,13 +28,12 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from train.data.files import DataError, parse_json_line, read_text
-
-ITEM_KINDS = ("captions", "vqa", "refs", "vcr")
+from train.evaluation.vqa2 import answer_scores, normalize_answer
 
 Token = str | tuple[str, int]  # a word, or a word tagged with the index of the object it names
 
@@ -71,14 +71,40 @@ class CommonsenseQuestion:
 class ImageAnnotation:
     image_id: str  # the FeatureStore key
     file: str
-    captions: list[str] = field(default_factory=list)
-    questions: list[Question] = field(default_factory=list)
-    refs: list[Reference] = field(default_factory=list)
-    vcr: list[CommonsenseQuestion] = field(default_factory=list)
+    items_by_kind: dict[str, list] = field(default_factory=dict)  # an ITEM_KINDS key → the record's items
     objects: list[str] = field(default_factory=list)
 
     def items(self, kind: str) -> list:
-        return {"captions": self.captions, "vqa": self.questions, "refs": self.refs, "vcr": self.vcr}[kind]
+        return self.items_by_kind.get(kind, [])
+
+    # The kinds that the data layer reads too (the vocabulary, word pieces, phrases).
+    @property
+    def captions(self) -> list[str]:
+        return self.items("captions")
+
+    @property
+    def questions(self) -> list[Question]:
+        return self.items("vqa")
+
+    @property
+    def refs(self) -> list[Reference]:
+        return self.items("refs")
+
+    @property
+    def vcr(self) -> list[CommonsenseQuestion]:
+        return self.items("vcr")
+
+
+# Item kinds: a record's JSON key → the parser of one of its items (the item's JSON value, the whole
+# record). A task with items of its own registers their kind from its module (`register_item_kind`);
+# the file indexes every kind registered when it is opened.
+ITEM_KINDS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {}
+
+
+def register_item_kind(key: str, parse: Callable[[Any, Mapping[str, Any]], Any]) -> None:
+    if key in ITEM_KINDS or key in ("file", "image_id", "objects"):
+        raise ValueError(f"annotation key {key!r} is taken")
+    ITEM_KINDS[key] = parse
 
 
 def parse_annotation(record: Any) -> ImageAnnotation:
@@ -93,11 +119,7 @@ def parse_annotation(record: Any) -> ImageAnnotation:
     return ImageAnnotation(
         image_id=Path(file).with_suffix("").as_posix(),
         file=file,
-        captions=[_text(c) for c in record.get("captions", [])],
-        questions=[_question(q) for q in record.get("vqa", [])],
-        refs=[Reference(_text(r["text"]), _box(r["box"]), r.get("sent_id"), r.get("ref_id"))
-              for r in record.get("refs", [])],
-        vcr=[_commonsense(v, len(objects)) for v in record.get("vcr", [])],
+        items_by_kind={key: [parse(item, record) for item in record.get(key, [])] for key, parse in ITEM_KINDS.items()},
         objects=objects,
     )
 
@@ -140,6 +162,13 @@ def _commonsense(v: dict, num_objects: int) -> CommonsenseQuestion:
 
     return CommonsenseQuestion(str(v["annot_id"]), tagged(v["question"]), choices("answer_choices"),
                                choices("rationale_choices"), v.get("answer_label"), v.get("rationale_label"))
+
+
+register_item_kind("captions", lambda c, record: _text(c))
+register_item_kind("vqa", lambda q, record: _question(q))
+register_item_kind("refs", lambda r, record: Reference(_text(r["text"]), _box(r["box"]), r.get("sent_id"),
+                                                       r.get("ref_id")))
+register_item_kind("vcr", lambda v, record: _commonsense(v, len(record.get("objects", []))))
 
 
 def parse_annotation_line(line: bytes, path: str | Path, number: int) -> ImageAnnotation:
@@ -235,8 +264,6 @@ class AnswerVocabulary:
     @classmethod
     def from_annotations(cls, annotations) -> AnswerVocabulary:
         """Every normalised answer of the annotations' questions."""
-        from train.data.sources.vqa2 import normalize_answer
-
         counts = Counter(normalize_answer(a) for ann in annotations for q in ann.questions for a in q.answers)
         return cls([a for a, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))])
 
@@ -253,8 +280,6 @@ class AnswerVocabulary:
         return len(self.answers)
 
     def scores(self, answers: list[str]) -> np.ndarray:
-        from train.data.sources.vqa2 import answer_scores
-
         scores = np.zeros(len(self.answers), np.float32)
         for answer, score in answer_scores(answers).items():
             if answer in self.index:

@@ -1,13 +1,30 @@
-"""Samples → padded model inputs, and those on the device. Text-only samples sit in the same batch with no RoIs."""
+"""Samples → padded model inputs, and those on the device. Text-only samples sit in the same batch
+with no RoIs. `model_inputs` is the one place that decides which batch entries reach a model."""
 
 from __future__ import annotations
+
+import inspect
+from functools import cache
+from typing import Any
 
 import numpy as np
 import torch
 
 from train.data.datasets import Sample, SampleGroup
 from vlbert.losses import IGNORE_INDEX
+from vlbert.modeling import VLBertModel
 from vlbert.tokenization import pad_text
+
+# Batch entries that are targets: evaluation predicts without them.
+TARGETS = frozenset({"labels", "mlm_labels", "region_labels", "relationship_labels"})
+# Training-time corruptions: evaluation shows the model every RoI as itself.
+CORRUPTIONS = frozenset({"masked_regions"})
+PIXELS = ("image_files", "images")  # the batch entries (lists, not tensors) that end-to-end stages read
+
+
+def pixel_entries(batch: dict[str, Any]) -> dict[str, list]:
+    """A collated batch's PIXELS entries, which stay on the host."""
+    return {k: batch[k] for k in PIXELS}
 
 
 def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
@@ -73,3 +90,21 @@ def to_device(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
             value = value.to(device, non_blocking=True)
             moved[name] = value.float() if value.dtype == torch.float16 else value
     return moved
+
+
+def model_inputs(model: torch.nn.Module, batch: dict[str, Any], training: bool = True) -> dict[str, Any]:
+    """The entries of `batch` that `model.forward` takes (with its `**inputs`: VLBertModel's); in
+    evaluation (`training` False) without the targets and the training-time corruptions."""
+    names = _forward_inputs(type(getattr(model, "module", model)))
+    left_out = frozenset() if training else TARGETS | CORRUPTIONS
+    return {k: v for k, v in batch.items() if k in names and k not in left_out}
+
+
+@cache
+def _forward_inputs(cls: type) -> frozenset[str]:
+    """Looked up once per model class: model_inputs runs every training step."""
+    parameters = inspect.signature(cls.forward).parameters
+    names = set(parameters)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        names |= set(inspect.signature(VLBertModel.forward).parameters)
+    return frozenset(names)

@@ -1,6 +1,6 @@
 """A stage's batches: samples drawn in DataLoader workers, collated there, and handed to the device.
 
-A stage reads one or more streams (the task's dataset, and in pre-training the text-only corpus),
+A stage reads one or more streams (the task's dataset, and its extra streams such as the text-only corpus),
 each with its own seeded order (`EpochBatches`). One DataLoader serves them all for the whole
 stage, so its workers start once: its sampler yields, per micro-batch, keys (stream, epoch, index),
 and the workers make and collate those samples. Damaged records travel as markers beside the

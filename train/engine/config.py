@@ -21,7 +21,6 @@ import yaml
 
 from extract.config import yaml_problem
 from extract.modeling.precision import TRAINING_PRECISIONS
-from train.data.datasets import ROI_MASKING_MODES
 from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
 from vlbert import VLBertConfig
@@ -60,9 +59,9 @@ class StageConfig:
     SETTINGS: ClassVar[str] = "stage settings"
 
     name: str
-    task: str  # a name in train.tasks.TASKS: pretrain, vqa, choice, vcr_q2a, vcr_qa2r, refexp, retrieval
+    task: str  # a name in train.tasks.TASKS
     steps: int
-    batch_size: int = 16  # per process; pre-training adds as many text-only samples when `text_only`
+    batch_size: int = 16  # per process; a task's extra streams (text-only samples) add as many each
     base_lr: float = 1e-5  # per sample: the learning rate is base_lr × total batch, as in the reference code
     warmup_steps: int = 0
     optimizer: str = "adamw"  # or "sgd" (momentum 0.9)
@@ -71,13 +70,8 @@ class StageConfig:
     grad_accumulation: int = 1
     clip_grad_norm: float = 1.0
     visual: str = "cached"  # "end2end": the detector's trunk and res5 run on the cached boxes, with gradients
-    # Pre-training losses (the paper's Table 4 ablations switch them).
-    masked_lm: bool = True
-    masked_roi: bool = True
-    roi_masking: str = "pixel"  # "pixel": cached masked-pixel variants; "feature": appearance zeroed
-    relationship: bool = False
-    text_only: bool = True
-    num_choices: int = 4  # candidates per question in the demo world's "choice" stages
+    # The task's own settings, checked against its `Task.options` type (e.g. pre-training's losses).
+    options: Any = field(default_factory=dict, metadata={"checked_by": lambda value, where: value})
     # A checkpoint is written when either trigger fires, and at the stage's end.
     checkpoint_every: int = 0  # steps; 0: no step trigger
     checkpoint_minutes: float = 10.0  # wall time since the last checkpoint; 0: no time trigger
@@ -95,16 +89,18 @@ class StageConfig:
     def _problem(self) -> str | None:
         if self.task not in TASKS:
             return f"task {self.task!r} is not one of {', '.join(TASKS)}"
+        options = TASKS[self.task].options
+        if not isinstance(self.options, options):
+            try:
+                self.options = from_mapping(options, self.options, "options")
+            except ValueError as exc:  # RunConfigError, or the options' own check
+                return str(exc)
         if self.visual not in VISUAL_MODES:
             return f"visual {self.visual!r} is not one of {VISUAL_MODES}"
         if self.optimizer not in tuple(OPTIMIZERS):
             return f"optimizer {self.optimizer!r} is not one of {tuple(OPTIMIZERS)}"
         if self.precision not in TRAINING_PRECISIONS:
             return f"precision {self.precision!r} is not one of {', '.join(TRAINING_PRECISIONS)}"
-        if self.roi_masking not in ROI_MASKING_MODES:
-            return f"roi_masking {self.roi_masking!r} is not one of {ROI_MASKING_MODES}"
-        if self.task == "pretrain" and not (self.masked_lm or self.masked_roi or self.relationship):
-            return "pre-training needs at least one of masked_lm, masked_roi, relationship"
         if self.steps < 1 or self.batch_size < 1 or self.grad_accumulation < 1:
             return "steps, batch_size and grad_accumulation must be positive"
         if min(self.checkpoint_every, self.checkpoint_minutes, self.keep_checkpoints, self.num_workers) < 0:
@@ -146,7 +142,8 @@ class RunConfig:
     # Text-only corpus: a text file or a folder of them, one sentence or paragraph a line, documents
     # separated by blank lines (BookCorpus, Wikipedia after extraction).
     corpus: str | None = field(default=None, metadata=EXISTING_PATH)
-    # VQA: the answer vocabulary (answers.txt of `vlbert data prepare vqa2`); default: every training answer.
+    # The answer vocabulary of answer-scoring heads (an answers.txt of `vlbert data prepare`); default:
+    # every training answer.
     answers: str | None = field(default=None, metadata=EXISTING_PATH)
     # Further annotation files (test splits) whose predictions each stage writes.
     predict: list[str] = field(default_factory=list, metadata=EXISTING_PATH)
@@ -325,7 +322,7 @@ def _describe(value: Any) -> str:
 
 
 def _named(where: str, values: Mapping) -> str:
-    """`where`, with the entry's name when it has one: `stages[0] ('pretrain')`."""
+    """`where`, with the entry's name when it has one: `stages[0] ('first')`."""
     name = values.get("name") if where else None
     return f"{where} ({name!r})" if isinstance(name, str) else where
 
@@ -347,7 +344,7 @@ def run_differences(recorded: Mapping[str, Any], run: RunConfig) -> list[str]:
     """Every way `run` differs from the run a run folder recorded (`RunFolder.config`), one line each,
     leaving out RESULT_NEUTRAL_FIELDS."""
     found = []
-    for path, old, new in _differences(_with_precision(recorded), run.to_dict(), ""):
+    for path, old, new in _differences(_with_options(_with_precision(recorded)), run.to_dict(), ""):
         field_name = re.sub(r"\[\d+\]", "[]", path)
         compared = COMPARED_AS.get(field_name, lambda value: value)
         if field_name not in RESULT_NEUTRAL_FIELDS and compared(old) != compared(new):
@@ -363,6 +360,25 @@ def _with_precision(recorded: Mapping[str, Any]) -> Mapping[str, Any]:
         return recorded
     ran = "bf16" if COMPARED_AS["device"](recorded.get("device", "cpu")) == "cuda" else "fp32"
     return {**recorded, "stages": [{"precision": ran, **s} if isinstance(s, dict) else s for s in stages]}
+
+
+def _with_options(recorded: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A recorded run config from before stages had `options`, where every stage recorded every task's settings
+    flat: its task's moved into `options`, the other tasks' dropped."""
+    stages = recorded.get("stages")
+    if not isinstance(stages, list) or all(not isinstance(s, dict) or "options" in s for s in stages):
+        return recorded
+    stage_fields = {spec.name for spec in dataclasses.fields(StageConfig)}
+    every_task_options = {spec.name for task in TASKS.values() for spec in dataclasses.fields(task.options)}
+
+    def migrated(stage: Any) -> Any:
+        if not isinstance(stage, dict) or "options" in stage or stage.get("task") not in TASKS:
+            return stage
+        own = {spec.name for spec in dataclasses.fields(TASKS[stage["task"]].options)}
+        kept = {k: v for k, v in stage.items() if k in stage_fields or k not in every_task_options}
+        return {**kept, "options": {k: v for k, v in stage.items() if k in own and k not in stage_fields}}
+
+    return {**recorded, "stages": [migrated(stage) for stage in stages]}
 
 
 def _differences(old: Any, new: Any, path: str) -> Iterator[tuple[str, Any, Any]]:

@@ -17,11 +17,11 @@ from torch.utils.data import Dataset, Subset
 
 from extract.atomic import write_atomically
 from extract.modeling.precision import Precision
-from train.end2end import PIXELS
-from train.data.collate import to_device
+from train.end2end import with_appearance
+from train.data.collate import model_inputs, pixel_entries, to_device
 from train.engine.batches import Batch, evaluation_batches
 from train.engine.distributed import World, gathered
-from train.tasks import Evaluator, model_inputs
+from train.tasks import Evaluator
 
 
 @torch.no_grad()
@@ -42,11 +42,8 @@ def evaluate(evaluator: Evaluator, model, visual, dataset: Dataset, batch_size: 
             continue
         inputs = to_device(batch.inputs, device)
         with precision.applied(device):
-            if visual is not None:
-                inputs["appearance"] = visual({**inputs, **{k: batch.inputs[k] for k in PIXELS}})
-            # The masked-RoI token is a training-time corruption: the model sees every RoI as itself.
-            given = {k: v for k, v in model_inputs(model, inputs, targets=False).items() if k != "masked_regions"}
-            output = model(**given)
+            inputs = with_appearance(visual, inputs, pixel_entries(batch.inputs))
+            output = model(**model_inputs(model, inputs, training=False))
         evaluator.add(batch.samples, inputs, output)
     shards = gathered(evaluator.state(), world)
     if shards is None:

@@ -29,12 +29,11 @@ from extract.device import check_device, rank_device
 from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision
 from extract.progress import progress_bar
 from train.data.annotations import AnnotationFile
-from train.data.datasets import CaptionPretraining, TextOnlyCorpus
 from train.data.files import read_json
 from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
-from train.end2end import PIXELS, EndToEndVisual
-from train.data.collate import to_device
+from train.end2end import EndToEndVisual, with_appearance
+from train.data.collate import pixel_entries, to_device
 from train.engine.batches import Batch, EpochBatches, stage_batches
 from train.engine.checkpoint import CheckpointSchedule, load_training_state, prune_checkpoints, random_state, save_checkpoint
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
@@ -44,7 +43,7 @@ from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.run_folder import RunFolder, StageFolder
 from train.engine.stage_log import MutedStageLog, StageLog
-from train.tasks import TASKS, TaskData, model_inputs
+from train.tasks import TASKS, TaskData
 from vlbert import VLBertConfig
 from vlbert.modeling import CONFIG_NAME
 from vlbert.tokenization import check_vocabulary_size, load_tokenizer
@@ -115,10 +114,9 @@ class Trainer:
         self.tokenizer = load_tokenizer(run.vocabulary)
         self._check_tokenizer_fits_model()
         self.data = TaskData(self.regions, self.tokenizer, run.max_length, self._annotations(run.train_annotations),
-                             run.answers)
+                             run.answers, TextCorpus(run.corpus) if run.corpus else None)
         self.eval_annotations = self._annotations(run.eval_annotations, required=True)
         self.predict_annotations = [self._annotations(path, required=True) for path in run.predict]
-        self.corpus = TextCorpus(run.corpus) if run.corpus else None
 
     # ---- public ----------------------------------------------------------------------------
 
@@ -160,9 +158,7 @@ class Trainer:
 
     def _store_problem(self, stage: StageConfig, meta: dict) -> str | None:
         """Why the store cannot feed `stage`, or None."""
-        problems = []
-        if stage.task == "pretrain":
-            problems.append(CaptionPretraining.store_problem(self.regions, stage.roi_masking))
+        problems = [TASKS[stage.task].store_problem(self.regions, stage.options)]
         if stage.visual == "end2end":
             problems.append(EndToEndVisual.store_problem(meta, self.run.images))
         return next((problem for problem in problems if problem), None)
@@ -296,7 +292,7 @@ class Trainer:
             last = micro == stage.grad_accumulation - 1
             with nullcontext() if last or not isinstance(objective, DistributedDataParallel) else objective.no_sync():
                 with parts.precision.applied(self.device):
-                    losses = objective(inputs, {k: batch.inputs[k] for k in PIXELS})
+                    losses = objective(inputs, pixel_entries(batch.inputs))
                 with parts.precision.float32_math(self.device):
                     parts.scaler.scale(losses["loss"] / stage.grad_accumulation).backward()
             for name, value in losses.items():
@@ -342,7 +338,7 @@ class Trainer:
                   progress: StageProgress) -> dict | None:
         """The split's evaluation on rank 0, None on the other ranks."""
         task = TASKS[stage.task]
-        dataset = task.dataset(self.data, stage, annotations, self.run.seed, False)
+        dataset = task.dataset(self.data, stage.options, annotations, self.run.seed, False)
         split = annotations.path.stem
         predictions = None
         if task.prediction_suffix is not None:
@@ -389,7 +385,7 @@ class Trainer:
             return True
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), parts.precision.applied(self.device):
-            loss = objective(to_device(batch.inputs, self.device), {k: batch.inputs[k] for k in PIXELS})["loss"]
+            loss = objective(to_device(batch.inputs, self.device), pixel_entries(batch.inputs))["loss"]
         reached = graph_parameters(loss)
         return any(id(p) not in reached for p in parts.parameters)
 
@@ -398,14 +394,13 @@ class Trainer:
 
     def _model(self, stage: StageConfig, previous: Path | None):
         task = TASKS[stage.task]
+        heads = task.model_overrides(self.data, stage.options)
         overrides = {k: v for k, v in self.run.model.items() if k != "size"}
         overrides.update(vocab_size=len(self.tokenizer), visual_feature_size=self.regions.feature_dim,
-                         num_detector_classes=self.regions.num_classes or 1,
-                         num_answers=len(self.data.answers) if task.uses_answers() else 1,
-                         with_relationship_head=stage.relationship)
+                         num_detector_classes=self.regions.num_classes or 1, **heads)
         cls = task.model
         if previous is not None:
-            return cls.from_pretrained(previous, **{k: overrides[k] for k in ("num_answers", "with_relationship_head")})
+            return cls.from_pretrained(previous, **heads)
         if self.run.bert:
             bert_sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                           "max_position_embeddings")
@@ -421,16 +416,16 @@ class Trainer:
         return visual
 
     def _batches(self, stage: StageConfig, step: int, visual: EndToEndVisual | None) -> PeekedBatches:
-        """The stage's micro-batches from optimiser step `step` on: the task's samples, and in
-        pre-training as many text-only ones, made and collated by `num_workers` processes."""
+        """The stage's micro-batches from optimiser step `step` on: the task's samples, and as many of
+        each of its extra streams (text-only ones), made and collated by `num_workers` processes."""
         seed = self.run.seed * 1000 + self.run.stages.index(stage)
-        main = TASKS[stage.task].dataset(self.data, stage, self.data.train, seed, True)
+        task = TASKS[stage.task]
+        main = task.dataset(self.data, stage.options, self.data.train, seed, True)
         if visual is not None:
             main = visual.with_images(main)  # decoded by the DataLoader's workers
         streams = [(main, EpochBatches(len(main), stage.batch_size, seed, self.world))]
-        if stage.task == "pretrain" and stage.text_only and stage.masked_lm and self.corpus is not None:
-            text = TextOnlyCorpus(self.corpus, self.tokenizer, self.run.max_length, seed)
-            streams.append((text, EpochBatches(len(text), stage.batch_size, seed + 1, self.world)))
+        for offset, extra in enumerate(task.extra_streams(self.data, stage.options, seed), 1):
+            streams.append((extra, EpochBatches(len(extra), stage.batch_size, seed + offset, self.world)))
         return PeekedBatches(stage_batches(streams, step * stage.grad_accumulation, stage.num_workers,
                                            self.tokenizer.pad_token_id, self.device.type == "cuda"))
 
@@ -498,23 +493,11 @@ class Objective(nn.Module):
     def __init__(self, model: nn.Module, visual: EndToEndVisual | None, stage: StageConfig) -> None:
         super().__init__()
         self.model, self.visual, self.stage = model, visual, stage
+        self.task = TASKS[stage.task]
 
     def forward(self, inputs: dict[str, torch.Tensor], pixels: dict[str, list]) -> dict[str, torch.Tensor]:
         """`pixels`: the batch's PIXELS entries, which the end-to-end visual side reads."""
-        inputs = dict(inputs)
-        if self.visual is not None and "appearance" in inputs:
-            inputs["appearance"] = self.visual({**inputs, **pixels})
-        stage = self.stage
-        if stage.task != "pretrain":
-            return {"loss": self.model(**model_inputs(self.model, inputs)).loss}
-        if not stage.masked_lm:
-            inputs.pop("mlm_labels")
-        if not stage.masked_roi:
-            inputs.pop("region_labels", None)
-            inputs.pop("masked_regions", None)
-        output = self.model(feature_masking=stage.masked_roi and stage.roi_masking == "feature", **inputs)
-        return {name: getattr(output, name) for name in ("loss", "mlm_loss", "region_loss", "relationship_loss")
-                if getattr(output, name) is not None}
+        return self.task.loss(self.model, dict(with_appearance(self.visual, inputs, pixels)), self.stage.options)
 
 
 def _detector_state(visual: EndToEndVisual) -> dict[str, torch.Tensor]:

@@ -8,8 +8,7 @@ from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    # Built on first use, so that importing one reader (the trainer needs vqa2's answer
-    # normalisation) does not import every other.
+    # Built on first use, so that importing one reader does not import every other.
     if name == "SOURCES":
         from train.data.sources import captions, karpathy, refer, vcr, vqa2
 

@@ -1,0 +1,172 @@
+"""Pre-training: masked language modelling with visual clues and masked RoI classification with
+linguistic clues on captions, optionally the sentence–image relationship, and the text-only corpus
+beside them."""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from train.data.annotations import AnnotationFile
+from train.data.datasets import AnnotatedDataset, Sample, SeededDataset
+from train.data.regions import RegionBank, Regions
+from train.data.sources.text import TextCorpus
+from train.tasks import Evaluator, Task, TaskData, register, scored
+from vlbert.modeling import VLBertForPreTraining
+from vlbert.tokenization import build_caption_sequence, choose_masked_regions, mask_whole_words, word_pieces
+
+ROI_MASKING_MODES = ("pixel", "feature")
+
+
+@dataclass
+class PretrainOptions:
+    """A pre-training stage's losses and inputs; the paper's Table 4 ablations switch them."""
+
+    SETTINGS: ClassVar[str] = "pre-training options"
+
+    masked_lm: bool = True
+    masked_roi: bool = True
+    roi_masking: str = "pixel"  # "pixel": cached masked-pixel variants; "feature": appearance zeroed
+    relationship: bool = False
+    text_only: bool = True  # as many text-only samples as caption ones in each batch, from the run's corpus
+
+    def __post_init__(self) -> None:
+        if self.roi_masking not in ROI_MASKING_MODES:
+            raise ValueError(f"roi_masking {self.roi_masking!r} is not one of {ROI_MASKING_MODES}")
+        if not (self.masked_lm or self.masked_roi or self.relationship):
+            raise ValueError("pre-training needs at least one of masked_lm, masked_roi, relationship")
+
+
+class CaptionPretraining(AnnotatedDataset):
+    """Masked language modelling with visual clues and masked RoI classification with linguistic clues.
+
+    `roi_masking="pixel"`: one cached masked-pixel variant per sample and epoch; its masked RoIs are
+    the targets and every RoI feature comes from it. `"feature"`: RoIs drawn here have their
+    appearance replaced inside the model (the reference code's mode without pixels).
+    `relationship`: half the samples get another image's caption (label 0), which then has no
+    MLM or RoI targets, as in the paper's ablation (c).
+    """
+
+    KIND = "captions"
+
+    def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
+                 roi_masking: str = "pixel", relationship: bool = False, seed: int = 0) -> None:
+        if roi_masking not in ROI_MASKING_MODES:
+            raise ValueError(f"roi_masking={roi_masking!r}: expected one of {ROI_MASKING_MODES}")
+        problem = self.store_problem(regions, roi_masking)
+        if problem is not None:
+            raise ValueError(problem)
+        super().__init__(annotations, regions, tokenizer, max_length, seed)
+        self.roi_masking, self.relationship = roi_masking, relationship
+
+    @staticmethod
+    def store_problem(regions: RegionBank, roi_masking: str) -> str | None:
+        """Why `regions` cannot feed pre-training with `roi_masking`, or None."""
+        if roi_masking == "pixel" and regions.num_variants == 0:
+            return (f"{regions.root} holds no masked-pixel variants: extract with --mask-variants "
+                    "or pre-train with roi_masking: feature")
+        if regions.num_classes is None:
+            return f"{regions.root} stores no class distributions: masked RoI classification needs them"
+        return None
+
+    def sample(self, index: int) -> Sample:
+        rng = self.rng(index)
+        annotation, caption = self.item(index)
+        matched = 1
+        if self.relationship and rng.random() < 0.5:
+            other, other_caption = self.item(rng.randrange(len(self.items)))
+            if other.image_id != annotation.image_id:
+                caption, matched = other_caption, 0
+        pieces = word_pieces(self.tokenizer, caption)
+        masked = mask_whole_words(self.tokenizer, pieces, rng) if matched else None
+        regions = self.regions.get(annotation.image_id, class_probs=True, variants=self.roi_masking == "pixel")
+        sequence = build_caption_sequence(self.tokenizer, masked.ids if masked else pieces.ids, len(regions),
+                                          self.max_length, masked.labels if masked else None)
+        regions = regions.truncated(sequence.num_regions)
+        if self.roi_masking == "pixel":
+            variant = rng.randrange(len(regions.variant_masks))
+            predicted = regions.variant_masks[variant]
+            replaced = predicted
+            regions = Regions(regions.variant_appearance[variant], regions.boxes, regions.image_size,
+                              regions.class_probs, None, None)
+        else:
+            replaced, predicted = (np.array(m, bool) for m in choose_masked_regions(len(regions), rng))
+        if not matched:
+            predicted = np.zeros(len(regions), bool)
+        targets = {"relationship_labels": matched} if self.relationship else {}
+        return Sample(sequence, regions, annotation.file, np.asarray(replaced, bool), targets,
+                      region_targets={"region_labels": regions.class_probs * predicted[:, None]})
+
+
+class TextOnlyCorpus(SeededDataset):
+    """Masked language modelling on text without an image: the paper's text-only corpus. Each
+    sample is a line of the corpus and the lines after it in its document, up to `max_length` words."""
+
+    def __init__(self, corpus: TextCorpus, tokenizer, max_length: int, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.corpus, self.tokenizer, self.max_length = corpus, tokenizer, max_length
+
+    def __len__(self) -> int:
+        return len(self.corpus)
+
+    def sample(self, index: int) -> Sample:
+        pieces = word_pieces(self.tokenizer, self.corpus.text(index, self.max_length))
+        masked = mask_whole_words(self.tokenizer, pieces, self.rng(index))
+        return Sample(build_caption_sequence(self.tokenizer, masked.ids, 0, self.max_length, masked.labels))
+
+
+class MaskedWordAccuracy(Evaluator):
+    """Pre-training: masked words predicted right, against always predicting the most common word."""
+
+    metric = "masked_word_accuracy"
+    merged = {"correct": operator.add, "count": operator.add, "words": operator.add}
+
+    def __init__(self, data: TaskData, dataset: AnnotatedDataset) -> None:
+        self.correct, self.count, self.words = 0, 0, Counter()
+
+    def add(self, samples, inputs, output) -> None:
+        labels = inputs["mlm_labels"]
+        chosen = labels != -100
+        self.correct += int((output.mlm_logits.argmax(-1)[chosen] == labels[chosen]).sum())
+        self.words.update(labels[chosen].tolist())
+        self.count += int(chosen.sum())
+
+    def result(self) -> dict[str, Any]:
+        chance = self.words.most_common(1)[0][1] if self.words else 0
+        return scored(self.metric, self.correct, chance, self.count)
+
+
+def _dataset(data: TaskData, options: PretrainOptions, annotations: AnnotationFile, seed: int, training: bool):
+    return CaptionPretraining(annotations, data.regions, data.tokenizer, data.max_length,
+                              roi_masking=options.roi_masking, relationship=options.relationship, seed=seed)
+
+
+def _text_only(data: TaskData, options: PretrainOptions, seed: int) -> list[TextOnlyCorpus]:
+    if options.text_only and options.masked_lm and data.corpus is not None:
+        return [TextOnlyCorpus(data.corpus, data.tokenizer, data.max_length, seed)]
+    return []
+
+
+def _loss(model, inputs: dict[str, Any], options: PretrainOptions) -> dict[str, Any]:
+    """The losses the options switch on; "feature" masking replaces masked RoIs inside the model."""
+    if not options.masked_lm:
+        inputs.pop("mlm_labels")
+    if not options.masked_roi:
+        inputs.pop("region_labels", None)
+        inputs.pop("masked_regions", None)
+    output = model(feature_masking=options.masked_roi and options.roi_masking == "feature", **inputs)
+    return {name: getattr(output, name) for name in ("loss", "mlm_loss", "region_loss", "relationship_loss")
+            if getattr(output, name) is not None}
+
+
+register(Task(
+    "pretrain", VLBertForPreTraining, _dataset, MaskedWordAccuracy,
+    "masked language modelling with visual clues and masked RoI classification on captions",
+    options=PretrainOptions,
+    model_config=lambda data, options: {"with_relationship_head": options.relationship},
+    store_problem=lambda regions, options: CaptionPretraining.store_problem(regions, options.roi_masking),
+    extra_streams=_text_only, loss=_loss))

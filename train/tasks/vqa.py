@@ -1,0 +1,82 @@
+"""VQA: answer scores at a [MASK] after the question, trained on the official soft scores and
+scored by the official VQA evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from train.data.annotations import AnnotationFile, AnswerVocabulary
+from train.data.datasets import AnnotatedDataset, Sample, published_id
+from train.data.regions import RegionBank
+from train.evaluation.vqa2 import VqaTruth, question_accuracy, score_vqa, write_vqa_predictions
+from train.tasks import Evaluator, Task, TaskData, register, union, unscored
+from vlbert.modeling import VLBertForQuestionAnswering
+from vlbert.tokenization import build_vqa_sequence, word_pieces
+
+
+class QuestionAnswering(AnnotatedDataset):
+    """`[CLS] question [SEP] [MASK] [SEP]` with the official VQA soft scores over the answer vocabulary."""
+
+    KIND = "vqa"
+
+    def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
+                 answers: AnswerVocabulary, seed: int = 0) -> None:
+        super().__init__(annotations, regions, tokenizer, max_length, seed)
+        self.answers = answers
+
+    def sample(self, index: int) -> Sample:
+        annotation, question = self.item(index)
+        regions = self.regions[annotation.image_id]
+        sequence = build_vqa_sequence(self.tokenizer, word_pieces(self.tokenizer, question.question).ids,
+                                      len(regions), self.max_length)
+        return Sample(sequence, regions.truncated(sequence.num_regions), annotation.file,
+                      targets={"labels": self.answers.scores(question.answers)},
+                      item_id=published_id(question.question_id, index))
+
+
+class AnswerAccuracy(Evaluator):
+    """VQA: the top answer scored by the official VQA evaluation, against always giving the most
+    frequent training answer; predictions as the VQA submission JSON."""
+
+    metric = "vqa_accuracy"
+    merged = {"predicted": union}
+
+    def __init__(self, data: TaskData, dataset: QuestionAnswering) -> None:
+        self.answers = data.answers
+        self.truth: dict[int, VqaTruth] = {}
+        for index in range(len(dataset)):
+            _, question = dataset.item(index)
+            if question.answers:
+                self.truth[published_id(question.question_id, index)] = VqaTruth(question.answers, question.answer_type or "",
+                                                                     question.question_type or "")
+        self.predicted: dict[int, str] = {}
+
+    def add(self, samples, inputs, output) -> None:
+        for sample, top in zip(samples, output.logits.argmax(1).tolist()):
+            self.predicted[sample.item_id] = self.answers.answers[top]
+
+    def result(self) -> dict[str, Any]:
+        scored = {qid: answer for qid, answer in self.predicted.items() if qid in self.truth}
+        if not scored:
+            return unscored(self.metric, len(self.predicted))
+        truth = {qid: self.truth[qid] for qid in scored}
+        official = score_vqa(truth, scored)
+        chance = score_vqa(truth, {qid: self.answers.answers[0] for qid in scored})["overall"]
+        return {"metric": self.metric, "value": round(official["overall"] / 100, 4), "chance": round(chance / 100, 4),
+                "samples": len(scored), "official": official}
+
+    def write(self, path: Path) -> None:
+        write_vqa_predictions(path, self.predicted)
+
+    def item_scores(self) -> dict[str, float]:
+        return {str(qid): question_accuracy(self.truth[qid].answers, answer)
+                for qid, answer in self.predicted.items() if qid in self.truth}
+
+
+def _dataset(data: TaskData, options: Any, annotations: AnnotationFile, seed: int, training: bool):
+    return QuestionAnswering(annotations, data.regions, data.tokenizer, data.max_length, data.answers, seed=seed)
+
+
+register(Task("vqa", VLBertForQuestionAnswering, _dataset, AnswerAccuracy, "VQA: answer scores at a [MASK]", ".json",
+              model_config=lambda data, options: {"num_answers": len(data.answers)}))
