@@ -449,7 +449,7 @@ class EvaluateParams:
 
     benchmark: str
     predictions: list[str]  # vcr: the Q→A and QA→R runs' files, merged by annot_id
-    annotations: str | None = None  # vqa2: the annotations JSON; vcr: val.jsonl
+    annotations: str | None = None  # vqa2: the annotations JSON; vcr: val.jsonl; snli-ve: snli_ve_<split>.jsonl
     questions: str | None = None  # vqa2
     data: str | None = None  # refcoco*: the refer toolkit's DATA folder
     split: str | None = None  # refcoco*
@@ -482,10 +482,17 @@ def _score_refer(dataset: str) -> Callable[[EvaluateParams, Path], dict[str, Any
     return score
 
 
+def _score_snli_ve(params: EvaluateParams, folder: Path) -> dict[str, Any]:
+    from train.evaluation.snli_ve import evaluate_snli_ve
+
+    return evaluate_snli_ve(params.annotations, params.predictions[0])
+
+
 BENCHMARKS: dict[str, Benchmark] = {
     "vqa2": Benchmark(("questions", "annotations"), _score_vqa2),
     "vcr": Benchmark(("annotations",), _score_vcr),
     **{name: Benchmark(("data", "split"), _score_refer(name)) for name in REFER_DATASETS},
+    "snli-ve": Benchmark(("annotations",), _score_snli_ve),
 }
 
 

@@ -55,6 +55,7 @@ class VLBertConfig:
     with_pooler: bool = True  # [CLS] dense + tanh, used by the relationship, choice and matching heads
     with_relationship_head: bool = False  # the paper's ablation (c); off in VL-BERT pre-training
     num_answers: int = 3129  # VQA v2 answer vocabulary
+    num_labels: int = 3  # sequence classification: SNLI-VE's entailment, neutral, contradiction
     classifier_dropout: float = 0.1
     # Retrieval's loss over a caption's group of pairs (`vlbert.losses.MATCHING_LOSSES`): Unicoder-VL's
     # hardest-negative triplet loss, a softmax over the group, or binary cross-entropy per pair; and

@@ -781,6 +781,28 @@ class VLBertForImageTextMatching(VLBertPreTrainedModel):
         return TaskOutput(encoded, logits, loss)
 
 
+class VLBertForSequenceClassification(VLBertPreTrainedModel):
+    """Visual entailment (SNLI-VE): one of `config.num_labels` classes from the pooled [CLS]."""
+
+    def __init__(self, config: VLBertConfig):
+        if not config.with_pooler:
+            raise ValueError("sequence classification needs with_pooler=True")
+        super().__init__(config)
+        self.vlbert = VLBertModel(config)
+        self.classifier_head = PredictionHead(config, config.num_labels, dropout=config.classifier_dropout)
+        self.init_weights()
+
+    def _init_head_weights(self) -> None:
+        _xavier_classifier(self.classifier_head)
+
+    def forward(self, *, labels: torch.Tensor | None = None, **inputs) -> TaskOutput:
+        """labels: (B,) class indices; -100 (unlabelled) is left out of the cross-entropy."""
+        encoded = self.vlbert(**inputs)
+        logits = self.classifier_head(encoded.pooled_output)
+        loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
+        return TaskOutput(encoded, logits, loss)
+
+
 def load_pretrained(directory: str | Path) -> VLBertPreTrainedModel:
     """Load a `save_pretrained` directory as the task model it was saved from."""
     architecture = json.loads((Path(directory) / CONFIG_NAME).read_text()).get("architecture")

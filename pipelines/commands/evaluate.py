@@ -54,4 +54,15 @@ def _refer_command(dataset: str) -> click.Command:
 for _dataset in REFER_DATASETS:
     evaluate_group.add_command(_refer_command(_dataset))
 
+
+@evaluate_group.command("snli-ve")
+@click.option("--annotations", required=True, type=_file, help="snli_ve_<split>.jsonl as published")
+@click.option("--predictions", required=True, type=_file, help='[{"pair_id": str, "label": str}]')
+def snli_ve_command(annotations: Path, predictions: Path) -> None:
+    """{"accuracy", "count", "per_label"}: the share of pairs given their gold label."""
+    from train.evaluation.snli_ve import evaluate_snli_ve
+
+    click.echo(json.dumps(evaluate_snli_ve(annotations, predictions)))
+
+
 COMMANDS = [evaluate_group]

@@ -95,16 +95,22 @@ class ImageAnnotation:
         return self.items("vcr")
 
 
-# Item kinds: a record's JSON key → the parser of one of its items (the item's JSON value, the whole
-# record). A task with items of its own registers their kind from its module (`register_item_kind`);
-# the file indexes every kind registered when it is opened.
-ITEM_KINDS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {}
+@dataclass(frozen=True)
+class ItemKind:
+    parse: Callable[[Any, Mapping[str, Any]], Any]  # (the item's JSON value, the whole record) → the item
+    texts: Callable[[list], list[str]] = lambda items: []  # a record's items → their texts, for vocabularies
 
 
-def register_item_kind(key: str, parse: Callable[[Any, Mapping[str, Any]], Any]) -> None:
+# Item kinds by their JSON key in a record. A task with items of its own registers their kind from its
+# module (`register_item_kind`); the file indexes every kind registered when it is opened.
+ITEM_KINDS: dict[str, ItemKind] = {}
+
+
+def register_item_kind(key: str, parse: Callable[[Any, Mapping[str, Any]], Any],
+                       texts: Callable[[list], list[str]] = ItemKind.texts) -> None:
     if key in ITEM_KINDS or key in ("file", "image_id", "objects"):
         raise ValueError(f"annotation key {key!r} is taken")
-    ITEM_KINDS[key] = parse
+    ITEM_KINDS[key] = ItemKind(parse, texts)
 
 
 def parse_annotation(record: Any) -> ImageAnnotation:
@@ -119,7 +125,7 @@ def parse_annotation(record: Any) -> ImageAnnotation:
     return ImageAnnotation(
         image_id=Path(file).with_suffix("").as_posix(),
         file=file,
-        items_by_kind={key: [parse(item, record) for item in record.get(key, [])] for key, parse in ITEM_KINDS.items()},
+        items_by_kind={key: [kind.parse(item, record) for item in record.get(key, [])] for key, kind in ITEM_KINDS.items()},
         objects=objects,
     )
 
@@ -164,10 +170,11 @@ def _commonsense(v: dict, num_objects: int) -> CommonsenseQuestion:
                                choices("rationale_choices"), v.get("answer_label"), v.get("rationale_label"))
 
 
-register_item_kind("captions", lambda c, record: _text(c))
-register_item_kind("vqa", lambda q, record: _question(q))
+register_item_kind("captions", lambda c, record: _text(c), texts=list)
+register_item_kind("vqa", lambda q, record: _question(q),
+                   texts=lambda questions: [q.question for q in questions] + [a for q in questions for a in q.answers])
 register_item_kind("refs", lambda r, record: Reference(_text(r["text"]), _box(r["box"]), r.get("sent_id"),
-                                                       r.get("ref_id")))
+                                                       r.get("ref_id")), texts=lambda refs: [r.text for r in refs])
 register_item_kind("vcr", lambda v, record: _commonsense(v, len(record.get("objects", []))))
 
 
@@ -288,10 +295,9 @@ class AnswerVocabulary:
 
 
 def annotation_texts(annotations) -> list[str]:
-    """Every text of the annotations: captions, questions, answers and referring expressions."""
-    return [text for a in annotations for text in (
-        a.captions + [q.question for q in a.questions] + [x for q in a.questions for x in q.answers]
-        + [r.text for r in a.refs])]
+    """Every text of the annotations, as each item kind gives them: captions, questions, answers,
+    referring expressions, and the texts of kinds that tasks register."""
+    return [text for a in annotations for key, kind in ITEM_KINDS.items() for text in kind.texts(a.items(key))]
 
 
 def answers_by_type(annotations) -> dict[str | None, list[str]]:

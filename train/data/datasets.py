@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 from extract.store.schema import DamagedRecordError
 from train.data.annotations import AnnotationFile
 from train.data.regions import RegionBank, Regions
-from vlbert.tokenization import TextSequence
+from vlbert.tokenization import TextSequence, build_caption_sequence, word_pieces
 
 
 @dataclass
@@ -100,3 +100,11 @@ class AnnotatedDataset(SeededDataset):
 def published_id(published: int | None, index: int) -> int:
     """The item's published id; the demo world's items go by their position."""
     return index if published is None else published
+
+
+def pair_sample(tokenizer, max_length: int, regions: Regions, file: str, caption: str | list[int],
+                targets: dict[str, int], item_id: Any) -> Sample:
+    """`[CLS] caption [SEP] [IMG]… [END]` for an image–text pair; `caption` as text or word pieces."""
+    ids = word_pieces(tokenizer, caption).ids if isinstance(caption, str) else caption
+    sequence = build_caption_sequence(tokenizer, ids, len(regions), max_length)
+    return Sample(sequence, regions.truncated(sequence.num_regions), file, targets=targets, item_id=item_id)

@@ -157,4 +157,4 @@ def unscored(metric: str, count: int) -> dict[str, Any]:
 
 
 # Each module registers its tasks; this order is the order `TASKS` lists them in.
-from train.tasks import pretrain, vqa, choice, vcr, refexp, retrieval  # noqa: E402, F401, I001
+from train.tasks import pretrain, vqa, choice, vcr, refexp, retrieval, snli_ve  # noqa: E402, F401, I001

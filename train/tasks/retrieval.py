@@ -16,13 +16,13 @@ import numpy as np
 
 from extract.atomic import write_atomically
 from train.data.annotations import AnnotationFile, ImageAnnotation
-from train.data.datasets import AnnotatedDataset, Sample, SampleGroup
+from train.data.datasets import AnnotatedDataset, Sample, SampleGroup, pair_sample
 from train.data.files import DataError
 from train.data.regions import RegionBank, Regions
 from train.evaluation.retrieval import RetrievalRanks, chance_recalls, recalls, retrieval_ranks
 from train.tasks import Evaluator, Task, TaskData, filled, register, unscored
 from vlbert.modeling import VLBertForImageTextMatching
-from vlbert.tokenization import build_caption_sequence, word_pieces
+from vlbert.tokenization import word_pieces
 
 
 def caption_words(text: str) -> frozenset[str]:
@@ -144,14 +144,6 @@ class RetrievalCandidates(AnnotatedDataset):
         return pair_sample(self.tokenizer, self.max_length, self._regions(image), self.images[image].file,
                            self.pieces[caption], {"labels": int(self.caption_image[caption] == image)},
                            (image, caption))
-
-
-def pair_sample(tokenizer, max_length: int, regions: Regions, file: str, caption: str | list[int],
-                targets: dict[str, int], item_id: Any) -> Sample:
-    """`[CLS] caption [SEP] [IMG]… [END]` for an image–text pair; `caption` as text or word pieces."""
-    ids = word_pieces(tokenizer, caption).ids if isinstance(caption, str) else caption
-    sequence = build_caption_sequence(tokenizer, ids, len(regions), max_length)
-    return Sample(sequence, regions.truncated(sequence.num_regions), file, targets=targets, item_id=item_id)
 
 
 class RetrievalRecall(Evaluator):
