@@ -11,8 +11,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from vlbert.errors import UserError
 
-class CheckpointError(ValueError):
+
+class CheckpointError(UserError):
     """A checkpoint that does not fit the detector; the message lists every offending key."""
 
 

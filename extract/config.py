@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from extract.modeling.parts import PARTS
+from vlbert.errors import UserError
+from vlbert.typed_config import checked_fields, from_text, load_yaml, located
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A detector config, preset name or override that cannot be used."""
 
 
@@ -170,36 +170,11 @@ PRESETS: dict[str, DetectorConfig] = {
 }
 
 
-def _coerce(name: str, value: Any, current: Any) -> Any:
-    """Turns override values (from YAML or `key=value` strings) into the field's type."""
-    if isinstance(value, str) and not isinstance(current, str):
-        try:
-            value = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{name}={value!r}: not a valid value ({exc})") from None
-    if isinstance(current, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name}={value!r}: expected a list")
-        kind = type(current[0]) if current else None
-        return tuple(kind(v) if kind is float else v for v in value)
-    if isinstance(current, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name}={value!r}: expected true or false")
-        return value
-    if isinstance(current, float) and isinstance(value, int):
-        return float(value)
-    if type(value) is not type(current):
-        raise ConfigError(f"{name}={value!r}: expected a {type(current).__name__}")
-    return value
-
-
 def apply_overrides(cfg: DetectorConfig, overrides: Mapping[str, Any]) -> DetectorConfig:
-    fields = {f.name: f for f in dataclasses.fields(DetectorConfig)}
-    unknown = sorted(set(overrides) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown detector config field(s): {', '.join(unknown)}")
-    values = {k: _coerce(k, v, getattr(cfg, k)) for k, v in overrides.items()}
-    return dataclasses.replace(cfg, **values)
+    """`cfg` with `overrides` (from YAML, or `FIELD=VALUE` text read as YAML) checked as every config is."""
+    values = {name: from_text(value, ConfigError, name) if isinstance(value, str) and not isinstance(
+        getattr(cfg, name, None), str) else value for name, value in overrides.items()}
+    return dataclasses.replace(cfg, **checked_fields(DetectorConfig, values, error=ConfigError))
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -222,20 +197,11 @@ def load_config(preset_or_file: str, overrides: Mapping[str, Any] | None = None)
     return apply_overrides(cfg, overrides or {})
 
 
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML syntax error in one line: where it is, and what."""
-    mark = getattr(exc, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return where + (getattr(exc, "problem", None) or str(exc).splitlines()[0])
-
-
 def _load_yaml(path: Path) -> DetectorConfig:
     if not path.is_file():
         raise ConfigError(f"detector config {path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"detector config {path}: invalid YAML, {yaml_problem(exc)}") from None
+    data, lines = load_yaml(path.read_text(), f"detector config {path}", ConfigError)
+    data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"detector config {path}: expected a mapping of field: value")
     base = data.pop("base", "butd-vg")
@@ -245,7 +211,7 @@ def _load_yaml(path: Path) -> DetectorConfig:
     try:
         return apply_overrides(PRESETS[base], data)
     except ConfigError as exc:
-        raise ConfigError(f"detector config {path}: {exc}") from None
+        raise ConfigError(located(f"detector config {path}", lines, exc)) from None
 
 
 def config_from_dict(data: Mapping[str, Any]) -> DetectorConfig:

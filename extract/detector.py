@@ -27,13 +27,16 @@ from extract.modeling.resnet import ConvNorm
 from extract.modeling.roi_heads import BoxPredictions
 from extract.preprocess import PreparedImage, masked_images, prepare_image, transferred
 from extract.selection import select_boxes_batch
+from vlbert.errors import FAILED, UserError
 
 # Images per trunk pass: one batch holds each image's activations (about 150 MB at BUTD size in float32).
 TRUNK_BATCH = 16
 
 
-class BoxError(ValueError):
+class BoxError(UserError):
     """Boxes given for an image that cannot be pooled; the message names the box."""
+
+    exit_status = FAILED
 
 
 @dataclass

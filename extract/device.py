@@ -7,8 +7,10 @@ from typing import Mapping
 
 import torch
 
+from vlbert.errors import FAILED, UserError
 
-class DeviceError(ValueError):
+
+class DeviceError(UserError):
     """A device name that this machine or this torch build cannot use."""
 
 
@@ -70,9 +72,11 @@ def launcher_variable(env: Mapping[str, str], name: str, default: int) -> int:
         raise DeviceError(f"{name}={env[name]!r}: expected an integer (set by the launcher)") from None
 
 
-class StickyDeviceError(RuntimeError):
+class StickyDeviceError(UserError, RuntimeError):
     """The device failed in a way that poisons its CUDA context (a device-side assert, an illegal
     memory access, ...): nothing more can run on it in this process."""
+
+    exit_status = FAILED
 
 
 # How CUDA errors that leave the context unusable read (CUDA runtime and driver, cuBLAS, cuDNN; HIP

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from vlbert.errors import FAILED, UserError
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 # The extraction job refuses images with more pixels from their header, before decoding: a PNG of
 # 62 KB can declare 8000x8000 pixels (64 MP, 2.5 GB of job memory), and the detector sees at most
@@ -22,8 +24,10 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", "
 DEFAULT_MAX_PIXELS = 40_000_000
 
 
-class ImageError(ValueError):
+class ImageError(UserError):
     """An image file that cannot be used; the message names the file and the reason."""
+
+    exit_status = FAILED
 
 
 def is_utf8(text: str) -> bool:

@@ -38,9 +38,10 @@ from extract.store.reader import FeatureStore
 from extract.store.schema import MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
 from extract.store.writer import DEFAULT_MAP_SIZE, CommitThread, FeatureStoreWriter
 from extract.threads import ComputeLanes, configured_threads, lane_count
+from vlbert.errors import UserError
 
 
-class JobError(ValueError):
+class JobError(UserError):
     """Job arguments that cannot be used (shard spec, boxes file, ...); nothing has been written."""
 
 

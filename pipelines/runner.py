@@ -66,9 +66,10 @@ from typing import Any, Callable, Iterator, Mapping
 
 import yaml
 
-from extract.config import yaml_problem
 from pipelines.steps import KINDS, Foreknown, StepKind
-from train.engine.config import RunConfigError, did_you_mean
+from train.engine.config import RunConfigError
+from vlbert.errors import UserError, error_line, exit_status
+from vlbert.typed_config import did_you_mean, yaml_problem
 
 STEP_FILE = "step.json"
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
@@ -79,7 +80,7 @@ INPUT = "inputs."  # the prefix of an input's reference
 OUT = "out"  # the setting that names the output folder
 
 
-class PipelineError(ValueError):
+class PipelineError(UserError):
     """A pipeline file that cannot be run as given; each line names the file (and the step)."""
 
 
@@ -87,8 +88,13 @@ class StepFailed(Exception):
     """A step that raised while running; `cause` is its error (also `__cause__`)."""
 
     def __init__(self, pipeline: Path, step: str, cause: Exception) -> None:
-        super().__init__(f"pipeline {pipeline}, step {step!r}: {cause}")
+        super().__init__(f"pipeline {pipeline}, step {step!r}: {error_line(cause)}")
         self.pipeline, self.step, self.cause = pipeline, step, cause
+
+    @property
+    def exit_status(self) -> int | None:
+        """The step's error's: a failed step ends a command as its error would have (None: a bug)."""
+        return exit_status(self.cause)
 
 
 @dataclass(frozen=True)

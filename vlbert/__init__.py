@@ -1,62 +1,31 @@
-"""VL-BERT model library: config, embeddings, encoder, heads, tokenization helpers, checkpoints."""
+"""VL-BERT model library: config, embeddings, encoder, heads, tokenization helpers, checkpoints.
 
-from vlbert.config import VLBertConfig
-from vlbert.convert_official import ConversionResult, convert_official_checkpoint
-from vlbert.losses import IGNORE_INDEX
-from vlbert.modeling import (
-    PreTrainingOutput,
-    TaskOutput,
-    VLBertForImageTextMatching,
-    VLBertForMultipleChoice,
-    VLBertForPreTraining,
-    VLBertForQuestionAnswering,
-    VLBertForReferringExpressions,
-    VLBertModel,
-    VLBertOutput,
-    VLBertPreTrainedModel,
-    box_geometry_embedding,
-    load_pretrained,
-)
-from vlbert.tokenization import (
-    Segment,
-    TextSequence,
-    build_caption_sequence,
-    build_choice_sequences,
-    build_sequence,
-    build_vqa_sequence,
-    choose_masked_regions,
-    load_tokenizer,
-    mask_whole_words,
-    pad_text,
-    word_pieces,
-)
+The names below load their module on first use, so that importing a light part (`vlbert.errors`,
+`vlbert.config`) does not import torch and transformers."""
 
-__all__ = [
-    "IGNORE_INDEX",
-    "ConversionResult",
-    "PreTrainingOutput",
-    "Segment",
-    "TaskOutput",
-    "TextSequence",
-    "VLBertConfig",
-    "VLBertForImageTextMatching",
-    "VLBertForMultipleChoice",
-    "VLBertForPreTraining",
-    "VLBertForQuestionAnswering",
-    "VLBertForReferringExpressions",
-    "VLBertModel",
-    "VLBertOutput",
-    "VLBertPreTrainedModel",
-    "box_geometry_embedding",
-    "build_caption_sequence",
-    "build_choice_sequences",
-    "build_sequence",
-    "build_vqa_sequence",
-    "choose_masked_regions",
-    "convert_official_checkpoint",
-    "load_pretrained",
-    "load_tokenizer",
-    "mask_whole_words",
-    "pad_text",
-    "word_pieces",
-]
+import importlib
+
+_EXPORTS = {
+    "VLBertConfig": "vlbert.config",
+    "ConversionResult": "vlbert.convert_official", "convert_official_checkpoint": "vlbert.convert_official",
+    "UserError": "vlbert.errors",
+    "IGNORE_INDEX": "vlbert.losses",
+    **dict.fromkeys([
+        "PreTrainingOutput", "TaskOutput", "VLBertForImageTextMatching", "VLBertForMultipleChoice",
+        "VLBertForPreTraining", "VLBertForQuestionAnswering", "VLBertForReferringExpressions", "VLBertModel",
+        "VLBertOutput", "VLBertPreTrainedModel", "box_geometry_embedding", "load_pretrained",
+    ], "vlbert.modeling"),
+    **dict.fromkeys([
+        "Segment", "TextSequence", "build_caption_sequence", "build_choice_sequences", "build_sequence",
+        "build_vqa_sequence", "choose_masked_regions", "load_tokenizer", "mask_whole_words", "pad_text",
+        "word_pieces",
+    ], "vlbert.tokenization"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'vlbert' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

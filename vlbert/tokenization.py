@@ -14,13 +14,14 @@ from pathlib import Path
 import torch
 from transformers import BertTokenizerFast, PreTrainedTokenizerFast
 
+from vlbert.errors import UserError
 from vlbert.losses import IGNORE_INDEX
 
 MASK_PROBABILITY = 0.15
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt")  # what load_tokenizer reads from a folder (tokenizer.json first)
 
 
-class VocabularyError(ValueError):
+class VocabularyError(UserError):
     """A tokenizer folder that cannot be used, or that does not fit the model; the message names its file."""
 
 

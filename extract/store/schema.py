@@ -16,6 +16,7 @@ import numpy as np
 
 from extract.config import SELECTION_FIELDS
 from extract.store import q8
+from vlbert.errors import FAILED, USAGE, UserError
 
 SCHEMA_NAME = "vlbert-feature-store"
 SCHEMA_VERSION = 3  # 2: records carry checksums; 3: feature fields may be stored encoded (q8)
@@ -52,12 +53,16 @@ BOX_SOURCES = ("proposals", "regressed", "given", "imported")
 VOLATILE_META = ("created", "detector.source", "detector.checkpoint", "images_root", "source", "schema_version")
 
 
-class StoreError(ValueError):
+class StoreError(UserError):
     """A FeatureStore that cannot be opened, written or decoded; the message says which and why."""
+
+    exit_status = FAILED
 
 
 class StoreMismatchError(StoreError):
     """A run whose detector, checkpoint or parameters differ from what the store's meta.json records."""
+
+    exit_status = USAGE
 
 
 class DamagedRecordError(StoreError):

@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from vlbert.errors import UserError
+
 BOM = codecs.BOM_UTF8
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A dataset, annotation or predictions file that cannot be used as given; the message names the
     file, and the line or item where there is one."""
 
