@@ -7,7 +7,7 @@ every problem with what the step would read: input paths that do not exist (thos
 earlier step's folder excepted), the device and precision, the detector, a vocabulary that does
 not fit the model it starts from, a store whose feature size is not the model's. `verify` also
 records in `known` what its folder will hold (an extract step's feature size). `check` and `run`
-go through one parsing function per kind (built on the train config's field checker: known names,
+go through one parsing function per kind (vlbert.typed_config's loader, as every config: known names,
 required ones, types, `1e-5` read as the number it spells), so what was checked is what runs;
 `fields(params)` names what `--set STEP.FIELD` may set, `stage_fields` what `STEP.STAGE.FIELD` may.
 """
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from train.data.sources.refer import DATASETS as REFER_DATASETS
-from train.engine.config import RunConfig, RunConfigError, StageConfig, checked_fields, did_you_mean
+from train.engine.config import RunConfig, RunConfigError, StageConfig
+from vlbert.typed_config import did_you_mean, from_mapping
 
 Log = Callable[[str], None]
 
@@ -72,7 +72,7 @@ class StepKind:
 
 def _parse(cls: type, params: dict[str, Any]) -> Any:
     """`params` as an instance of dataclass `cls`, checked field by field."""
-    return cls(**checked_fields(cls, params))
+    return from_mapping(cls, params, error=RunConfigError)
 
 
 def _field_names(cls: type, *extra: str, leaving_out: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], list[str]]:
@@ -428,75 +428,62 @@ def prepare(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> Non
 
 # ---- evaluate ------------------------------------------------------------------------------------
 
-@dataclass
-class EvaluateParams:
-    """`vlbert evaluate BENCHMARK`'s arguments; which of them a benchmark needs is in BENCHMARKS."""
-
-    benchmark: str
-    predictions: list[str]  # vcr: the Q→A and QA→R runs' files, merged by annot_id
-    annotations: str | None = None  # vqa2: the annotations JSON; vcr: val.jsonl
-    questions: str | None = None  # vqa2
-    data: str | None = None  # refcoco*: the refer toolkit's DATA folder
-    split: str | None = None  # refcoco*
+# A benchmark's inputs as an evaluate step's parameters (YAML spells a path as a string).
+_INPUT_TYPES = {"file": str, "folder": str, "text": str}
 
 
-@dataclass(frozen=True)
-class Benchmark:
-    needs: tuple[str, ...]
-    score: Callable[[EvaluateParams, Path], dict[str, Any]]  # also writes what it merged into the folder
+@functools.cache
+def _evaluation_params(benchmark: str) -> type:
+    """The dataclass of an evaluate step's parameters for `benchmark`: its name and the record's inputs."""
+    from train.evaluation.benchmarks import BENCHMARKS
+
+    fields = [("benchmark", str)]
+    for spec in BENCHMARKS[benchmark].inputs:
+        kind = list[_INPUT_TYPES[spec.kind]] if spec.multiple else _INPUT_TYPES[spec.kind]
+        fields.append((spec.name, kind) if spec.required else (spec.name, kind | None, dataclasses.field(default=None)))
+    return dataclasses.make_dataclass(f"Evaluate{benchmark.title()}Params", fields)
 
 
-def _score_vqa2(params: EvaluateParams, folder: Path) -> dict[str, Any]:
-    from train.evaluation.vqa2 import evaluate_vqa2
+def _evaluation(params: dict[str, Any]) -> Any:
+    """`vlbert evaluate BENCHMARK`'s inputs, as train/evaluation/benchmarks.py declares them."""
+    from train.evaluation.benchmarks import BENCHMARKS
 
-    return evaluate_vqa2(params.questions, params.annotations, params.predictions[0])
-
-
-def _score_vcr(params: EvaluateParams, folder: Path) -> dict[str, Any]:
-    from train.evaluation.vcr import evaluate_vcr, merge_vcr_predictions, write_vcr_csv
-
-    write_vcr_csv(folder / "predictions.csv", merge_vcr_predictions(params.predictions))
-    return evaluate_vcr(params.annotations, folder / "predictions.csv")
+    name = params.get("benchmark")
+    if name not in BENCHMARKS:
+        raise RunConfigError(f"benchmark: {name!r} is not one of {', '.join(BENCHMARKS)}"
+                             f"{did_you_mean(str(name), BENCHMARKS)}")
+    return _parse(_evaluation_params(name), params)
 
 
-def _score_refer(dataset: str) -> Callable[[EvaluateParams, Path], dict[str, Any]]:
-    def score(params: EvaluateParams, folder: Path) -> dict[str, Any]:
-        from train.evaluation.refer import evaluate_refer
+def _evaluate_fields(params: dict[str, Any]) -> list[str]:
+    from train.evaluation.benchmarks import BENCHMARKS
 
-        return evaluate_refer(params.data, dataset, params.split, params.predictions[0])
-    return score
-
-
-BENCHMARKS: dict[str, Benchmark] = {
-    "vqa2": Benchmark(("questions", "annotations"), _score_vqa2),
-    "vcr": Benchmark(("annotations",), _score_vcr),
-    **{name: Benchmark(("data", "split"), _score_refer(name)) for name in REFER_DATASETS},
-}
+    benchmark = BENCHMARKS.get(params.get("benchmark"))  # type: ignore[arg-type]
+    return ["benchmark", *(spec.name for spec in (benchmark.inputs if benchmark else ()))]
 
 
-def _evaluation(params: dict[str, Any]) -> EvaluateParams:
-    chosen = _parse(EvaluateParams, params)
-    benchmark = BENCHMARKS.get(chosen.benchmark)
-    if benchmark is None:
-        raise RunConfigError(f"benchmark: {chosen.benchmark!r} is not one of {', '.join(BENCHMARKS)}"
-                             f"{did_you_mean(chosen.benchmark, BENCHMARKS)}")
-    missing = [name for name in benchmark.needs if getattr(chosen, name) is None]
-    if missing or not chosen.predictions:
-        raise RunConfigError(f"benchmark {chosen.benchmark}: needs {', '.join(missing or ['predictions'])}")
-    return chosen
+def _input_paths(chosen: Any) -> list[tuple[str, Any]]:
+    """(name, path) of each file and folder input given."""
+    from train.evaluation.benchmarks import BENCHMARKS
+
+    named = []
+    for spec in BENCHMARKS[chosen.benchmark].inputs:
+        value = getattr(chosen, spec.name)
+        if spec.kind != "text":
+            named += [(f"{spec.name}[{i}]", v) for i, v in enumerate(value)] if spec.multiple else [(spec.name, value)]
+    return named
 
 
 def _verify_evaluate(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
-    chosen = _evaluation(params)
-    named = [(f"predictions[{i}]", path) for i, path in enumerate(chosen.predictions)]
-    named += [(name, getattr(chosen, name)) for name in ("annotations", "questions", "data")]
-    return missing_paths(named, known)
+    return missing_paths(_input_paths(_evaluation(params)), known)
 
 
 def evaluate(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     """Predictions scored as `vlbert evaluate` scores them, into scores.json."""
+    from train.evaluation.benchmarks import BENCHMARKS
+
     chosen = _evaluation(params)
-    scores = BENCHMARKS[chosen.benchmark].score(chosen, folder)
+    scores = BENCHMARKS[chosen.benchmark].score(dataclasses.asdict(chosen), folder)
     (folder / "scores.json").write_text(json.dumps(scores, indent=1))
     log(f"{chosen.benchmark}: {json.dumps(scores)}")
 
@@ -549,6 +536,6 @@ KINDS: dict[str, StepKind] = {
     "train": StepKind(train, functools.partial(_run_config, out=CHECKED_OUT),
                       _field_names(RunConfig, *TRAIN_EXTRAS, leaving_out=("out",)), _verify_train,
                       tuple(spec.name for spec in dataclasses.fields(StageConfig))),
-    "evaluate": StepKind(evaluate, _evaluation, _field_names(EvaluateParams), _verify_evaluate),
+    "evaluate": StepKind(evaluate, _evaluation, _evaluate_fields, _verify_evaluate),
     "report": StepKind(report, report_params, _field_names(ReportParams), _verify_report),
 }

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import click
 
-from train.data.prepare import prepare_dataset
 from train.data.sources import SOURCES
 
 
@@ -41,6 +40,8 @@ whole preparation succeeded; a failed one leaves --out as it was, and one that k
               help="refcoco*: candidate boxes from a detections file instead of the ground-truth boxes.")
 def prepare_command(source: str, root: Path, images: Path | None, out: Path, max_missing: float | None,
                     **options) -> None:
+    from train.data.prepare import prepare_dataset
+
     options = {name: value for name, value in options.items() if value is not None}
     summary = prepare_dataset(SOURCES[source], root, out, images, max_missing, log=click.echo, **options)
     total = sum(split["items"] for split in summary["splits"].values())

@@ -4,8 +4,6 @@ from pathlib import Path
 
 import click
 
-from pipelines.runner import parse_setting, run_pipeline
-
 
 @click.group("pipeline")
 def pipeline_group() -> None:
@@ -38,6 +36,8 @@ def run_command(file: Path, settings: tuple[str, ...], out: Path | None) -> None
     ends the command with one line naming it. Rerunning skips done steps, resumes an
     interrupted one and redoes steps whose parameters (--set values included) or inputs changed.
     """
+    from pipelines.runner import parse_setting, run_pipeline
+
     root = run_pipeline(file, out, log=click.echo, settings=dict(parse_setting(text) for text in settings))
     click.echo(f"pipeline outputs: {root.resolve()}")
 

@@ -4,9 +4,6 @@ from pathlib import Path
 
 import click
 
-from train.engine.config import load_run_config
-from train.engine.trainer import Trainer
-
 
 @click.command("train")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -27,7 +24,12 @@ def train_command(config: Path, resume: bool, restart: bool, skip_damaged: bool,
     OUT/stages/<i>-<name>/eval.json; metrics.jsonl and tensorboard/ hold the training curves.
     OUT must hold this run or none: a run folder trained with another config is refused (the
     differences are listed) unless --restart. Rerunning a finished run trains nothing.
+
+    The run config's fields are listed in docs/training.md, section "Run config fields".
     """
+    from train.engine.config import load_run_config
+    from train.engine.trainer import Trainer
+
     if resume and restart:
         raise click.UsageError("--resume continues the run in the out folder and --restart discards it: pass one")
     options = {"out": out, "device": device, "damaged_records": "skip" if skip_damaged else None}
