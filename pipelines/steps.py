@@ -378,7 +378,7 @@ def _store_feature_size(store: str, known: Foreknown) -> int | None:
 
 @dataclass
 class PrepareParams:
-    """`vlbert data prepare`'s arguments; a prepare step's other keys are the source's options."""
+    """`vlbert data prepare`'s arguments; a prepare step's other keys are its source's options."""
 
     source: str
     root: str
@@ -387,21 +387,22 @@ class PrepareParams:
 
 
 def _preparation(params: dict[str, Any]) -> tuple[PrepareParams, dict[str, Any]]:
-    """The checked arguments and the source's options (names checked against the source's; values are
-    the source's to check)."""
+    """The checked arguments and the source's options given, checked as train/data/sources declares them."""
     from train.data.sources import SOURCES
 
-    names = {spec.name for spec in dataclasses.fields(PrepareParams)}
-    chosen = _parse(PrepareParams, {k: v for k, v in params.items() if k in names})
-    if chosen.source not in SOURCES:
-        raise RunConfigError(f"source: {chosen.source!r} is not a known source{did_you_mean(chosen.source, SOURCES)}"
+    name = params.get("source")
+    if name not in SOURCES:
+        raise RunConfigError(f"source: {name!r} is not a known source{did_you_mean(str(name), SOURCES)}"
                              f"; known: {', '.join(sorted(SOURCES))}")
-    options = {k: v for k, v in params.items() if k not in names}
-    known = [*names, *SOURCES[chosen.source].options]
-    unknown = [name for name in options if name not in known]
-    if unknown:
-        raise RunConfigError(f"{unknown[0]}: not an option of source {chosen.source}{did_you_mean(unknown[0], known)}; "
-                             f"it takes {', '.join(known)}")
+    declared = SOURCES[name].options
+    fields = [(option.name, (str if option.type is Path else option.type) | None, dataclasses.field(default=None))
+              for option in declared]
+    chosen = _parse(dataclasses.make_dataclass("SourceParams", fields, bases=(PrepareParams,)), params)
+    options = {option.name: getattr(chosen, option.name) for option in declared
+               if getattr(chosen, option.name) is not None}
+    for option in declared:
+        if option.minimum is not None and options.get(option.name, option.minimum) < option.minimum:
+            raise RunConfigError(f"{option.name}: expected at least {option.minimum}, found {options[option.name]}")
     return chosen, options
 
 
@@ -409,7 +410,7 @@ def _prepare_fields(params: dict[str, Any]) -> list[str]:
     from train.data.sources import SOURCES
 
     source = SOURCES.get(params.get("source"))  # type: ignore[arg-type]
-    return [spec.name for spec in dataclasses.fields(PrepareParams)] + list(source.options if source else ())
+    return [spec.name for spec in dataclasses.fields(PrepareParams)] + [o.name for o in (source.options if source else ())]
 
 
 def _verify_prepare(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
@@ -438,10 +439,10 @@ def _evaluation_params(benchmark: str) -> type:
     from train.evaluation.benchmarks import BENCHMARKS
 
     fields = [("benchmark", str)]
-    for spec in BENCHMARKS[benchmark].inputs:
+    for spec in sorted(BENCHMARKS[benchmark].inputs, key=lambda spec: not spec.required):  # defaults last
         kind = list[_INPUT_TYPES[spec.kind]] if spec.multiple else _INPUT_TYPES[spec.kind]
         fields.append((spec.name, kind) if spec.required else (spec.name, kind | None, dataclasses.field(default=None)))
-    return dataclasses.make_dataclass(f"Evaluate{benchmark.title()}Params", fields)
+    return dataclasses.make_dataclass("EvaluateParams", fields)
 
 
 def _evaluation(params: dict[str, Any]) -> Any:

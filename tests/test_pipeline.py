@@ -213,7 +213,7 @@ def test_every_step_is_checked_at_load_before_anything_runs(tmp_path):
 def toy_source(calls):
     """A fake published dataset: `toy_<split>.json` under the root, {"items": [{"id", "image", "text"}]}."""
     from train.data.files import read_json
-    from train.data.prepare import Source
+    from train.data.prepare import Source, SourceOption
 
     def prepare(preparation):
         calls.append(dict(preparation.options))
@@ -228,7 +228,8 @@ def toy_source(calls):
                     else:
                         writer.skip_missing_image(item["id"], item["image"])
 
-    return Source("toy", ("train", "val"), prepare, "a test source", options=("min_length",))
+    return Source("toy", ("train", "val"), prepare, "a test source",
+                  options=(SourceOption("min_length", int, "the shortest text kept", minimum=1),))
 
 
 @pytest.fixture
@@ -253,7 +254,7 @@ def toy_dataset(tmp_path, monkeypatch):
 def test_a_misspelt_source_option_is_refused_when_the_pipeline_loads(toy_dataset, tmp_path):
     path, root, calls = toy_dataset
     path.write_text(path.read_text().replace("min_length", "min_lenght"))
-    with pytest.raises(PipelineError, match=r"step 'data' \(prepare\): min_lenght: not an option of source toy "
+    with pytest.raises(PipelineError, match=r"step 'data' \(prepare\): unknown field 'min_lenght' "
                                             r"\(did you mean 'min_length'\?\)"):
         run_pipeline(path, log=lambda _: None, settings={"root": str(root), "out": str(tmp_path / "out")})
     assert not calls and not (tmp_path / "out").exists()
