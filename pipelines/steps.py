@@ -209,8 +209,6 @@ def _vocabulary_params(params: dict[str, Any]) -> VocabularyParams:
     if chosen.world is None and chosen.given is None and not chosen.texts:
         raise RunConfigError("give `world` (a demo world), `given` (a tokenizer folder) or `texts` "
                              "(annotation or text files to build a WordPiece vocabulary from)")
-    if not all(isinstance(text, str) for text in chosen.texts):
-        raise RunConfigError(f"texts: expected a list of file paths, found {chosen.texts!r}")
     if chosen.size < 1 or chosen.min_frequency < 1:
         raise RunConfigError(f"size {chosen.size}, min_frequency {chosen.min_frequency}: expected positive integers")
     return chosen
@@ -255,13 +253,23 @@ def seed_folder(folder: Path, seed: int) -> Path:
     return folder / SEED_FOLDER.format(seed)
 
 
+@dataclass
+class TrainExtras:
+    """A train step's keys beyond RunConfig's."""
+
+    detector: str = ""  # a label (frozen, tuned) that reports show
+    seeds: list[int] | None = None  # distinct non-negative integers, each the `seed` of one run
+
+
+TRAIN_EXTRAS = tuple(spec.name for spec in dataclasses.fields(TrainExtras))
+
+
 def _seeds(params: dict[str, Any]) -> list[int] | None:
-    """A train step's `seeds`: distinct non-negative integers, each the `seed` of one run."""
-    seeds = params.get("seeds")
+    """A train step's `seeds`, checked."""
+    seeds = _parse(TrainExtras, {k: v for k, v in params.items() if k in TRAIN_EXTRAS}).seeds
     if seeds is None:
         return None
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                                           for s in seeds):
+    if not seeds or min(seeds) < 0:
         raise RunConfigError(f"seeds: expected a list of non-negative integers, found {seeds!r}")
     if len(set(seeds)) < len(seeds):
         raise RunConfigError(f"seeds: {seeds!r} repeats a seed")
@@ -270,17 +278,10 @@ def _seeds(params: dict[str, Any]) -> list[int] | None:
     return seeds
 
 
-TRAIN_EXTRAS = ("detector", "seeds")  # a train step's keys beyond RunConfig's
-
-
 def _run_config(params: dict[str, Any], out: str, seed: int | None = None) -> RunConfig:
-    """RunConfig fields, `detector`: a label (frozen, tuned) that reports show, and `seeds`, checked
-    here; `seed` replaces the config's."""
+    """RunConfig fields and TrainExtras, checked here; `seed` replaces the config's."""
     if "out" in params:
         raise RunConfigError("out: a step writes into its own folder under the pipeline's `out`; remove it")
-    label = params.get("detector", "")
-    if not isinstance(label, str):
-        raise RunConfigError(f"detector: expected a label such as frozen or tuned, found {label!r}")
     _seeds(params)
     fields = {k: v for k, v in params.items() if k not in TRAIN_EXTRAS}
     return RunConfig.from_dict({**fields, "out": out, **({} if seed is None else {"seed": seed})})
@@ -506,7 +507,7 @@ def report_params(params: dict[str, Any]) -> ReportParams:
     """The report's parameters; the runs that `compare` and `baseline` name must be among `runs`."""
     chosen = _parse(ReportParams, params)
     for index, pair in enumerate(chosen.compare):
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(run, str) for run in pair)):
+        if len(pair) != 2:  # the loader checked that it is a list of strings
             raise RunConfigError(f"compare[{index}]: expected a pair [RUN_A, RUN_B] of run folders, found {pair!r}")
     named = [(f"compare[{i}][{j}]", run) for i, pair in enumerate(chosen.compare) for j, run in enumerate(pair)]
     for where, run in named + ([("baseline", chosen.baseline)] if chosen.baseline else []):

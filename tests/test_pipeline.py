@@ -357,7 +357,9 @@ def test_a_train_step_with_seeds_trains_one_run_per_seed_and_the_report_gives_th
 @pytest.mark.parametrize("step, message", [
     ({**train_step(), "seeds": [0, 0]}, r"step 'finetune' \(train\): seeds: \[0, 0\] repeats a seed"),
     ({**train_step(), "seeds": [1, -2]}, r"seeds: expected a list of non-negative integers, found \[1, -2\]"),
-    ({**train_step(), "seeds": 3}, r"seeds: expected a list of non-negative integers, found 3"),
+    ({**train_step(), "seeds": 3}, r"seeds: expected a list, found 3"),
+    ({**train_step(), "seeds": [0, "1"]}, r"seeds\[1\]: expected an integer, found '1'"),
+    ({**train_step(), "detector": 5}, r"detector: expected a string, found 5"),
     ({**train_step(), "seeds": [0, 1], "seed": 2}, "seed and seeds: give one"),
     ({"name": "report", "kind": "report", "runs": ["${finetune}"], "compare": [["${finetune}"]]},
      r"step 'report' \(report\): compare\[0\]: expected a pair \[RUN_A, RUN_B\] of run folders"),

@@ -148,12 +148,12 @@ def join_key(where: str, name: str) -> str:
 
 
 def from_text(text: str, error: type[Exception] = FieldError, where: str = "") -> Any:
-    """A command line's value read as YAML (`5`, `true`, `[1, 2]`, `null`); a string it does not parse
-    as stays that string for the field's check to judge."""
+    """A command line's value read as YAML (`5`, `true`, `[1, 2]`, `null`, `5e-5` as text that a float
+    field takes); text that is not YAML is an `error` at `where`."""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise _error(error, where, f"{text!r} is not YAML ({yaml_problem(exc)}); quote it") from None
+        raise _error(error, where, f"VALUE is not YAML ({yaml_problem(exc)}); quote it") from None
 
 
 # ---- YAML files, with the line of each key ---------------------------------------------------
