@@ -4,6 +4,9 @@ a wrong type with its key (and, from a file, the file and line)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Literal
+
 import pytest
 import yaml
 
@@ -12,6 +15,7 @@ from pipelines.steps import KINDS
 from train.engine.config import RunConfigError, load_run_config
 from vlbert.config import VLBertConfig, VLBertConfigError
 from vlbert.errors import FAILED, USAGE, UserError
+from vlbert.typed_config import FieldError, from_mapping
 
 
 def run_document(**stage) -> dict:
@@ -131,3 +135,24 @@ def test_each_user_error_carries_its_exit_status(module, name, status):
 
     error = getattr(importlib.import_module(module), name)
     assert issubclass(error, UserError) and error.exit_status == status
+
+
+@dataclass
+class Head:
+    kind: Literal["linear", "mlp"] = "linear"
+    widths: tuple[int, ...] = ()
+
+
+@dataclass
+class Model:
+    head: Head = field(default_factory=Head)
+    heads: list[Head] = field(default_factory=list)
+
+
+def test_the_loader_builds_nested_dataclasses_and_checks_choices():
+    built = from_mapping(Model, {"head": {"kind": "mlp", "widths": [4, 2]}, "heads": [{}]})
+    assert built == Model(Head("mlp", (4, 2)), [Head()])
+    with pytest.raises(FieldError, match=r"^heads\[0\]\.kind: 'mpl' is not one of linear, mlp \(did you mean 'mlp'\?\)$"):
+        from_mapping(Model, {"heads": [{"kind": "mpl"}]})
+    with pytest.raises(FieldError, match=r"^head: expected a mapping of Head fields, found 3$"):
+        from_mapping(Model, {"head": 3})

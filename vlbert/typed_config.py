@@ -63,6 +63,7 @@ FIELD_TYPES: dict[Any, FieldType] = {
     list: FieldType(lambda v: isinstance(v, (list, tuple)), "a list", list),
     tuple: FieldType(lambda v: isinstance(v, (list, tuple)), "a list", tuple),
     dict: FieldType(lambda v: isinstance(v, Mapping), "a mapping", dict),
+    Any: FieldType(lambda v: True, "anything"),
 }
 
 
