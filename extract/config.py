@@ -11,10 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import yaml
-
 from extract.modeling.parts import PARTS, part_shape
 from vlbert.errors import UserError
+from vlbert.typed_config import checked_fields, from_text
 
 
 class ConfigError(UserError):
@@ -129,36 +128,13 @@ def _check(cfg: DetectorConfig) -> None:
             raise ConfigError(f"{name} has {len(names)} entries, the config has {expected}")
 
 
-def _coerce(name: str, value: Any, current: Any) -> Any:
-    """Turns override values (from YAML or `key=value` strings) into the field's type."""
-    if isinstance(value, str) and not isinstance(current, str):
-        try:
-            value = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{name}={value!r}: not a valid value ({exc})") from None
-    if isinstance(current, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name}={value!r}: expected a list")
-        kind = type(current[0]) if current else None
-        return tuple(kind(v) if kind is float else v for v in value)
-    if isinstance(current, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name}={value!r}: expected true or false")
-        return value
-    if isinstance(current, float) and isinstance(value, int):
-        return float(value)
-    if type(value) is not type(current):
-        raise ConfigError(f"{name}={value!r}: expected a {type(current).__name__}")
-    return value
 
 
 def apply_overrides(cfg: DetectorConfig, overrides: Mapping[str, Any]) -> DetectorConfig:
-    fields = {f.name: f for f in dataclasses.fields(DetectorConfig)}
-    unknown = sorted(set(overrides) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown detector config field(s): {', '.join(unknown)}")
-    values = {k: _coerce(k, v, getattr(cfg, k)) for k, v in overrides.items()}
-    return dataclasses.replace(cfg, **values)
+    """`cfg` with `overrides` (from YAML, or `FIELD=VALUE` text read as YAML) checked as every config is."""
+    values = {name: from_text(value, ConfigError, name) if isinstance(value, str) and not isinstance(
+        getattr(cfg, name, None), str) else value for name, value in overrides.items()}
+    return dataclasses.replace(cfg, **checked_fields(DetectorConfig, values, error=ConfigError))
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -168,11 +144,6 @@ def parse_override(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML syntax error in one line: where it is, and what."""
-    mark = getattr(exc, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return where + (getattr(exc, "problem", None) or str(exc).splitlines()[0])
 
 
 def config_from_dict(data: Mapping[str, Any]) -> DetectorConfig:

@@ -72,7 +72,7 @@ def launcher_variable(env: Mapping[str, str], name: str, default: int) -> int:
         raise DeviceError(f"{name}={env[name]!r}: expected an integer (set by the launcher)") from None
 
 
-class StickyDeviceError(UserError):
+class StickyDeviceError(UserError, RuntimeError):
     """The device failed in a way that poisons its CUDA context (a device-side assert, an illegal
     memory access, ...): nothing more can run on it in this process."""
 

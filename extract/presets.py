@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
-from extract.config import ConfigError, DetectorConfig, apply_overrides, yaml_problem
+from extract.config import ConfigError, DetectorConfig, apply_overrides
+from vlbert.typed_config import load_yaml, located
 
 PRESETS: dict[str, DetectorConfig] = {
     # Bottom-up-attention Faster R-CNN on Visual Genome: 1600 classes, 400 attributes.
@@ -102,10 +101,8 @@ def load_config(preset_or_file: str, overrides: Mapping[str, Any] | None = None)
 def _load_yaml(path: Path) -> DetectorConfig:
     if not path.is_file():
         raise ConfigError(f"detector config {path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"detector config {path}: invalid YAML, {yaml_problem(exc)}") from None
+    data, lines = load_yaml(path.read_text(), f"detector config {path}", ConfigError)
+    data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"detector config {path}: expected a mapping of field: value")
     base = data.pop("base", "butd-vg")
@@ -115,4 +112,4 @@ def _load_yaml(path: Path) -> DetectorConfig:
     try:
         return apply_overrides(PRESETS[base], data)
     except ConfigError as exc:
-        raise ConfigError(f"detector config {path}: {exc}") from None
+        raise ConfigError(located(f"detector config {path}", lines, exc)) from None

@@ -66,10 +66,10 @@ from typing import Any, Callable, Iterator, Mapping
 
 import yaml
 
-from extract.config import yaml_problem
 from pipelines.steps import KINDS, Foreknown, StepKind
-from train.engine.config import RunConfigError, did_you_mean
+from train.engine.config import RunConfigError
 from vlbert.errors import UserError, error_line, exit_status
+from vlbert.typed_config import did_you_mean, from_text, yaml_problem
 
 STEP_FILE = "step.json"
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
@@ -118,10 +118,7 @@ def parse_setting(text: str) -> tuple[str, Any]:
     name, equals, value = text.partition("=")
     if not equals or not name:
         raise PipelineError(f"--set {text}: expected NAME=VALUE")
-    try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError as exc:
-        raise PipelineError(f"--set {text}: VALUE is not YAML ({yaml_problem(exc)}); quote it") from None
+    parsed = from_text(value, PipelineError, f"--set {text}")
     return name, parsed if isinstance(parsed, (str, int, float, bool, list, dict, type(None))) else value
 
 

@@ -7,7 +7,7 @@ every problem with what the step would read: input paths that do not exist (thos
 earlier step's folder excepted), the device and precision, the detector, a vocabulary that does
 not fit the model it starts from, a store whose feature size is not the model's. `verify` also
 records in `known` what its folder will hold (an extract step's feature size). `check` and `run`
-go through one parsing function per kind (built on the train config's field checker: known names,
+go through one parsing function per kind (vlbert.typed_config's loader, as every config: known names,
 required ones, types, `1e-5` read as the number it spells), so what was checked is what runs;
 `fields(params)` names what `--set STEP.FIELD` may set, `stage_fields` what `STEP.STAGE.FIELD` may.
 """
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from train.data.sources.refer import DATASETS as REFER_DATASETS
+from train.engine.config import RunConfig, RunConfigError, StageConfig
 from train.engine.run_folder import RunFolder
-from train.engine.config import RunConfig, RunConfigError, StageConfig, checked_fields, did_you_mean
+from vlbert.typed_config import did_you_mean, from_mapping
 
 Log = Callable[[str], None]
 
@@ -79,7 +79,7 @@ class StepKind:
 
 def _parse(cls: type, params: dict[str, Any]) -> Any:
     """`params` as an instance of dataclass `cls`, checked field by field."""
-    return cls(**checked_fields(cls, params))
+    return from_mapping(cls, params, error=RunConfigError)
 
 
 def _field_names(cls: type, *extra: str, leaving_out: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], list[str]]:
@@ -217,8 +217,6 @@ def _vocabulary_params(params: dict[str, Any]) -> VocabularyParams:
     if chosen.world is None and chosen.given is None and not chosen.texts:
         raise RunConfigError("give `world` (a demo world), `given` (a tokenizer folder) or `texts` "
                              "(annotation or text files to build a WordPiece vocabulary from)")
-    if not all(isinstance(text, str) for text in chosen.texts):
-        raise RunConfigError(f"texts: expected a list of file paths, found {chosen.texts!r}")
     if chosen.size < 1 or chosen.min_frequency < 1:
         raise RunConfigError(f"size {chosen.size}, min_frequency {chosen.min_frequency}: expected positive integers")
     return chosen
@@ -256,13 +254,23 @@ def _verify_vocabulary(params: dict[str, Any], folder: Path, known: Foreknown) -
 
 # ---- train ---------------------------------------------------------------------------------------
 
+@dataclass
+class TrainExtras:
+    """A train step's keys beyond RunConfig's."""
+
+    detector: str = ""  # a label (frozen, tuned) that reports show
+    seeds: list[int] | None = None  # distinct non-negative integers, each the `seed` of one run
+
+
+TRAIN_EXTRAS = tuple(spec.name for spec in dataclasses.fields(TrainExtras))
+
+
 def _seeds(params: dict[str, Any]) -> list[int] | None:
-    """A train step's `seeds`: distinct non-negative integers, each the `seed` of one run."""
-    seeds = params.get("seeds")
+    """A train step's `seeds`, checked."""
+    seeds = _parse(TrainExtras, {k: v for k, v in params.items() if k in TRAIN_EXTRAS}).seeds
     if seeds is None:
         return None
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                                           for s in seeds):
+    if not seeds or min(seeds) < 0:
         raise RunConfigError(f"seeds: expected a list of non-negative integers, found {seeds!r}")
     if len(set(seeds)) < len(seeds):
         raise RunConfigError(f"seeds: {seeds!r} repeats a seed")
@@ -271,17 +279,10 @@ def _seeds(params: dict[str, Any]) -> list[int] | None:
     return seeds
 
 
-TRAIN_EXTRAS = ("detector", "seeds")  # a train step's keys beyond RunConfig's
-
-
 def _run_config(params: dict[str, Any], out: str, seed: int | None = None) -> RunConfig:
-    """RunConfig fields, `detector`: a label (frozen, tuned) that reports show, and `seeds`, checked
-    here; `seed` replaces the config's."""
+    """RunConfig fields and TrainExtras, checked here; `seed` replaces the config's."""
     if "out" in params:
         raise RunConfigError("out: a step writes into its own folder under the pipeline's `out`; remove it")
-    label = params.get("detector", "")
-    if not isinstance(label, str):
-        raise RunConfigError(f"detector: expected a label such as frozen or tuned, found {label!r}")
     _seeds(params)
     fields = {k: v for k, v in params.items() if k not in TRAIN_EXTRAS}
     return RunConfig.from_dict({**fields, "out": out, **({} if seed is None else {"seed": seed})})
@@ -393,7 +394,7 @@ def _store_feature_size(store: str, known: Foreknown) -> int | None:
 
 @dataclass
 class PrepareParams:
-    """`vlbert data prepare`'s arguments; a prepare step's other keys are the source's options."""
+    """`vlbert data prepare`'s arguments; a prepare step's other keys are its source's options."""
 
     source: str
     root: str
@@ -402,21 +403,22 @@ class PrepareParams:
 
 
 def _preparation(params: dict[str, Any]) -> tuple[PrepareParams, dict[str, Any]]:
-    """The checked arguments and the source's options (names checked against the source's; values are
-    the source's to check)."""
+    """The checked arguments and the source's options given, checked as train/data/sources declares them."""
     from train.data.sources import SOURCES
 
-    names = {spec.name for spec in dataclasses.fields(PrepareParams)}
-    chosen = _parse(PrepareParams, {k: v for k, v in params.items() if k in names})
-    if chosen.source not in SOURCES:
-        raise RunConfigError(f"source: {chosen.source!r} is not a known source{did_you_mean(chosen.source, SOURCES)}"
+    name = params.get("source")
+    if name not in SOURCES:
+        raise RunConfigError(f"source: {name!r} is not a known source{did_you_mean(str(name), SOURCES)}"
                              f"; known: {', '.join(sorted(SOURCES))}")
-    options = {k: v for k, v in params.items() if k not in names}
-    known = [*names, *SOURCES[chosen.source].options]
-    unknown = [name for name in options if name not in known]
-    if unknown:
-        raise RunConfigError(f"{unknown[0]}: not an option of source {chosen.source}{did_you_mean(unknown[0], known)}; "
-                             f"it takes {', '.join(known)}")
+    declared = SOURCES[name].options
+    fields = [(option.name, (str if option.type is Path else option.type) | None, dataclasses.field(default=None))
+              for option in declared]
+    chosen = _parse(dataclasses.make_dataclass("SourceParams", fields, bases=(PrepareParams,)), params)
+    options = {option.name: getattr(chosen, option.name) for option in declared
+               if getattr(chosen, option.name) is not None}
+    for option in declared:
+        if option.minimum is not None and options.get(option.name, option.minimum) < option.minimum:
+            raise RunConfigError(f"{option.name}: expected at least {option.minimum}, found {options[option.name]}")
     return chosen, options
 
 
@@ -424,7 +426,7 @@ def _prepare_fields(params: dict[str, Any]) -> list[str]:
     from train.data.sources import SOURCES
 
     source = SOURCES.get(params.get("source"))  # type: ignore[arg-type]
-    return [spec.name for spec in dataclasses.fields(PrepareParams)] + list(source.options if source else ())
+    return [spec.name for spec in dataclasses.fields(PrepareParams)] + [o.name for o in (source.options if source else ())]
 
 
 def _verify_prepare(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
@@ -443,82 +445,62 @@ def prepare(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> Non
 
 # ---- evaluate ------------------------------------------------------------------------------------
 
-@dataclass
-class EvaluateParams:
-    """`vlbert evaluate BENCHMARK`'s arguments; which of them a benchmark needs is in BENCHMARKS."""
-
-    benchmark: str
-    predictions: list[str]  # vcr: the Q→A and QA→R runs' files, merged by annot_id
-    annotations: str | None = None  # vqa2: the annotations JSON; vcr: val.jsonl; snli-ve: snli_ve_<split>.jsonl
-    questions: str | None = None  # vqa2
-    data: str | None = None  # refcoco*: the refer toolkit's DATA folder
-    split: str | None = None  # refcoco*
+# A benchmark's inputs as an evaluate step's parameters (YAML spells a path as a string).
+_INPUT_TYPES = {"file": str, "folder": str, "text": str}
 
 
-@dataclass(frozen=True)
-class Benchmark:
-    needs: tuple[str, ...]
-    score: Callable[[EvaluateParams, Path], dict[str, Any]]  # also writes what it merged into the folder
+@functools.cache
+def _evaluation_params(benchmark: str) -> type:
+    """The dataclass of an evaluate step's parameters for `benchmark`: its name and the record's inputs."""
+    from train.evaluation.benchmarks import BENCHMARKS
+
+    fields = [("benchmark", str)]
+    for spec in sorted(BENCHMARKS[benchmark].inputs, key=lambda spec: not spec.required):  # defaults last
+        kind = list[_INPUT_TYPES[spec.kind]] if spec.multiple else _INPUT_TYPES[spec.kind]
+        fields.append((spec.name, kind) if spec.required else (spec.name, kind | None, dataclasses.field(default=None)))
+    return dataclasses.make_dataclass("EvaluateParams", fields)
 
 
-def _score_vqa2(params: EvaluateParams, folder: Path) -> dict[str, Any]:
-    from train.evaluation.vqa2 import evaluate_vqa2
+def _evaluation(params: dict[str, Any]) -> Any:
+    """`vlbert evaluate BENCHMARK`'s inputs, as train/evaluation/benchmarks.py declares them."""
+    from train.evaluation.benchmarks import BENCHMARKS
 
-    return evaluate_vqa2(params.questions, params.annotations, params.predictions[0])
-
-
-def _score_vcr(params: EvaluateParams, folder: Path) -> dict[str, Any]:
-    from train.evaluation.vcr import evaluate_vcr, merge_vcr_predictions, write_vcr_csv
-
-    write_vcr_csv(folder / "predictions.csv", merge_vcr_predictions(params.predictions))
-    return evaluate_vcr(params.annotations, folder / "predictions.csv")
+    name = params.get("benchmark")
+    if name not in BENCHMARKS:
+        raise RunConfigError(f"benchmark: {name!r} is not one of {', '.join(BENCHMARKS)}"
+                             f"{did_you_mean(str(name), BENCHMARKS)}")
+    return _parse(_evaluation_params(name), params)
 
 
-def _score_refer(dataset: str) -> Callable[[EvaluateParams, Path], dict[str, Any]]:
-    def score(params: EvaluateParams, folder: Path) -> dict[str, Any]:
-        from train.evaluation.refer import evaluate_refer
+def _evaluate_fields(params: dict[str, Any]) -> list[str]:
+    from train.evaluation.benchmarks import BENCHMARKS
 
-        return evaluate_refer(params.data, dataset, params.split, params.predictions[0])
-    return score
-
-
-def _score_snli_ve(params: EvaluateParams, folder: Path) -> dict[str, Any]:
-    from train.evaluation.snli_ve import evaluate_snli_ve
-
-    return evaluate_snli_ve(params.annotations, params.predictions[0])
+    benchmark = BENCHMARKS.get(params.get("benchmark"))  # type: ignore[arg-type]
+    return ["benchmark", *(spec.name for spec in (benchmark.inputs if benchmark else ()))]
 
 
-BENCHMARKS: dict[str, Benchmark] = {
-    "vqa2": Benchmark(("questions", "annotations"), _score_vqa2),
-    "vcr": Benchmark(("annotations",), _score_vcr),
-    **{name: Benchmark(("data", "split"), _score_refer(name)) for name in REFER_DATASETS},
-    "snli-ve": Benchmark(("annotations",), _score_snli_ve),
-}
+def _input_paths(chosen: Any) -> list[tuple[str, Any]]:
+    """(name, path) of each file and folder input given."""
+    from train.evaluation.benchmarks import BENCHMARKS
 
-
-def _evaluation(params: dict[str, Any]) -> EvaluateParams:
-    chosen = _parse(EvaluateParams, params)
-    benchmark = BENCHMARKS.get(chosen.benchmark)
-    if benchmark is None:
-        raise RunConfigError(f"benchmark: {chosen.benchmark!r} is not one of {', '.join(BENCHMARKS)}"
-                             f"{did_you_mean(chosen.benchmark, BENCHMARKS)}")
-    missing = [name for name in benchmark.needs if getattr(chosen, name) is None]
-    if missing or not chosen.predictions:
-        raise RunConfigError(f"benchmark {chosen.benchmark}: needs {', '.join(missing or ['predictions'])}")
-    return chosen
+    named = []
+    for spec in BENCHMARKS[chosen.benchmark].inputs:
+        value = getattr(chosen, spec.name)
+        if spec.kind != "text":
+            named += [(f"{spec.name}[{i}]", v) for i, v in enumerate(value)] if spec.multiple else [(spec.name, value)]
+    return named
 
 
 def _verify_evaluate(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
-    chosen = _evaluation(params)
-    named = [(f"predictions[{i}]", path) for i, path in enumerate(chosen.predictions)]
-    named += [(name, getattr(chosen, name)) for name in ("annotations", "questions", "data")]
-    return missing_paths(named, known)
+    return missing_paths(_input_paths(_evaluation(params)), known)
 
 
 def evaluate(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     """Predictions scored as `vlbert evaluate` scores them, into scores.json."""
+    from train.evaluation.benchmarks import BENCHMARKS
+
     chosen = _evaluation(params)
-    scores = BENCHMARKS[chosen.benchmark].score(chosen, folder)
+    scores = BENCHMARKS[chosen.benchmark].score(dataclasses.asdict(chosen), folder)
     (folder / "scores.json").write_text(json.dumps(scores, indent=1))
     log(f"{chosen.benchmark}: {json.dumps(scores)}")
 
@@ -540,7 +522,7 @@ def report_params(params: dict[str, Any]) -> ReportParams:
     """The report's parameters; the runs that `compare` and `baseline` name must be among `runs`."""
     chosen = _parse(ReportParams, params)
     for index, pair in enumerate(chosen.compare):
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(run, str) for run in pair)):
+        if len(pair) != 2:  # the loader checked that it is a list of strings
             raise RunConfigError(f"compare[{index}]: expected a pair [RUN_A, RUN_B] of run folders, found {pair!r}")
     named = [(f"compare[{i}][{j}]", run) for i, pair in enumerate(chosen.compare) for j, run in enumerate(pair)]
     for where, run in named + ([("baseline", chosen.baseline)] if chosen.baseline else []):
@@ -571,6 +553,6 @@ KINDS: dict[str, StepKind] = {
     "train": StepKind(train, functools.partial(_run_config, out=CHECKED_OUT),
                       _field_names(RunConfig, *TRAIN_EXTRAS, leaving_out=("out",)), _verify_train,
                       tuple(spec.name for spec in dataclasses.fields(StageConfig)), _run_outputs),
-    "evaluate": StepKind(evaluate, _evaluation, _field_names(EvaluateParams), _verify_evaluate),
+    "evaluate": StepKind(evaluate, _evaluation, _evaluate_fields, _verify_evaluate),
     "report": StepKind(report, report_params, _field_names(ReportParams), _verify_report),
 }

@@ -44,7 +44,7 @@ def test_bad_usage_exits_with_2(tmp_path):
     config = tmp_path / "detector.yaml"
     config.write_text("base: tiny\nmin_size: [\n")
     for args, message in (
-        (["--detector", "tiny", "--set", "max_boxs=5"], "unknown detector config field(s): max_boxs"),
+        (["--detector", "tiny", "--set", "max_boxs=5"], "unknown field 'max_boxs' (did you mean 'max_boxes'?)"),
         (["--detector", str(config)], f"detector config {config}: invalid YAML, line 3, column 1: "),
     ):
         result = run("extract", "--images", str(tmp_path / "images"), "--out", str(tmp_path / "store"), *args)

@@ -47,7 +47,7 @@ def test_overrides_and_yaml_files(tmp_path):
 
 @pytest.mark.parametrize("preset, overrides, message", [
     ("nope", {}, "not a preset"),
-    ("tiny", {"colour": 1}, "unknown detector config field"),
+    ("tiny", {"colour": 1}, "unknown field 'colour'"),
     ("tiny", {"pooler": "roialign_v3"}, "expected one of"),
     ("tiny", {"min_boxes": 50}, "min_boxes <= max_boxes"),
     ("tiny", {"stride_in_1x1": "maybe"}, "expected true or false"),

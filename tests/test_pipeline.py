@@ -215,7 +215,7 @@ def test_every_step_is_checked_at_load_before_anything_runs(tmp_path):
 def toy_source(calls):
     """A fake published dataset: `toy_<split>.json` under the root, {"items": [{"id", "image", "text"}]}."""
     from train.data.files import read_json
-    from train.data.prepare import Source
+    from train.data.prepare import Source, SourceOption
 
     def prepare(preparation):
         calls.append(dict(preparation.options))
@@ -230,7 +230,8 @@ def toy_source(calls):
                     else:
                         writer.skip_missing_image(item["id"], item["image"])
 
-    return Source("toy", ("train", "val"), prepare, "a test source", options=("min_length",))
+    return Source("toy", ("train", "val"), prepare, "a test source",
+                  options=(SourceOption("min_length", int, "the shortest text kept", minimum=1),))
 
 
 @pytest.fixture
@@ -255,7 +256,7 @@ def toy_dataset(tmp_path, monkeypatch):
 def test_a_misspelt_source_option_is_refused_when_the_pipeline_loads(toy_dataset, tmp_path):
     path, root, calls = toy_dataset
     path.write_text(path.read_text().replace("min_length", "min_lenght"))
-    with pytest.raises(PipelineError, match=r"step 'data' \(prepare\): min_lenght: not an option of source toy "
+    with pytest.raises(PipelineError, match=r"step 'data' \(prepare\): unknown field 'min_lenght' "
                                             r"\(did you mean 'min_length'\?\)"):
         run_pipeline(path, log=lambda _: None, settings={"root": str(root), "out": str(tmp_path / "out")})
     assert not calls and not (tmp_path / "out").exists()
@@ -355,7 +356,9 @@ def test_a_train_step_with_seeds_trains_one_run_per_seed_and_the_report_gives_th
 @pytest.mark.parametrize("step, message", [
     ({**train_step(), "seeds": [0, 0]}, r"step 'finetune' \(train\): seeds: \[0, 0\] repeats a seed"),
     ({**train_step(), "seeds": [1, -2]}, r"seeds: expected a list of non-negative integers, found \[1, -2\]"),
-    ({**train_step(), "seeds": 3}, r"seeds: expected a list of non-negative integers, found 3"),
+    ({**train_step(), "seeds": 3}, r"seeds: expected a list, found 3"),
+    ({**train_step(), "seeds": [0, "1"]}, r"seeds\[1\]: expected an integer, found '1'"),
+    ({**train_step(), "detector": 5}, r"detector: expected a string, found 5"),
     ({**train_step(), "seeds": [0, 1], "seed": 2}, "seed and seeds: give one"),
     ({"name": "report", "kind": "report", "runs": ["${finetune}"], "compare": [["${finetune}"]]},
      r"step 'report' \(report\): compare\[0\]: expected a pair \[RUN_A, RUN_B\] of run folders"),

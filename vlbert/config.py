@@ -6,6 +6,10 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
+
+from vlbert.errors import UserError
+from vlbert.typed_config import from_mapping, load_yaml, located
 
 GEOMETRY_FORMS = ("center", "corner")
 
@@ -18,6 +22,10 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
                  max_position_embeddings=96, visual_feature_size=24, geometry_frequencies=4,
                  num_detector_classes=11, num_answers=7),  # a few layers for tests and smoke runs
 }
+
+
+class VLBertConfigError(UserError):
+    """A VL-BERT config (a file or mapping of its fields) that cannot be used; the message names the field."""
 
 
 @dataclass
@@ -65,17 +73,17 @@ class VLBertConfig:
 
     def __post_init__(self) -> None:
         if self.geometry_form not in GEOMETRY_FORMS:
-            raise ValueError(f"geometry_form must be one of {GEOMETRY_FORMS}, got {self.geometry_form!r}")
+            raise VLBertConfigError(f"geometry_form must be one of {GEOMETRY_FORMS}, got {self.geometry_form!r}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise VLBertConfigError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
             )
         if self.type_vocab_size < 3:
-            raise ValueError("type_vocab_size must be at least 3 (segments A, B and visual)")
+            raise VLBertConfigError("type_vocab_size must be at least 3 (segments A, B and visual)")
         from vlbert.losses import MATCHING_LOSSES
 
         if self.matching_loss not in MATCHING_LOSSES:
-            raise ValueError(f"matching_loss must be one of {tuple(MATCHING_LOSSES)}, got {self.matching_loss!r}")
+            raise VLBertConfigError(f"matching_loss must be one of {tuple(MATCHING_LOSSES)}, got {self.matching_loss!r}")
 
     @property
     def geometry_size(self) -> int:
@@ -85,7 +93,7 @@ class VLBertConfig:
     def sized(cls, size: str = "base", **overrides) -> VLBertConfig:
         """The named size of MODEL_SIZES, `overrides` replacing its fields."""
         if size not in MODEL_SIZES:
-            raise ValueError(f"model size {size!r} is not one of {', '.join(MODEL_SIZES)}")
+            raise VLBertConfigError(f"model size {size!r} is not one of {', '.join(MODEL_SIZES)}")
         return cls(**{**MODEL_SIZES[size], **overrides})
 
     @classmethod
@@ -97,16 +105,18 @@ class VLBertConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> VLBertConfig:
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown VL-BERT config fields: {unknown}")
-        return cls(**values)
+    def from_dict(cls, values: Mapping[str, Any]) -> VLBertConfig:
+        """A config from a mapping of its fields, checked as every config is (vlbert.typed_config)."""
+        return from_mapping(cls, values, error=VLBertConfigError)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> VLBertConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """A config.json (or a YAML file) of VLBertConfig fields; a mistake names the file, line and field."""
+        values, lines = load_yaml(Path(path).read_text(), str(path), VLBertConfigError)  # JSON is YAML
+        try:
+            return cls.from_dict(values)
+        except VLBertConfigError as exc:
+            raise VLBertConfigError(located(str(path), lines, exc)) from None

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from train.data.prepare import prepare_dataset
+from train.data.prepare import SourceOption, prepare_dataset
 from train.data.sources import SOURCES
 
 
@@ -35,10 +35,6 @@ whole preparation succeeded; a failed one leaves --out as it was, and one that k
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder; not --root or --images, nor inside them.")
 @click.option("--max-missing", type=click.FloatRange(0, 1),
               help="Fail when a split misses a larger share of its items' images (0-1; default: never).")
-@click.option("--min-answer-count", type=click.IntRange(1), help="vqa2: answers kept in the vocabulary (default 9).")
-@click.option("--split-by", help="refcoco*: the refs file's split provider (unc, umd, google).")
-@click.option("--detections", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="refcoco*: candidate boxes from a detections file instead of the ground-truth boxes.")
 def prepare_command(source: str, root: Path, images: Path | None, out: Path, max_missing: float | None,
                     **options) -> None:
     options = {name: value for name, value in options.items() if value is not None}
@@ -46,5 +42,27 @@ def prepare_command(source: str, root: Path, images: Path | None, out: Path, max
     total = sum(split["items"] for split in summary["splits"].values())
     click.echo(f"{total} items in {len(summary['splits'])} splits: {out.resolve() / 'summary.json'}")
 
+
+def _source_options() -> list[click.Option]:
+    """An option for each of the sources' options (train/data/sources), its help naming the sources."""
+    sources: dict[str, list[str]] = {}
+    declared = {}
+    for source in SOURCES.values():
+        for option in source.options:
+            sources.setdefault(option.name, []).append(source.name)
+            declared.setdefault(option.name, option)
+    return [click.Option([f"--{name.replace('_', '-')}", name], type=_parameter_type(option),
+                         help=f"{', '.join(sources[name])}: {option.help}") for name, option in declared.items()]
+
+
+def _parameter_type(option: SourceOption) -> click.ParamType:
+    if option.type is Path:
+        return click.Path(exists=True, dir_okay=False, path_type=Path)
+    if option.type is int:
+        return click.IntRange(option.minimum)
+    return click.STRING
+
+
+prepare_command.params.extend(_source_options())
 
 COMMANDS = [data_group]

@@ -4,8 +4,6 @@ from pathlib import Path
 
 import click
 
-from train.data.wordpiece import build_vocabulary
-
 
 @click.group("vocab")
 def vocab_group() -> None:
@@ -34,6 +32,8 @@ def build_command(files: tuple[Path, ...], out: Path, size: int, min_frequency: 
     `vlbert data prepare` writes: captions, questions, answers, referring expressions, VCR texts),
     text files (one text a line) and folders of *.txt files. vocab.txt starts with [PAD] [UNK]
     [CLS] [SEP] [MASK] (ids 0-4), then the characters of the texts, then the learned pieces."""
+    from train.data.wordpiece import build_vocabulary
+
     path = build_vocabulary(files, out, size, min_frequency, lowercase=not cased, log=click.echo)
     tokens = len(path.read_text(encoding="utf-8").splitlines())
     click.echo(f"{path}: {tokens} tokens ({'cased' if cased else 'uncased'})")

@@ -45,6 +45,17 @@ ANY_IMAGE_EXTENSION = "{" + ",".join(extension[1:] for extension in IMAGE_EXTENS
 
 
 @dataclass(frozen=True)
+class SourceOption:
+    """An option of one or more sources: `--NAME` of `vlbert data prepare`, `NAME` in a prepare step,
+    a keyword argument of prepare_dataset (the source reads it from `Preparation.options`)."""
+
+    name: str
+    type: type  # int, str, or Path (an existing file)
+    help: str
+    minimum: int | None = None  # an int's least value
+
+
+@dataclass(frozen=True)
 class Source:
     """A published dataset: its name on the command line, its split names, and the function that
     reads the files under `--root` into a Preparation."""
@@ -53,7 +64,7 @@ class Source:
     splits: tuple[str, ...]
     prepare: Callable[["Preparation"], None]
     about: str  # one line for `vlbert data prepare --help`
-    options: tuple[str, ...] = ()  # the source's own options (keyword arguments of prepare_dataset)
+    options: tuple[SourceOption, ...] = ()  # the source's own options
     images_folder: str = ""  # where the images lie under --root when --images is not given (if it exists)
     image_names: str = ""  # how an item's image is named under the images root, without extension: for messages
 
@@ -289,10 +300,11 @@ def prepare_dataset(source: Source, root: str | Path, out: str | Path, images: s
     _refuse_out_inside(out, {"--root": root, "--images": images})
     if max_missing is not None and not 0 <= max_missing <= 1:
         raise DataError(f"--max-missing {max_missing}: expected a share between 0 and 1")
-    unknown = sorted(set(options) - set(source.options))
+    known = [option.name for option in source.options]
+    unknown = sorted(set(options) - set(known))
     if unknown:
         raise DataError(f"{source.name}: unknown option {', '.join(map(repr, unknown))}; "
-                        f"it takes {', '.join(map(repr, source.options)) or 'none'}")
+                        f"it takes {', '.join(map(repr, known)) or 'none'}")
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     preparation = Preparation(source, root, images, out, max_missing, options, log)

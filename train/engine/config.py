@@ -8,24 +8,19 @@ RunConfigError naming the file and field before anything trains.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterator, Mapping
 
-import yaml
-
-from extract.config import yaml_problem
 from extract.modeling.precision import TRAINING_PRECISIONS
 from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
 from vlbert import VLBertConfig
 from vlbert.config import MODEL_SIZES
 from vlbert.errors import UserError
+from vlbert.typed_config import checked_fields, describe, did_you_mean, from_mapping, join_key, load_yaml, located
 
 VISUAL_MODES = ("cached", "end2end")
 DAMAGED_RECORD_POLICIES = ("fail", "skip")
@@ -115,12 +110,12 @@ def model_settings(value: Any, where: str = "model") -> dict[str, Any]:
         value = {"size": value}
     if not isinstance(value, Mapping):
         raise RunConfigError(f"{where}: expected a model size ({', '.join(MODEL_SIZES)}) or a mapping of "
-                             f"VL-BERT config fields, found {_describe(value)}")
+                             f"VL-BERT config fields, found {describe(value)}")
     size = value.get("size", "base")
     if size not in MODEL_SIZES:
         raise RunConfigError(f"{where}.size: {size!r} is not one of {', '.join(MODEL_SIZES)}"
                              + did_you_mean(str(size), list(MODEL_SIZES)))
-    fields = checked_fields(VLBertConfig, {k: v for k, v in value.items() if k != "size"}, where)
+    fields = checked_fields(VLBertConfig, {k: v for k, v in value.items() if k != "size"}, where, RunConfigError)
     try:
         VLBertConfig.sized(size, **fields)
     except ValueError as exc:
@@ -182,7 +177,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
         """A run from a mapping (a YAML file's, a pipeline step's), checked field by field."""
-        return from_mapping(cls, values)
+        return from_mapping(cls, values, error=RunConfigError)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -208,131 +203,14 @@ class RunConfig:
 
 def load_run_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
     """The run a YAML file describes, `overrides` (e.g. command-line options) replacing its values;
-    every problem is a RunConfigError starting with the file's name."""
-    values = _read_yaml(Path(path))
+    every problem is a RunConfigError starting with the file's name, and the line where it has one."""
+    values, lines = load_yaml(Path(path).read_text(), str(path), RunConfigError)
     if isinstance(values, Mapping):
         values = {**values, **(overrides or {})}
     try:
         return RunConfig.from_dict(values)
     except RunConfigError as exc:
-        raise RunConfigError(f"{path}: {exc}") from None
-
-
-def _read_yaml(path: Path) -> Any:
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise RunConfigError(f"{path}: invalid YAML, {yaml_problem(exc)}") from None
-
-
-# ---- dataclasses from mappings, with checks ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FieldType:
-    """How values of an annotated type are recognised, named in messages and normalised."""
-
-    accepts: Callable[[Any], bool]
-    expected: str
-    normalise: Callable[[Any], Any] = lambda value: value
-
-
-# PyYAML (YAML 1.1) reads `5e-5` as text: a float needs a dot and a signed exponent there. Such
-# text is taken as the number it spells, as a user writing a learning rate means it.
-_EXPONENT_AS_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
-
-
-def _is_number(value: Any) -> bool:
-    if isinstance(value, str):
-        return _EXPONENT_AS_TEXT.fullmatch(value.strip()) is not None
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-FIELD_TYPES: dict[type, FieldType] = {
-    bool: FieldType(lambda v: isinstance(v, bool), "true or false"),
-    int: FieldType(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    float: FieldType(_is_number, "a number", float),
-    str: FieldType(lambda v: isinstance(v, str), "a string"),
-    list: FieldType(lambda v: isinstance(v, list), "a list"),
-    dict: FieldType(lambda v: isinstance(v, Mapping), "a mapping", dict),
-}
-
-
-def from_mapping(cls: type, values: Any, where: str = "") -> Any:
-    """An instance of dataclass `cls` from a mapping, or a RunConfigError naming the field at fault;
-    `where` is the path of a nested one (`stages[0]`), `cls.SETTINGS` what such a mapping holds.
-    The class's own checks run as it is built."""
-    if not isinstance(values, Mapping):
-        raise RunConfigError(_at(where, f"expected a mapping of {cls.SETTINGS}, found {_describe(values)}"))
-    return cls(**checked_fields(cls, values, where))
-
-
-def checked_fields(cls: type, values: Mapping, where: str = "") -> dict[str, Any]:
-    """`values` checked against dataclass `cls`'s fields: names known, required ones present, types as
-    annotated (integers widened where a float is expected, nested dataclasses built)."""
-    specs = {spec.name: spec for spec in dataclasses.fields(cls)}
-    _check_names(specs, values, _named(where, values))
-    hints = typing.get_type_hints(cls)
-    return {name: _checked(value, hints[name], specs[name], _join(where, name)) for name, value in values.items()}
-
-
-def _check_names(specs: dict[str, dataclasses.Field], values: Mapping, where: str) -> None:
-    problems = [_unknown(str(name), list(specs)) for name in values if name not in specs]
-    problems += [f"missing required field {name!r}" for name, spec in specs.items()
-                 if name not in values and spec.default is dataclasses.MISSING
-                 and spec.default_factory is dataclasses.MISSING]
-    if problems:
-        raise RunConfigError(_at(where, "; ".join(problems)))
-
-
-def _unknown(name: str, known: list[str]) -> str:
-    return f"unknown field {name!r}" + did_you_mean(name, known)
-
-
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """` (did you mean 'x'?)` for the known name closest to a misspelt `name`, else nothing."""
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _checked(value: Any, hint: Any, spec: dataclasses.Field, where: str) -> Any:
-    if "checked_by" in spec.metadata:
-        return spec.metadata["checked_by"](value, where)
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        if value is None and type(None) in typing.get_args(hint):
-            return None
-        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))  # `X | None` only
-    base, args = typing.get_origin(hint) or hint, typing.get_args(hint)
-    field_type = FIELD_TYPES[base]
-    if not field_type.accepts(value):
-        raise RunConfigError(f"{where}: expected {field_type.expected}, found {_describe(value)}")
-    if base is list and args and dataclasses.is_dataclass(args[0]):
-        return [from_mapping(args[0], item, f"{where}[{i}]") for i, item in enumerate(value)]
-    return field_type.normalise(value)
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    return repr(value)
-
-
-def _named(where: str, values: Mapping) -> str:
-    """`where`, with the entry's name when it has one: `stages[0] ('first')`."""
-    name = values.get("name") if where else None
-    return f"{where} ({name!r})" if isinstance(name, str) else where
-
-
-def _join(where: str, name: str) -> str:
-    return f"{where}.{name}" if where else name
-
-
-def _at(where: str, message: str) -> str:
-    return f"{where}: {message}" if where else message
+        raise RunConfigError(located(str(path), lines, exc)) from None
 
 
 # ---- comparing a run with the one a run folder holds -----------------------------------------
@@ -384,7 +262,7 @@ def _with_options(recorded: Mapping[str, Any]) -> Mapping[str, Any]:
 def _differences(old: Any, new: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
     if isinstance(old, dict) and isinstance(new, dict):
         for key in dict.fromkeys([*old, *new]):
-            yield from _differences(old.get(key, _ABSENT), new.get(key, _ABSENT), _join(path, key))
+            yield from _differences(old.get(key, _ABSENT), new.get(key, _ABSENT), join_key(path, key))
     elif isinstance(old, list) and isinstance(new, list):
         for i in range(max(len(old), len(new))):
             yield from _differences(old[i] if i < len(old) else _ABSENT, new[i] if i < len(new) else _ABSENT,

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from train.data.files import DataError, read_json, shown
-from train.data.prepare import Preparation, Source, SplitWriter
+from train.data.prepare import Preparation, Source, SourceOption, SplitWriter
 
 IMAGE_FOLDER = "train2014"
 UNC_SPLITS = ("train", "val", "testA", "testB")  # testA: people only; testB: other objects
@@ -366,7 +366,11 @@ def _write_split(preparation: Preparation, writer: SplitWriter, refs: list[Ref],
     return counts
 
 
+OPTIONS = (
+    SourceOption("split_by", str, "the refs file's split provider (unc, umd, google)."),
+    SourceOption("detections", Path, "candidate boxes from a detections file instead of the ground-truth boxes."),
+)
 SOURCES = tuple(Source(d.name, d.partitions[d.default_split_by], partial(prepare_refer, dataset=d.name), d.about,
-                       options=("split_by", "detections"),
+                       options=OPTIONS,
                        image_names=f"{IMAGE_FOLDER}/<file_name of instances.json without extension>")
                 for d in DATASETS.values())

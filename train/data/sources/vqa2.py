@@ -37,7 +37,7 @@ from typing import Any
 
 from extract.images import is_utf8
 from train.data.files import DataError, read_json, shown
-from train.data.prepare import ANSWERS, Preparation, Source, SplitWriter
+from train.data.prepare import ANSWERS, Preparation, Source, SourceOption, SplitWriter
 from train.evaluation.vqa2 import normalize_answer
 
 SPLITS = ("train2014", "val2014", "test2015", "test-dev2015")
@@ -193,4 +193,6 @@ def _prepare_split(preparation: Preparation, writer: SplitWriter, chosen: Counte
 SOURCE = Source("vqa2", SPLITS, prepare, about=(
     "VQA v2: v2_OpenEnded_mscoco_*_questions.json and v2_mscoco_*_annotations.json under --root, COCO "
     "images (train2014/, val2014/, test2015/) under --images; also writes answers.txt"),
-    options=("min_answer_count",), image_names="<split>/COCO_<split>_<image_id:012d>")
+    options=(SourceOption("min_answer_count", int, f"answers kept in the vocabulary (default {MIN_ANSWER_COUNT}).",
+                          minimum=1),),
+    image_names="<split>/COCO_<split>_<image_id:012d>")
