@@ -17,19 +17,14 @@ from click.testing import CliRunner
 from PIL import Image
 from transformers import BertConfig, BertForPreTraining
 
-from extract.presets import load_config
 from pipelines.cli import main
 from pipelines.runner import PipelineError, load_pipeline
-from pipelines.world.tiny import TINY_MODEL
+from tests.helpers.pipelines import run_pipeline_file, tiny_checkpoints
 from train.data.files import DataError
-from train.data.vocabulary import write_vocabulary
 from train.engine.run_folder import RunFolder
-from vlbert import VLBertConfig
-from vlbert.modeling import VLBertForPreTraining
 from vlbert.tokenization import load_tokenizer
 
 CONFIGS = Path(__file__).parents[1] / "pipelines" / "configs"
-DETECTOR = Path(__file__).parents[1] / "pipelines" / "data" / "demo_detector.yaml"
 WORDS = ("what colour is the shape on left right of it a red blue green square circle two three yes no why "
          "because person dog car near is are there".split())
 
@@ -56,27 +51,6 @@ def shrunk(config: str, tmp_path: Path, **stage_values) -> Path:
     path = tmp_path / config
     path.write_text(yaml.safe_dump(pipeline))
     return path
-
-
-def tiny_checkpoints(tmp_path: Path) -> dict[str, str]:
-    """--set values for the detector and the starting models: the demo detector with its weights,
-    a word vocabulary, and a tiny VL-BERT saved as `vlbert convert-official` saves one."""
-    bert = write_vocabulary([" ".join(WORDS)], tmp_path / "bert")
-    detector = load_config(str(DETECTOR))
-    config = VLBertConfig(**TINY_MODEL, vocab_size=len((bert / "vocab.txt").read_text().split()),
-                          visual_feature_size=detector.feature_dim, num_detector_classes=detector.num_classes + 1)
-    VLBertForPreTraining(config).save_pretrained(tmp_path / "vlbert")
-    return {"detector": str(DETECTOR), "detector_weights": str(DETECTOR.with_suffix(".safetensors")),
-            "bert": str(bert), "vlbert": str(tmp_path / "vlbert")}
-
-
-def run(pipeline: Path, out: Path, settings: dict[str, str]):
-    arguments = ["pipeline", "run", str(pipeline), "--set", f"out={out}"]
-    for name, value in settings.items():
-        arguments += ["--set", f"{name}={value}"]
-    result = CliRunner().invoke(main, arguments)
-    assert result.exit_code == 0, result.output
-    return result
 
 
 def evaluate(*arguments: str) -> dict:
@@ -111,9 +85,9 @@ def write_vqa2(root: Path) -> None:
 def test_the_vqa2_pipeline_prepares_extracts_finetunes_and_writes_scorable_predictions(tmp_path):
     write_vqa2(tmp_path / "vqa")
     settings = {"data": str(tmp_path / "vqa" / "data"), "images": str(tmp_path / "vqa" / "images"),
-                "min_answer_count": "1", **tiny_checkpoints(tmp_path)}
+                "min_answer_count": "1", **tiny_checkpoints(tmp_path, WORDS)}
     out = tmp_path / "run"
-    run(shrunk("vqa2.yaml", tmp_path), out, settings)
+    run_pipeline_file(shrunk("vqa2.yaml", tmp_path), out, settings)
 
     summary = json.loads((out / "data" / "summary.json").read_text())
     assert {s: v["items"] for s, v in summary["splits"].items()} == {"train2014": 8, "val2014": 6}
@@ -129,19 +103,19 @@ def test_the_vqa2_pipeline_prepares_extracts_finetunes_and_writes_scorable_predi
     items = json.loads(RunFolder(out / "finetune").stage(0, "vqa").item_scores("val2014").read_text())
     assert len(items["items"]) == 6 and round(np.mean(list(items["items"].values())), 4) == result["value"]
 
-    rerun = run(shrunk("vqa2.yaml", tmp_path), out, settings)
+    rerun = run_pipeline_file(shrunk("vqa2.yaml", tmp_path), out, settings)
     assert rerun.output.count("up to date") == 4
 
 
 def test_the_vqa2_pipeline_trains_from_scratch_at_a_named_size_with_a_vocabulary_of_its_questions(tmp_path):
     write_vqa2(tmp_path / "vqa")
-    checkpoints = tiny_checkpoints(tmp_path)
+    checkpoints = tiny_checkpoints(tmp_path, WORDS)
     settings = {"data": str(tmp_path / "vqa" / "data"), "images": str(tmp_path / "vqa" / "images"),
                 "min_answer_count": "1", "detector": checkpoints["detector"],
                 "detector_weights": checkpoints["detector_weights"], "vlbert": "null", "bert": "null",
                 "finetune.model": "tiny", "finetune.max_length": "64", "vocabulary.min_frequency": "1"}
     out = tmp_path / "run"
-    run(shrunk("vqa2.yaml", tmp_path), out, settings)
+    run_pipeline_file(shrunk("vqa2.yaml", tmp_path), out, settings)
 
     vocabulary = (out / "vocabulary" / "vocab.txt").read_text().splitlines()
     assert vocabulary[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and "colour" in vocabulary
@@ -152,7 +126,7 @@ def test_the_vqa2_pipeline_trains_from_scratch_at_a_named_size_with_a_vocabulary
 
 def test_the_vqa2_pipeline_starts_from_bert_without_vlbert_and_names_a_bert_folder_without_weights(tmp_path):
     write_vqa2(tmp_path / "vqa")
-    checkpoints = tiny_checkpoints(tmp_path)
+    checkpoints = tiny_checkpoints(tmp_path, WORDS)
     settings = {"data": str(tmp_path / "vqa" / "data"), "images": str(tmp_path / "vqa" / "images"),
                 **checkpoints, "vlbert": None}
     pipeline = shrunk("vqa2.yaml", tmp_path)
@@ -195,9 +169,9 @@ def write_vcr(root: Path) -> None:
 def test_the_vcr_pipeline_trains_both_steps_and_scores_q2ar_from_their_merged_predictions(tmp_path):
     write_vcr(tmp_path / "vcr")
     settings = {"data": str(tmp_path / "vcr"), "images": str(tmp_path / "vcr" / "vcr1images"),
-                **tiny_checkpoints(tmp_path)}
+                **tiny_checkpoints(tmp_path, WORDS)}
     out = tmp_path / "run"
-    run(shrunk("vcr.yaml", tmp_path), out, settings)
+    run_pipeline_file(shrunk("vcr.yaml", tmp_path), out, settings)
 
     boxes = json.loads((out / "data" / "boxes.json").read_text())
     assert boxes["movie/val_0.jpg"] == [[4, 4, 40, 40], [50, 20, 120, 90]]
@@ -242,9 +216,9 @@ def write_refcoco_plus(root: Path) -> None:
 
 def test_the_refcoco_plus_pipeline_grounds_expressions_among_the_ground_truth_boxes(tmp_path):
     write_refcoco_plus(tmp_path)
-    settings = {"data": str(tmp_path / "DATA"), "images": str(tmp_path / "coco"), **tiny_checkpoints(tmp_path)}
+    settings = {"data": str(tmp_path / "DATA"), "images": str(tmp_path / "coco"), **tiny_checkpoints(tmp_path, WORDS)}
     out = tmp_path / "run"
-    run(shrunk("refcoco+.yaml", tmp_path), out, settings)
+    run_pipeline_file(shrunk("refcoco+.yaml", tmp_path), out, settings)
 
     stage = RunFolder(out / "finetune").stage(0, "refcoco+")
     result = stage.evaluation()
@@ -277,13 +251,13 @@ def test_the_pretraining_pipeline_reads_conceptual_captions_and_a_text_corpus(tm
     (tmp_path / "corpus" / "books.txt").write_text("the red square is left .\nit is near a circle .\n\n"
                                                    "there are two dogs .\n")
     settings = {"data": str(tmp_path / "cc"), "images": str(tmp_path / "images"), "corpus": str(tmp_path / "corpus"),
-                **{k: v for k, v in tiny_checkpoints(tmp_path).items() if k != "vlbert"}}
+                **{k: v for k, v in tiny_checkpoints(tmp_path, WORDS).items() if k != "vlbert"}}
     # `bert` as users give it: a BERT checkpoint saved by transformers, with its vocab.txt.
     bert = BertForPreTraining(BertConfig(vocab_size=len(load_tokenizer(settings["bert"])), hidden_size=32,
                                          num_hidden_layers=2, num_attention_heads=4, intermediate_size=64))
     bert.save_pretrained(settings["bert"])
     out = tmp_path / "run"
-    run(shrunk("pretrain.yaml", tmp_path), out, settings)
+    run_pipeline_file(shrunk("pretrain.yaml", tmp_path), out, settings)
 
     summary = json.loads((out / "data" / "summary.json").read_text())["splits"]
     assert summary["training"]["items"] == 5 and summary["training"]["missing_images"] == 1

@@ -10,7 +10,8 @@ from typing import Literal
 import pytest
 import yaml
 
-from extract.config import ConfigError, load_config
+from extract.config import ConfigError
+from extract.presets import load_config
 from pipelines.steps import KINDS
 from train.engine.config import RunConfigError, load_run_config
 from vlbert.config import VLBertConfig, VLBertConfigError

@@ -15,20 +15,18 @@ import yaml
 from click.testing import CliRunner
 from PIL import Image
 
-from extract.presets import load_config
 from pipelines.cli import main
+from tests.helpers.pipelines import run_pipeline_file, tiny_checkpoints
 from train.data.annotations import AnnotationFile, read_annotations
 from train.data.files import DataError
 from train.data.prepare import prepare_dataset
 from train.data.sources import SOURCES
-from train.data.vocabulary import write_vocabulary
 from train.engine.run_folder import RunFolder
 from train.evaluation.snli_ve import ENTAILMENT_LABELS, evaluate_snli_ve, score_snli_ve
 from train.tasks import TASKS
 from vlbert import VLBertConfig, VLBertForPreTraining, VLBertForSequenceClassification, load_pretrained
 
 ROOT = Path(__file__).parents[1]
-DETECTOR = ROOT / "pipelines" / "data" / "demo_detector.yaml"
 LABELS = ("entailment", "neutral", "contradiction")
 HYPOTHESES = ("a dog runs on the grass", "two people are near a car", "the square is red", "nobody is there")
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -246,32 +244,12 @@ def shrunk_pipeline(tmp_path: Path) -> Path:
     return path
 
 
-def tiny_checkpoints(tmp_path: Path) -> dict[str, str]:
-    """--set values: the demo detector with its weights, a word vocabulary, a tiny pre-trained VL-BERT."""
-    bert = write_vocabulary([" ".join(HYPOTHESES)], tmp_path / "bert")
-    detector = load_config(str(DETECTOR))
-    config = VLBertConfig(**TINY, vocab_size=len((bert / "vocab.txt").read_text().split()),
-                          visual_feature_size=detector.feature_dim, num_detector_classes=detector.num_classes + 1)
-    VLBertForPreTraining(config).save_pretrained(tmp_path / "vlbert")
-    return {"detector": str(DETECTOR), "detector_weights": str(DETECTOR.with_suffix(".safetensors")),
-            "bert": str(bert), "vlbert": str(tmp_path / "vlbert")}
-
-
-def run(pipeline: Path, out: Path, settings: dict[str, str]):
-    arguments = ["pipeline", "run", str(pipeline), "--set", f"out={out}"]
-    for name, value in settings.items():
-        arguments += ["--set", f"{name}={value}"]
-    result = CliRunner().invoke(main, arguments)
-    assert result.exit_code == 0, result.output
-    return result
-
-
 def test_the_snli_ve_pipeline_prepares_extracts_finetunes_and_scores_dev_and_test(tmp_path):
     data = tmp_path / "snli_ve"
     write_snli_ve(data, {"train": range(4), "dev": range(4, 6), "test": range(6, 8)})
-    settings = {"data": str(data), "images": str(data), **tiny_checkpoints(tmp_path)}
+    settings = {"data": str(data), "images": str(data), **tiny_checkpoints(tmp_path, HYPOTHESES)}
     out = tmp_path / "run"
-    run(shrunk_pipeline(tmp_path), out, settings)
+    run_pipeline_file(shrunk_pipeline(tmp_path), out, settings)
 
     summary = json.loads((out / "data" / "summary.json").read_text())
     assert {s: v["items"] for s, v in summary["splits"].items()} == {"train": 12, "dev": 6, "test": 6}
@@ -287,5 +265,5 @@ def test_the_snli_ve_pipeline_prepares_extracts_finetunes_and_scores_dev_and_tes
     assert test_scores == evaluate_snli_ve(data / "snli_ve_test.jsonl", stage.predictions("test", ".json"))
     assert test_scores["count"] == 6
 
-    rerun = run(shrunk_pipeline(tmp_path), out, settings)
+    rerun = run_pipeline_file(shrunk_pipeline(tmp_path), out, settings)
     assert rerun.output.count("up to date") == 6

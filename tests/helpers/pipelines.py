@@ -1,0 +1,40 @@
+"""Running the shipped pipeline files in tests: the starting checkpoints they take as inputs, and a
+run through the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from click.testing import CliRunner
+
+from extract.presets import load_config
+from pipelines.cli import main
+from pipelines.world.tiny import TINY_MODEL
+from train.data.vocabulary import write_vocabulary
+from vlbert import VLBertConfig
+from vlbert.modeling import VLBertForPreTraining
+
+DETECTOR = Path(__file__).resolve().parents[2] / "pipelines" / "data" / "demo_detector.yaml"
+
+
+def tiny_checkpoints(tmp_path: Path, words: Iterable[str]) -> dict[str, str]:
+    """--set values for the detector and the starting models: the demo detector with its weights, a
+    vocabulary of `words`, and a tiny VL-BERT saved as `vlbert convert-official` saves one."""
+    bert = write_vocabulary([" ".join(words)], tmp_path / "bert")
+    detector = load_config(str(DETECTOR))
+    config = VLBertConfig(**TINY_MODEL, vocab_size=len((bert / "vocab.txt").read_text().split()),
+                          visual_feature_size=detector.feature_dim, num_detector_classes=detector.num_classes + 1)
+    VLBertForPreTraining(config).save_pretrained(tmp_path / "vlbert")
+    return {"detector": str(DETECTOR), "detector_weights": str(DETECTOR.with_suffix(".safetensors")),
+            "bert": str(bert), "vlbert": str(tmp_path / "vlbert")}
+
+
+def run_pipeline_file(pipeline: Path, out: Path, settings: dict[str, str]):
+    """`vlbert pipeline run PIPELINE --set out=OUT --set NAME=VALUE...`, which must succeed."""
+    arguments = ["pipeline", "run", str(pipeline), "--set", f"out={out}"]
+    for name, value in settings.items():
+        arguments += ["--set", f"{name}={value}"]
+    result = CliRunner().invoke(main, arguments)
+    assert result.exit_code == 0, result.output
+    return result
