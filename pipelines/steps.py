@@ -445,18 +445,15 @@ def prepare(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> Non
 
 # ---- evaluate ------------------------------------------------------------------------------------
 
-# A benchmark's inputs as an evaluate step's parameters (YAML spells a path as a string).
-_INPUT_TYPES = {"file": str, "folder": str, "text": str}
-
-
 @functools.cache
 def _evaluation_params(benchmark: str) -> type:
-    """The dataclass of an evaluate step's parameters for `benchmark`: its name and the record's inputs."""
+    """The dataclass of an evaluate step's parameters for `benchmark`: its name and the record's inputs
+    (strings, as YAML spells paths)."""
     from train.evaluation.benchmarks import BENCHMARKS
 
     fields = [("benchmark", str)]
     for spec in sorted(BENCHMARKS[benchmark].inputs, key=lambda spec: not spec.required):  # defaults last
-        kind = list[_INPUT_TYPES[spec.kind]] if spec.multiple else _INPUT_TYPES[spec.kind]
+        kind = list[str] if spec.multiple else str
         fields.append((spec.name, kind) if spec.required else (spec.name, kind | None, dataclasses.field(default=None)))
     return dataclasses.make_dataclass("EvaluateParams", fields)
 
@@ -469,7 +466,11 @@ def _evaluation(params: dict[str, Any]) -> Any:
     if name not in BENCHMARKS:
         raise RunConfigError(f"benchmark: {name!r} is not one of {', '.join(BENCHMARKS)}"
                              f"{did_you_mean(str(name), BENCHMARKS)}")
-    return _parse(_evaluation_params(name), params)
+    chosen = _parse(_evaluation_params(name), params)
+    empty = [spec.name for spec in BENCHMARKS[name].inputs if spec.multiple and getattr(chosen, spec.name) == []]
+    if empty:
+        raise RunConfigError(f"benchmark {name}: needs {', '.join(empty)}")
+    return chosen
 
 
 def _evaluate_fields(params: dict[str, Any]) -> list[str]:
