@@ -11,10 +11,8 @@ are the user's to set, like OMP_NUM_THREADS.)
 Extraction on the CPU still uses every core: each of its `lanes` threads computes a whole batch
 with single-threaded ops, so there is no op-end barrier to wait at, a busy neighbour costs only the
 core it takes, and every number is the same whatever the lane count. Training's other work
-(DataLoader workers) runs on the other cores. Measured with bench/bench_contention.py on 2 cores
-against the code before this module, demo extraction ran at 1.3x idle and 0.87x the old idle
-figure beside one busy process (old: 0.31x); tiny training at 0.73–0.96x idle and 0.82x the old
-idle figure beside one busy process (old: 0.30x).
+(DataLoader workers) runs on the other cores. bench/bench_contention.py measures both beside a busy
+neighbour (figures: docs/extraction.md, "CPU threads and busy machines").
 
 A user's choice wins: a count given explicitly (`vlbert extract --threads`), else OMP_NUM_THREADS
 when it is set (which then also overrides a count the process set before). In training, and in

@@ -36,7 +36,7 @@ def detectron2_input(rgb: np.ndarray) -> list[dict]:
     return [{"image": torch.from_numpy(np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))).float()}]
 
 
-@pytest.mark.parametrize("preset", ["d2-r101-c4", "butd-vg"])
+@pytest.mark.parametrize("preset", ["d2-r101-c4", "butd-vg", "vinvl-x152c4"])  # the last: ResNeXt C4
 def test_given_box_features_match_detectron2(preset):
     ours, theirs = same_weights(preset, seed=7)
     rgb = synthetic_image(HEIGHT, WIDTH, seed=11)
