@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
-from PIL import Image
 from transformers import BertConfig, BertForPreTraining
 
 from pipelines.cli import main
 from pipelines.runner import PipelineError, load_pipeline
-from tests.helpers.pipelines import run_pipeline_file, tiny_checkpoints
+from tests.helpers.pipelines import run_pipeline_file, tiny_checkpoints, write_image
 from train.data.files import DataError
 from train.engine.run_folder import RunFolder
 from vlbert.tokenization import load_tokenizer
@@ -27,17 +26,6 @@ from vlbert.tokenization import load_tokenizer
 CONFIGS = Path(__file__).parents[1] / "pipelines" / "configs"
 WORDS = ("what colour is the shape on left right of it a red blue green square circle two three yes no why "
          "because person dog car near is are there".split())
-
-
-def write_image(path: Path, seed: int) -> None:
-    """A 96×128 image with a few coloured rectangles (the demo detector finds boxes in anything)."""
-    rng = np.random.default_rng(seed)
-    pixels = np.full((96, 128, 3), 200, np.uint8)
-    for _ in range(3):
-        x, y = rng.integers(0, 90), rng.integers(0, 60)
-        pixels[y: y + 30, x: x + 36] = rng.integers(0, 255, 3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(pixels).save(path)
 
 
 def shrunk(config: str, tmp_path: Path, **stage_values) -> Path:

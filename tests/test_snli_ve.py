@@ -13,10 +13,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 from click.testing import CliRunner
-from PIL import Image
 
 from pipelines.cli import main
-from tests.helpers.pipelines import run_pipeline_file, tiny_checkpoints
+from tests.helpers.pipelines import run_pipeline_file, tiny_checkpoints, write_image
 from train.data.annotations import AnnotationFile, read_annotations
 from train.data.files import DataError
 from train.data.prepare import prepare_dataset
@@ -32,17 +31,6 @@ HYPOTHESES = ("a dog runs on the grass", "two people are near a car", "the squar
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=128, geometry_frequencies=8, hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0, visual_dropout_prob=0.0, classifier_dropout=0.0)
-
-
-def write_image(path: Path, seed: int) -> None:
-    """A 96×128 image with a few coloured rectangles (the demo detector finds boxes in anything)."""
-    rng = np.random.default_rng(seed)
-    pixels = np.full((96, 128, 3), 200, np.uint8)
-    for _ in range(3):
-        x, y = rng.integers(0, 90), rng.integers(0, 60)
-        pixels[y: y + 30, x: x + 36] = rng.integers(0, 255, 3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(pixels).save(path)
 
 
 def pair(image_id: str, number: int, label: str) -> dict:

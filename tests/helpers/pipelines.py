@@ -1,12 +1,14 @@
-"""Running the shipped pipeline files in tests: the starting checkpoints they take as inputs, and a
-run through the command line."""
+"""Running the shipped pipeline files in tests: images for their tiny published-format datasets, the
+starting checkpoints they take as inputs, and a run through the command line."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
 from click.testing import CliRunner
+from PIL import Image
 
 from extract.presets import load_config
 from pipelines.cli import main
@@ -16,6 +18,17 @@ from vlbert import VLBertConfig
 from vlbert.modeling import VLBertForPreTraining
 
 DETECTOR = Path(__file__).resolve().parents[2] / "pipelines" / "data" / "demo_detector.yaml"
+
+
+def write_image(path: Path, seed: int) -> None:
+    """A 96×128 image with a few coloured rectangles (the demo detector finds boxes in anything)."""
+    rng = np.random.default_rng(seed)
+    pixels = np.full((96, 128, 3), 200, np.uint8)
+    for _ in range(3):
+        x, y = rng.integers(0, 90), rng.integers(0, 60)
+        pixels[y: y + 30, x: x + 36] = rng.integers(0, 255, 3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path)
 
 
 def tiny_checkpoints(tmp_path: Path, words: Iterable[str]) -> dict[str, str]:
