@@ -78,14 +78,46 @@ def detectron2_names(state: dict[str, torch.Tensor], cfg, source: str = "checkpo
     return state if key_map is None else key_map.convert(state, cfg, source)
 
 
-_MB_BLOCK = re.compile(r"(?P<block>\d+)\.(?P<part>conv[123]|bn[123]|downsample\.[01])\.(?P<param>\w+)")
-_MB_MODULES = (  # maskrcnn-benchmark prefix → ours, for the ResNet stages
+# A ResNet block's parameters as torchvision-style code names them (maskrcnn-benchmark, the official
+# VL-BERT): `<block>.conv1.weight`, `<block>.bn1.running_var`, `<block>.downsample.0.weight`, ...
+_BLOCK = re.compile(r"(?P<block>\d+)\.(?P<part>conv[123]|bn[123]|downsample\.[01])\.(?P<param>\w+)")
+_NORM = ("weight", "bias", "running_mean", "running_var")
+
+
+def _stem(conv: str, norm: str) -> dict[str, str]:
+    return {f"{conv}.weight": "backbone.stem.conv1.weight", **{f"{norm}.{p}": f"backbone.stem.conv1.norm.{p}" for p in _NORM}}
+
+
+def _resnet_name(key: str, renames: dict[str, str], stages: tuple[tuple[str, str], ...]) -> str | None:
+    """`key` under detectron2's name: from `renames`, or a block of one of `stages` (their prefix →
+    ours); None when it is neither."""
+    if key in renames:
+        return renames[key]
+    for theirs, ours in stages:
+        if key.startswith(theirs) and (block := _BLOCK.fullmatch(key[len(theirs):])):
+            part, param = block["part"], block["param"]
+            layer = "shortcut" if part.startswith("downsample") else "conv" + part[-1]
+            norm = part.startswith("bn") or part == "downsample.1"
+            return f"{ours}{block['block']}.{layer}" + (f".norm.{param}" if norm else f".{param}")
+    return None
+
+
+def _renamed(state: dict[str, torch.Tensor], name: Callable[[str], str | None], scheme: str,
+             source: str) -> dict[str, torch.Tensor]:
+    names = {key: name(key) for key in state}
+    unknown = sorted(key for key, new in names.items() if new is None)
+    if unknown:
+        raise CheckpointError(f"{source}: {len(unknown)} {scheme} key(s) with no place in the detector: "
+                              + ", ".join(unknown[:20]))
+    return {names[key]: value for key, value in state.items()}
+
+
+_MB_STAGES = (  # maskrcnn-benchmark prefix → ours, for the ResNet stages
     *((f"backbone.body.layer{i}.", f"backbone.res{i + 1}.") for i in (1, 2, 3)),
     ("roi_heads.box.feature_extractor.head.layer4.", "roi_heads.res5."),
 )
 _MB_RENAMES = {
-    "backbone.body.stem.conv1.weight": "backbone.stem.conv1.weight",
-    **{f"backbone.body.stem.bn1.{p}": f"backbone.stem.conv1.norm.{p}" for p in ("weight", "bias", "running_mean", "running_var")},
+    **_stem("backbone.body.stem.conv1", "backbone.body.stem.bn1"),
     **{f"rpn.head.{a}.{p}": f"proposal_generator.rpn_head.{b}.{p}" for a, b in
        (("conv", "conv"), ("cls_logits", "objectness_logits"), ("bbox_pred", "anchor_deltas")) for p in ("weight", "bias")},
     **{f"roi_heads.box.predictor.{n}.{p}": f"roi_heads.box_predictor.{n}.{p}" for n in ("cls_score", "bbox_pred")
@@ -98,18 +130,6 @@ _MB_RENAMES = {
 # attribute head's feature extractor when it is the box head's (checked equal).
 _MB_IGNORED = re.compile(r"rpn\.anchor_generator\..*")
 _MB_SHARED = ("roi_heads.attribute.feature_extractor.", "roi_heads.box.feature_extractor.")
-
-
-def _maskrcnn_benchmark_name(key: str) -> str | None:
-    if key in _MB_RENAMES:
-        return _MB_RENAMES[key]
-    for theirs, ours in _MB_MODULES:
-        if key.startswith(theirs) and (block := _MB_BLOCK.fullmatch(key[len(theirs):])):
-            part, param = block["part"], block["param"]
-            layer = "shortcut" if part.startswith("downsample") else "conv" + part[-1]
-            norm = part.startswith("bn") or part == "downsample.1"
-            return f"{ours}{block['block']}.{layer}" + (f".norm.{param}" if norm else f".{param}")
-    return None
 
 
 def _background_last(tensor: torch.Tensor, rows_per_class: int = 1) -> torch.Tensor:
@@ -125,7 +145,7 @@ def _size_major(tensor: torch.Tensor, sizes: int, ratios: int) -> torch.Tensor:
 
 def _from_maskrcnn_benchmark(state: dict[str, torch.Tensor], cfg, source: str) -> dict[str, torch.Tensor]:
     state = {key.removeprefix("module."): value for key, value in state.items()}
-    converted, unknown = {}, []
+    kept = {}
     for key, value in state.items():
         if _MB_IGNORED.fullmatch(key):
             continue
@@ -135,14 +155,8 @@ def _from_maskrcnn_benchmark(state: dict[str, torch.Tensor], cfg, source: str) -
                 raise CheckpointError(f"{source}: {key} differs from {twin}: an attribute head with its own "
                                       "feature extractor is not supported")
             continue
-        name = _maskrcnn_benchmark_name(key)
-        if name is None:
-            unknown.append(key)
-        else:
-            converted[name] = value
-    if unknown:
-        raise CheckpointError(f"{source}: {len(unknown)} maskrcnn-benchmark key(s) with no place in the detector: "
-                              + ", ".join(sorted(unknown)[:20]))
+        kept[key] = value
+    converted = _renamed(kept, lambda key: _resnet_name(key, _MB_RENAMES, _MB_STAGES), "maskrcnn-benchmark", source)
     sizes, ratios = len(cfg.anchor_sizes), len(cfg.anchor_ratios)
     for name in list(converted):
         if name.startswith(("proposal_generator.rpn_head.objectness_logits.", "proposal_generator.rpn_head.anchor_deltas.")):
@@ -155,7 +169,23 @@ def _from_maskrcnn_benchmark(state: dict[str, torch.Tensor], cfg, source: str) -
     return converted
 
 
+# The Fast R-CNN inside the official VL-BERT checkpoints, as `vlbert convert-official` writes it out
+# (the preset `vlbert-official`): torchvision's ResNet names, res5 as `roi_head_feature_extractor`.
+_OFFICIAL_PREFIX = "image_feature_extractor."
+_OFFICIAL_STAGES = (
+    *((f"{_OFFICIAL_PREFIX}backbone.layer{i}.", f"backbone.res{i + 1}.") for i in (1, 2, 3)),
+    (f"{_OFFICIAL_PREFIX}roi_head_feature_extractor.", "roi_heads.res5."),
+)
+_OFFICIAL_RENAMES = _stem(f"{_OFFICIAL_PREFIX}backbone.conv1", f"{_OFFICIAL_PREFIX}backbone.bn1")
+
+
+def _from_vlbert_official(state: dict[str, torch.Tensor], cfg, source: str) -> dict[str, torch.Tensor]:
+    return _renamed(state, lambda key: _resnet_name(key, _OFFICIAL_RENAMES, _OFFICIAL_STAGES), "VL-BERT", source)
+
+
 KEY_MAPS: dict[str, KeyMap] = {
+    "vlbert-official": KeyMap("vlbert-official", lambda keys: any(k.startswith(_OFFICIAL_PREFIX) for k in keys),
+                              _from_vlbert_official),
     "maskrcnn-benchmark": KeyMap("maskrcnn-benchmark",
                                  lambda keys: any(k.removeprefix("module.").startswith("backbone.body.") for k in keys),
                                  _from_maskrcnn_benchmark),

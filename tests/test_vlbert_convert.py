@@ -15,6 +15,7 @@ import yaml
 from click.testing import CliRunner, Result
 from safetensors.torch import load_file
 
+from extract.checkpoint import detectron2_names
 from extract.presets import PRESETS
 from pipelines.cli import main
 from vlbert import VLBertForPreTraining, VLBertForQuestionAnswering, convert_official_checkpoint, load_pretrained
@@ -270,10 +271,10 @@ def test_converted_pretraining_checkpoint_matches_the_official_forward(converted
     assert compared == 22 + 12
 
 
-def test_converted_detector_uses_detectron2_names(converted_pretraining):
+def test_the_converted_detector_reads_under_detectron2_names(converted_pretraining):
     state, out, result = converted_pretraining
     assert result.has_detector
-    detector = load_file(out / "detector.safetensors")
+    detector = detectron2_names(load_file(out / "detector.safetensors"), PRESETS["vlbert-official"])
     official = {name.removeprefix("module.image_feature_extractor."): tensor for name, tensor in state.items()}
     expected = {
         "backbone.stem.conv1.weight": "backbone.conv1.weight",
@@ -307,11 +308,12 @@ def test_detector_yaml_and_weights_load_into_the_extractor(converted_pretraining
     weights = load_file(out / "detector.safetensors")
     # This tiny checkpoint's widths and depths, read off its tensors; the rest is the YAML's.
     detector = Detector.build(str(out / "detector.yaml"), res_blocks=(1, 1, 1, 2),
-                              stem_out_channels=weights["backbone.stem.conv1.weight"].shape[0],
-                              res2_out_channels=weights["backbone.res2.0.conv3.weight"].shape[0],
-                              bottleneck_channels=weights["backbone.res2.0.conv1.weight"].shape[0])
+                              stem_out_channels=weights["image_feature_extractor.backbone.conv1.weight"].shape[0],
+                              res2_out_channels=weights["image_feature_extractor.backbone.layer1.0.conv3.weight"].shape[0],
+                              bottleneck_channels=weights["image_feature_extractor.backbone.layer1.0.conv1.weight"].shape[0])
     detector.load_checkpoint(out / "detector.safetensors", trunk_only=True)
-    assert torch.equal(detector.state_dict()["roi_heads.res5.1.conv3.weight"], weights["roi_heads.res5.1.conv3.weight"])
+    assert torch.equal(detector.state_dict()["roi_heads.res5.1.conv3.weight"],
+                       weights["image_feature_extractor.roi_head_feature_extractor.1.conv3.weight"])
 
 
 def test_converted_vqa_checkpoint_matches_the_official_forward(tmp_path):

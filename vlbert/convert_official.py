@@ -14,7 +14,8 @@ module, so every key starts with `module.`. Their layout:
     final_mlp                             the fine-tuning classifier
 
 Output: DIR/model.safetensors + DIR/config.json (VL-BERT), and, when the checkpoint carries the
-Fast R-CNN, DIR/detector.safetensors (detectron2 key names) + DIR/detector.yaml.
+Fast R-CNN, DIR/detector.safetensors (under the checkpoint's own names, which the extractor's key
+map `vlbert-official` reads) + DIR/detector.yaml (`base: vlbert-official`).
 """
 
 from __future__ import annotations
@@ -183,11 +184,7 @@ def convert_official_checkpoint(
                 _appearance_first(tensor, config.geometry_size)
             )
         elif name.startswith(DETECTOR_PREFIXES):
-            detector_name = _detectron2_name(name)
-            if detector_name is None:
-                unknown.append(name)
-            else:
-                detector[detector_name] = tensor
+            detector[name] = tensor  # the extractor maps these names (extract.checkpoint.KEY_MAPS)
         else:
             new_name = _rename(name, renames)
             if new_name is None:
@@ -298,40 +295,6 @@ def _appearance_first(tensor: torch.Tensor, geometry_size: int) -> torch.Tensor:
     if tensor.dim() == 1:
         return tensor
     return torch.cat((tensor[:, geometry_size:], tensor[:, :geometry_size]), 1)
-
-
-_BLOCK = re.compile(r"^(?P<block>\d+)\.(?P<part>conv[123]|bn[123]|downsample\.[01])\.(?P<param>\w+)$")
-_NORM_PARAMS = {"weight", "bias", "running_mean", "running_var"}
-
-
-def _detectron2_name(name: str) -> str | None:
-    """Official Fast R-CNN key → detectron2 name (trunk `backbone.*`, res5 `roi_heads.res5.*`)."""
-    rest = name.removeprefix("image_feature_extractor.")
-    if rest.startswith("backbone."):
-        rest = rest.removeprefix("backbone.")
-        stem = re.match(r"^(conv1|bn1)\.(\w+)$", rest)
-        if stem:
-            part, param = stem.groups()
-            if part == "conv1":
-                return "backbone.stem.conv1.weight" if param == "weight" else None
-            return f"backbone.stem.conv1.norm.{param}" if param in _NORM_PARAMS else None
-        stage = re.match(r"^layer([123])\.(.+)$", rest)
-        if not stage:
-            return None
-        prefix, rest = f"backbone.res{int(stage.group(1)) + 1}.", stage.group(2)
-    else:
-        prefix, rest = "roi_heads.res5.", rest.removeprefix("roi_head_feature_extractor.")
-    block = _BLOCK.match(rest)
-    if not block:
-        return None
-    part, param = block.group("part"), block.group("param")
-    layer = {"downsample.0": "shortcut", "downsample.1": "shortcut"}.get(part, "conv" + part[-1])
-    is_norm = part.startswith("bn") or part == "downsample.1"
-    if is_norm and param in _NORM_PARAMS:
-        return f"{prefix}{block.group('block')}.{layer}.norm.{param}"
-    if not is_norm and param == "weight":
-        return f"{prefix}{block.group('block')}.{layer}.weight"
-    return None
 
 
 def _check_aliases(official: dict[str, torch.Tensor]) -> None:

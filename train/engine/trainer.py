@@ -412,7 +412,8 @@ class Trainer:
             return None
         visual = EndToEndVisual.from_store_meta(self.regions.store.meta, self.run.images, self.run.detector_weights)
         if previous is not None and (previous / DETECTOR_WEIGHTS).is_file():
-            visual.detector.load_state_dict(load_file(previous / DETECTOR_WEIGHTS))
+            # A stage's own, or a converted official checkpoint's under its names (the key map reads them).
+            visual.detector.load_checkpoint(previous / DETECTOR_WEIGHTS, trunk_only=True)
         return visual
 
     def _batches(self, stage: StageConfig, step: int, visual: EndToEndVisual | None) -> PeekedBatches:
