@@ -216,6 +216,18 @@ def test_precision_is_recorded_and_a_store_from_before_it_was_resumes_as_fp32(im
         run_extraction(images, out, "tiny", precision="bf16", progress=False, **MASKED)
 
 
+def test_a_store_from_before_resnext_groups_resumes_as_one_group(images, reference, tmp_path):
+    out = tmp_path / "store"
+    shutil.copytree(reference[0], out)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["detector"]["config"]["num_groups"] == 1
+    del meta["detector"]["config"]["num_groups"]  # as written before the config had groups
+    (out / "meta.json").write_text(json.dumps(meta))
+    assert run_extraction(images, out, "tiny", progress=False, **MASKED).skipped == 10
+    with pytest.raises(StoreMismatchError, match="detector.config.num_groups: store has 1, this run has 2"):
+        run_extraction(images, out, "tiny", overrides={"num_groups": 2}, progress=False, **MASKED)
+
+
 def test_a_precision_the_device_cannot_run_is_refused_before_anything_is_written(images, tmp_path):
     result = CliRunner().invoke(main, ["extract", "--images", str(images), "--out", str(tmp_path / "store"),
                                        "--detector", "tiny", "--precision", "tf32", "--device", "cpu"])
