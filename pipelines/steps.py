@@ -10,6 +10,9 @@ records in `known` what its folder will hold (an extract step's feature size). `
 go through one parsing function per kind (vlbert.typed_config's loader, as every config: known names,
 required ones, types, `1e-5` read as the number it spells), so what was checked is what runs;
 `fields(params)` names what `--set STEP.FIELD` may set, `stage_fields` what `STEP.STAGE.FIELD` may.
+`layout(params)` says how many processes a step runs as (an extraction's shards, a training's DDP
+ranks and nodes) and whether each takes a GPU; a sharded kind's `close` checks, after every shard,
+that the step is complete.
 """
 
 from __future__ import annotations
@@ -67,14 +70,42 @@ def _no_outputs(params: dict[str, Any], folder: Path) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """The processes a step runs as: `shards` independent ones (each `shard=(i, shards)`), or one run of
+    `ranks` processes on each of `nodes` machines (DDP); `gpu`: each process takes a GPU where the
+    machine has some (device cuda, or auto)."""
+
+    shards: int = 1
+    ranks: int = 1
+    nodes: int = 1
+    gpu: bool = False
+
+    @property
+    def processes(self) -> int:
+        return self.shards * self.ranks * self.nodes
+
+
+def _single_process(params: dict[str, Any]) -> Layout:
+    return Layout()
+
+
+def _takes_gpu(device: Any) -> bool:
+    return isinstance(device, str) and (device == "auto" or device.startswith("cuda"))
+
+
+@dataclass(frozen=True)
 class StepKind:
-    run: Callable[[dict[str, Any], Path, bool, Log], None]
+    # (params, folder, resume, log) and, for a kind whose layout has shards, shard=(i, n)
+    run: Callable[..., None]
     check: Callable[[dict[str, Any]], object]  # its value is unused: it raises RunConfigError or nothing
     fields: Callable[[dict[str, Any]], list[str]]  # the parameters a step of this kind takes
     verify: Verify = _nothing_to_verify
     stage_fields: tuple[str, ...] = ()  # a train step's stages: what STEP.STAGE.FIELD may set
     # What later steps may name beyond the step's folder: `${STEP.NAME}` → a path in it.
     outputs: Callable[[dict[str, Any], Path], dict[str, str]] = _no_outputs
+    layout: Callable[[dict[str, Any]], Layout] = _single_process
+    # (params, folder, log): after every shard of a sharded step, a problem with the whole is an error
+    close: Callable[[dict[str, Any], Path, Log], None] | None = None
 
 
 def _parse(cls: type, params: dict[str, Any]) -> Any:
@@ -143,28 +174,65 @@ def _yaml_type(hint: Any) -> Any:
     return functools.reduce(operator.or_, dict.fromkeys(_YAML_TYPES.get(m, m) for m in members))
 
 
+@dataclass
+class ExtractExtras:
+    """An extract step's keys beyond run_extraction's parameters."""
+
+    shards: int = 1  # processes (array jobs under Slurm), each extracting `shard=(i, shards)` into the store
+
+
+EXTRACT_EXTRAS = tuple(spec.name for spec in dataclasses.fields(ExtractExtras))
+
+
 @functools.cache
 def _extraction_params() -> type:
-    """A dataclass of run_extraction's parameters but `out` (the step's folder), so that a new
-    option of the job is a step option without a change here."""
+    """A dataclass of run_extraction's parameters but `out` (the step's folder), and ExtractExtras, so
+    that a new option of the job is a step option without a change here."""
     from extract.job import run_extraction
 
     hints = typing.get_type_hints(run_extraction)
     fields = [(p.name, _yaml_type(hints[p.name]))
               + (() if p.default is inspect.Parameter.empty else (dataclasses.field(default=p.default),))
               for p in inspect.signature(run_extraction).parameters.values() if p.name != "out"]
+    fields += [(spec.name, spec.type, dataclasses.field(default=spec.default)) for spec in dataclasses.fields(ExtractExtras)]
     return dataclasses.make_dataclass("ExtractParams", fields)
 
 
 def _extraction_options(params: dict[str, Any]) -> dict[str, Any]:
-    return dataclasses.asdict(_parse(_extraction_params(), params))
+    """run_extraction's arguments (without ExtractExtras), checked."""
+    chosen = dataclasses.asdict(_parse(_extraction_params(), params))
+    if chosen["shards"] < 1:
+        raise RunConfigError(f"shards: expected a positive number of processes, found {chosen['shards']}")
+    if chosen["shards"] > 1 and chosen["shard"] is not None:
+        raise RunConfigError("shard and shards: give one (shards runs every shard, each in a process of its own)")
+    return {name: value for name, value in chosen.items() if name not in EXTRACT_EXTRAS}
 
 
-def extract(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
-    """A FeatureStore of every image under `images` (resumes by itself)."""
+def _extract_layout(params: dict[str, Any]) -> Layout:
+    shards = params.get("shards", 1)
+    return Layout(shards=shards if isinstance(shards, int) else 1, gpu=_takes_gpu(params.get("device", "cpu")))
+
+
+def extract(params: dict[str, Any], folder: Path, resume: bool, log: Log, shard: tuple[int, int] | None = None) -> None:
+    """A FeatureStore of every image under `images` (resumes by itself); with `shard`, that shard's."""
     from extract.job import run_extraction
 
-    log(run_extraction(out=folder, **_extraction_options(params)).report())
+    options = _extraction_options(params)
+    if shard is not None:
+        options["shard"] = shard
+    log(run_extraction(out=folder, **options).report())
+
+
+def _close_extract(params: dict[str, Any], folder: Path, log: Log) -> None:
+    """After every shard: each image of the job is in the store or among its failures."""
+    from extract.job import ExtractionIncomplete, images_not_in_store
+
+    options = _extraction_options(params)
+    missing = images_not_in_store(options["images"], folder, options["boxes"], options["image_list"])
+    if missing:
+        raise ExtractionIncomplete(f"{folder}: {len(missing)} image(s) of the job are neither stored nor failures "
+                                   f"(e.g. {missing[0]!r}): a shard stopped early; run the step again to finish them")
+    log(f"{folder}: every shard complete")
 
 
 def _verify_extract(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
@@ -260,14 +328,28 @@ class TrainExtras:
 
     detector: str = ""  # a label (frozen, tuned) that reports show
     seeds: list[int] | None = None  # distinct non-negative integers, each the `seed` of one run
+    devices: int = 1  # DDP processes per node, each on a GPU of its own (on the CPU: gloo processes)
+    nodes: int = 1  # machines (Slurm); the run's world size is devices × nodes
 
 
 TRAIN_EXTRAS = tuple(spec.name for spec in dataclasses.fields(TrainExtras))
 
 
+def _train_extras(params: dict[str, Any]) -> TrainExtras:
+    extras = _parse(TrainExtras, {k: v for k, v in params.items() if k in TRAIN_EXTRAS})
+    if extras.devices < 1 or extras.nodes < 1:
+        raise RunConfigError(f"devices {extras.devices}, nodes {extras.nodes}: expected positive numbers of processes")
+    return extras
+
+
+def _train_layout(params: dict[str, Any]) -> Layout:
+    extras = _train_extras(params)
+    return Layout(ranks=extras.devices, nodes=extras.nodes, gpu=_takes_gpu(params.get("device", "cpu")))
+
+
 def _seeds(params: dict[str, Any]) -> list[int] | None:
     """A train step's `seeds`, checked."""
-    seeds = _parse(TrainExtras, {k: v for k, v in params.items() if k in TRAIN_EXTRAS}).seeds
+    seeds = _train_extras(params).seeds
     if seeds is None:
         return None
     if not seeds or min(seeds) < 0:
@@ -549,11 +631,11 @@ KINDS: dict[str, StepKind] = {
     "world": StepKind(world, functools.partial(_parse, WorldParams), _field_names(WorldParams)),
     "prepare": StepKind(prepare, _preparation, _prepare_fields, _verify_prepare),
     "extract": StepKind(extract, _extraction_options, lambda params: _field_names(_extraction_params())(params),
-                        _verify_extract),
+                        _verify_extract, layout=_extract_layout, close=_close_extract),
     "vocabulary": StepKind(vocabulary, _vocabulary_params, _field_names(VocabularyParams), _verify_vocabulary),
     "train": StepKind(train, functools.partial(_run_config, out=CHECKED_OUT),
                       _field_names(RunConfig, *TRAIN_EXTRAS, leaving_out=("out",)), _verify_train,
-                      tuple(spec.name for spec in dataclasses.fields(StageConfig)), _run_outputs),
+                      tuple(spec.name for spec in dataclasses.fields(StageConfig)), _run_outputs, _train_layout),
     "evaluate": StepKind(evaluate, _evaluation, _evaluate_fields, _verify_evaluate),
     "report": StepKind(report, report_params, _field_names(ReportParams), _verify_report),
 }

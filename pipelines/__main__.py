@@ -1,0 +1,6 @@
+"""`python -m pipelines ...` is the `vlbert` command: how executors start a step's process with the
+interpreter that runs them."""
+
+from pipelines.cli import main
+
+main()

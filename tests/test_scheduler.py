@@ -1,0 +1,132 @@
+"""The local executor: steps side by side in processes of their own, within the cores and GPUs given;
+the same results as one after another; failures stop only what reads them; shards and DDP processes."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from extract.store.reader import FeatureStore
+from pipelines.executors import StepsFailed, executor_named, read_state
+from pipelines.runner import load_pipeline, run_pipeline
+from pipelines.world.tiny import TINY_MODEL
+from train.engine.run_folder import RunFolder
+
+
+def write(tmp_path: Path, steps: list[dict], name: str = "pipeline.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"name": "scheduled", "out": str(tmp_path / "out"), "steps": steps}))
+    return path
+
+
+def train_step(world: Path, name: str, task: str = "vqa", steps: int = 2, **fields) -> dict:
+    return {"name": name, "kind": "train", "store": str(world / "cache"),
+            "train_annotations": str(world / "world" / "train.jsonl"),
+            "eval_annotations": str(world / "world" / "val.jsonl"), "vocabulary": str(world / "vocab"),
+            "max_length": 40, "model": dict(TINY_MODEL),
+            "stages": [{"name": task, "task": task, "steps": steps, "batch_size": 4, "num_workers": 0}], **fields}
+
+
+def record(out: Path, step: str) -> dict:
+    return json.loads((out / step / "step.json").read_text())
+
+
+def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(tiny_world, tmp_path):
+    steps = [
+        {"name": "cache", "kind": "extract", "images": str(tiny_world / "world"), "detector": "tiny",
+         "mask_variants": 1, "batch_size": 4, "progress": False},
+        train_step(tiny_world, "pretrain", "pretrain"),
+        train_step(tiny_world, "vqa", "vqa", init_from="${pretrain.final}"),
+        train_step(tiny_world, "refexp", "refexp", init_from="${pretrain.final}"),
+    ]
+    path = write(tmp_path, steps)
+    one = run_pipeline(path, tmp_path / "one", log=lambda _: None, jobs=1)
+    messages = []
+    both = run_pipeline(path, tmp_path / "both", log=messages.append, jobs=2, threads=2)
+    assert any("[vqa] train started" in m for m in messages) and any("[refexp] train started" in m for m in messages)
+    for step in ("cache", "pretrain", "vqa", "refexp"):
+        assert record(one, step)["threads"] == record(both, step)["threads"] == 2
+    assert record(both, "vqa")["executor"] == "local" and (both / "vqa" / "log.txt").is_file()
+
+    with FeatureStore(one / "cache") as first, FeatureStore(both / "cache") as second:
+        assert first.keys() == second.keys()
+        for key in first.keys():
+            for name, value in first[key].items():
+                assert np.array_equal(value, second[key][name]) if isinstance(value, np.ndarray) else value == second[key][name]
+    for step in ("pretrain", "vqa", "refexp"):
+        stage_one, stage_both = RunFolder(one / step).last_stage(), RunFolder(both / step).last_stage()
+        assert (stage_one.final / "model.safetensors").read_bytes() == (stage_both.final / "model.safetensors").read_bytes()
+    for step in ("vqa", "refexp"):
+        scores = RunFolder(one / step).last_stage().item_scores("val")
+        assert scores.read_bytes() == RunFolder(both / step).last_stage().item_scores("val").read_bytes()
+    predictions = RunFolder(one / "vqa").last_stage().predictions_folder
+    assert [p.read_bytes() for p in sorted(predictions.iterdir())] == [
+        p.read_bytes() for p in sorted(RunFolder(both / "vqa").last_stage().predictions_folder.iterdir())]
+
+
+def test_a_gpu_goes_to_one_step_at_a_time_while_cpu_steps_run_beside(tiny_world, tmp_path):
+    """One fake GPU: the two GPU steps (device auto) take turns on it, the CPU step runs beside them."""
+    steps = [train_step(tiny_world, "gpu-a", device="auto"), train_step(tiny_world, "gpu-b", device="auto"),
+             train_step(tiny_world, "cpu", device="cpu")]
+    out = run_pipeline(write(tmp_path, steps), log=lambda _: None, jobs=None, threads=1, gpus=["7"])
+    launched = read_state(out)["steps"]  # each step's process, from its start to its end
+    spans = {step: (launched[step]["started"], launched[step]["ended"]) for step in ("gpu-a", "gpu-b", "cpu")}
+    assert record(out, "gpu-a")["devices"] == record(out, "gpu-b")["devices"] == "7"
+    assert record(out, "cpu")["devices"] == ""
+
+    def overlap(a, b):
+        return spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
+
+    assert not overlap("gpu-a", "gpu-b")
+    assert overlap("cpu", "gpu-a") or overlap("cpu", "gpu-b")
+    # auto found no CUDA in the process (a fake GPU), so it trained on the CPU
+    assert RunFolder(out / "gpu-a").config()["device"] == "auto"
+
+
+def test_a_failed_step_stops_what_reads_it_and_the_rest_finishes(tmp_path):
+    steps = [{"name": "world", "kind": "world", "images": 3, "seed": 1},
+             {"name": "bad", "kind": "vocabulary", "texts": ["${world}/missing.jsonl"]},
+             {"name": "after-bad", "kind": "vocabulary", "texts": ["${bad}/vocab.txt"]},
+             {"name": "fine", "kind": "vocabulary", "world": "${world}"}]
+    path = write(tmp_path, steps)
+    with pytest.raises(StepsFailed) as failed:
+        run_pipeline(path, log=lambda _: None, jobs=2)
+    message = str(failed.value)
+    assert "1 step(s) failed, 1 not run" in message
+    assert f"bad: Error: {tmp_path / 'out' / 'world' / 'missing.jsonl'}" in message
+    assert f"(log: {tmp_path / 'out' / 'bad' / 'log.txt'})" in message
+    assert "after-bad: not run, it reads bad" in message
+    assert record(tmp_path / "out", "fine")["done"] and not (tmp_path / "out" / "after-bad").exists()
+    assert failed.value.exit_status == 2
+
+    rows = {row.step: row for row in executor_named("local").status(load_pipeline(path))}
+    assert rows["world"].state == rows["fine"].state == "done"
+    assert rows["bad"].state == "failed" and "missing.jsonl" in rows["bad"].detail
+    assert rows["after-bad"].state == "not run" and rows["after-bad"].detail == "it reads bad, which failed"
+
+
+def test_shards_and_ddp_processes_run_as_processes_of_one_step(tiny_world, tmp_path):
+    steps = [{"name": "sharded", "kind": "extract", "images": str(tiny_world / "world"), "detector": "tiny",
+              "batch_size": 4, "progress": False, "shards": 2},
+             train_step(tiny_world, "ddp", devices=2, seed=3)]
+    out = run_pipeline(write(tmp_path, steps), log=lambda _: None, jobs=None, threads=1)
+    with FeatureStore(out / "sharded") as sharded, FeatureStore(tiny_world / "cache") as whole:
+        assert len(sharded.shards) == 2 and sorted(sharded.keys()) == sorted(whole.keys())
+        key = whole.keys()[0]
+        assert np.array_equal(sharded[key]["features"], whole[key]["features"])
+    assert record(out, "sharded")["done"] and "every shard complete" in (out / "sharded" / "log.txt").read_text()
+    assert record(out, "ddp")["processes"] == 2
+    assert RunFolder(out / "ddp").last_stage().done
+
+
+def test_set_values_name_steps_and_append_stages(tiny_world, tmp_path):
+    path = write(tmp_path, [{"name": "vocab", "kind": "vocabulary", "world": str(tiny_world / "world")},
+                            train_step(tiny_world, "finetune")])
+    pipeline = load_pipeline(path, {"finetune.vocabulary": "${vocab}",
+                                    "finetune.stages+": {"name": "e2e", "task": "vqa", "steps": 1, "visual": "end2end"}})
+    finetune = pipeline.steps[1]
+    assert finetune.params["vocabulary"] == str(tmp_path / "out" / "vocab")
+    assert list(finetune.reads) == ["vocab"]
+    assert [stage["name"] for stage in finetune.params["stages"]] == ["vqa", "e2e"]
