@@ -6,6 +6,7 @@ that is not a name) — one line with the file and line, exit 2, and nothing wri
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -91,7 +92,7 @@ def test_each_item_of_a_list_is_in_range(tmp_path):
     ({"size": ["tiny"]}, "model.size: a list is not one of base, large, tiny"),
 ])
 def test_the_model_s_values_are_checked_as_the_run_s(model, message):
-    with pytest.raises(RunConfigError, match="^" + message.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(RunConfigError, match="^" + re.escape(message)):
         RunConfig.from_dict(run_document(model=model))
 
 
