@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from extract.modeling.parts import PARTS, part_shape
 from vlbert.errors import UserError
-from vlbert.typed_config import checked_fields, from_text
+from vlbert.typed_config import above, at_least, checked_fields, from_text
+
+POSITIVE = at_least(1)
+SHARE = at_least(0, 1)  # a probability or an IoU threshold
 
 
 class ConfigError(UserError):
@@ -31,43 +34,46 @@ class DetectorConfig:
 
     # ResNet trunk (res2-res4) and the res5 RoI head built from the same bottleneck blocks.
     res_blocks: tuple[int, int, int, int] = (3, 4, 23, 3)  # ResNet-101
-    stem_out_channels: int = 64
-    res2_out_channels: int = 256
-    bottleneck_channels: int = 64  # res2's 3x3 width: groups x width per group (ResNeXt 32x8d: 256)
+    stem_out_channels: int = field(default=64, metadata=POSITIVE)
+    res2_out_channels: int = field(default=256, metadata=POSITIVE)
+    # res2's 3x3 width: groups x width per group (ResNeXt 32x8d: 256)
+    bottleneck_channels: int = field(default=64, metadata=POSITIVE)
     num_groups: int = 1  # the 3x3 convs' groups: 1 for ResNet, 32 for ResNeXt 32x8d
     stride_in_1x1: bool = True  # MSRA/caffe weights put the stride in the first 1x1 conv
     stem_pool: str = "caffe"  # "caffe": max-pool k3 s2 pad 0 ceil mode; "standard": pad 1
-    res5_stride: int = 1
-    res5_dilation: int = 2
+    res5_stride: int = field(default=1, metadata=POSITIVE)
+    res5_dilation: int = field(default=2, metadata=POSITIVE)
 
     # Region proposal network on res4 (stride 16).
-    rpn_hidden_channels: int = 512
-    anchor_sizes: tuple[float, ...] = (64.0, 128.0, 256.0, 512.0)
-    anchor_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
-    rpn_pre_nms_topk: int = 6000
-    rpn_post_nms_topk: int = 300
-    rpn_nms_thresh: float = 0.7
+    rpn_hidden_channels: int = field(default=512, metadata=POSITIVE)
+    anchor_sizes: tuple[float, ...] = field(default=(64.0, 128.0, 256.0, 512.0), metadata=above(0))
+    anchor_ratios: tuple[float, ...] = field(default=(0.5, 1.0, 2.0), metadata=above(0))
+    rpn_pre_nms_topk: int = field(default=6000, metadata=POSITIVE)
+    rpn_post_nms_topk: int = field(default=300, metadata=POSITIVE)
+    rpn_nms_thresh: float = field(default=0.7, metadata=SHARE)
 
     # RoI head: pooling on res4, res5, mean over the pooled grid, box predictor, attribute head.
     pooler: str = "roipool"  # "roipool", "roialign" (ROIAlignV2: aligned=True) or "roialign_legacy" (aligned=False)
-    pooler_resolution: int = 14
-    pooler_sampling_ratio: int = 0
-    num_classes: int = 1600  # foreground classes; the predictor adds background as the last output
-    bbox_reg_weights: tuple[float, float, float, float] = (10.0, 10.0, 5.0, 5.0)
-    num_attributes: int = 400  # 0: no attribute head; otherwise "no attribute" is an extra last output
-    attr_embed_dim: int = 256
-    attr_hidden_dim: int = 512
+    pooler_resolution: int = field(default=14, metadata=POSITIVE)
+    pooler_sampling_ratio: int = field(default=0, metadata=at_least(0))
+    # foreground classes; the predictor adds background as the last output
+    num_classes: int = field(default=1600, metadata=POSITIVE)
+    bbox_reg_weights: tuple[float, float, float, float] = field(default=(10.0, 10.0, 5.0, 5.0), metadata=above(0))
+    # 0: no attribute head; otherwise "no attribute" is an extra last output
+    num_attributes: int = field(default=400, metadata=at_least(0))
+    attr_embed_dim: int = field(default=256, metadata=POSITIVE)
+    attr_hidden_dim: int = field(default=512, metadata=POSITIVE)
 
     # Input: channel order, normalisation (in that channel order) and test-time resizing.
     input_format: str = "BGR"
     pixel_mean: tuple[float, float, float] = (102.9801, 115.9465, 122.7717)
-    pixel_std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    pixel_std: tuple[float, float, float] = field(default=(1.0, 1.0, 1.0), metadata=above(0))
     min_size: int = 600
     max_size: int = 1000
 
     # Box selection in detection mode (bottom-up-attention).
-    score_thresh: float = 0.2
-    nms_thresh: float = 0.3
+    score_thresh: float = field(default=0.2, metadata=SHARE)
+    nms_thresh: float = field(default=0.3, metadata=SHARE)
     min_boxes: int = 10
     max_boxes: int = 100
     box_source: str = "proposals"  # "proposals": the pooled boxes; "regressed": class-specific deltas applied
@@ -77,7 +83,7 @@ class DetectorConfig:
     attribute_names: tuple[str, ...] = ()
 
     # Seed of the random initialisation used when no checkpoint is given.
-    init_seed: int = 0
+    init_seed: int = field(default=0, metadata=at_least(0))
 
     def __post_init__(self) -> None:
         _check(self)

@@ -35,7 +35,7 @@ from extract.modeling.precision import precision as find_precision
 from extract.progress import progress_bar
 from extract.store.layout import META
 from extract.store.reader import FeatureStore
-from extract.store.schema import MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
+from extract.store.schema import FEATURE_ENCODINGS, MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
 from extract.store.writer import DEFAULT_MAP_SIZE, CommitThread, FeatureStoreWriter
 from extract.threads import ComputeLanes, configured_threads, lane_count
 from vlbert.errors import FAILED, UserError
@@ -192,6 +192,44 @@ def given_boxes(item: WorkItem) -> np.ndarray:
     return boxes.reshape(-1, 4)
 
 
+@dataclass(frozen=True)
+class Bounds:
+    least: float
+    most: float | None = None  # None: no bound
+    why: str = ""  # what sets the bound, for the message
+
+    def holds(self, value: float) -> bool:
+        return self.least <= value and (self.most is None or value <= self.most)  # NaN: neither
+
+    def __str__(self) -> str:
+        return (f"{self.least} to {self.most}" if self.most is not None else f"at least {self.least}") + self.why
+
+
+# run_extraction's numeric arguments (None is a value of `threads` and `top_k_classes`: the default
+# threads, full class distributions).
+ARGUMENT_BOUNDS = {
+    "batch_size": Bounds(1), "mask_variants": Bounds(0), "mask_prob": Bounds(0.0, 1.0), "mask_seed": Bounds(0),
+    "decode_workers": Bounds(0), "threads": Bounds(1), "top_k_classes": Bounds(1), "initial_map_size": Bounds(1),
+    "max_pixels": Bounds(1, Image.MAX_IMAGE_PIXELS, " (Pillow's decompression-bomb limit, PIL.Image.MAX_IMAGE_PIXELS)"),
+}
+
+
+def check_arguments(arguments: Mapping[str, Any]) -> None:
+    """JobError naming the first of run_extraction's `arguments` (by name) that it cannot take: a number
+    out of ARGUMENT_BOUNDS, a shard that is not (i, n) with 0 <= i < n, an unknown feature dtype. The
+    pipeline's extract step checks its options with it when the pipeline loads."""
+    for name, bounds in ARGUMENT_BOUNDS.items():
+        value = arguments.get(name)
+        if value is not None and not bounds.holds(value):
+            raise JobError(f"{name} {value}: expected {bounds}")
+    shard = arguments.get("shard")
+    if shard is not None and not (len(shard) == 2 and 0 <= shard[0] < shard[1]):
+        raise JobError(f"shard {list(shard)}: expected [i, n] with 0 <= i < n")
+    dtype = arguments.get("feature_dtype", "float16")
+    if dtype not in FEATURE_ENCODINGS:
+        raise JobError(f"feature_dtype {dtype!r}: expected one of {', '.join(FEATURE_ENCODINGS)}")
+
+
 def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg", *,
                    weights: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
                    boxes: str | Path | None = None, image_list: str | Path | None = None,
@@ -211,14 +249,10 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     Raises StoreMismatchError when `out` was written with other settings."""
     start = time.perf_counter()
     images, out = Path(images).resolve(), Path(out)
-    if batch_size < 1 or mask_variants < 0 or decode_workers < 0:
-        raise JobError(f"batch size {batch_size}, mask variants {mask_variants}, decode workers {decode_workers}: "
-                       "expected >= 1, >= 0 and >= 0")
-    if threads is not None and threads < 1:
-        raise JobError(f"threads {threads}: expected >= 1")
-    if not 0 < max_pixels <= Image.MAX_IMAGE_PIXELS:
-        raise JobError(f"max pixels {max_pixels}: expected 1 to {Image.MAX_IMAGE_PIXELS} (Pillow's decompression-bomb "
-                       "limit, PIL.Image.MAX_IMAGE_PIXELS)")
+    check_arguments(dict(batch_size=batch_size, mask_variants=mask_variants, mask_prob=mask_prob, mask_seed=mask_seed,
+                         decode_workers=decode_workers, threads=threads, max_pixels=max_pixels,
+                         top_k_classes=top_k_classes, initial_map_size=initial_map_size, shard=shard,
+                         feature_dtype=feature_dtype))
     shard, device = resolve_shard_and_device(shard, device)
     find_precision(precision).check(check_device(device))  # before anything else is read or built
     if boxes is not None and image_list is not None:

@@ -101,7 +101,7 @@ def load_config(preset_or_file: str, overrides: Mapping[str, Any] | None = None)
 def _load_yaml(path: Path) -> DetectorConfig:
     if not path.is_file():
         raise ConfigError(f"detector config {path}: no such file")
-    data, lines = load_yaml(path.read_text(), f"detector config {path}", ConfigError)
+    data, lines = load_yaml(path, ConfigError, f"detector config {path}")
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"detector config {path}: expected a mapping of field: value")

@@ -65,13 +65,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
 from pipelines.execution import Step, strings
 from pipelines.steps import KINDS, Foreknown, Layout, StepKind
 from train.engine.config import RunConfigError
 from vlbert.errors import UserError, error_line, exit_status
-from vlbert.typed_config import did_you_mean, from_text, yaml_problem
+from vlbert.typed_config import did_you_mean, from_text, load_yaml
 
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a step's folder, an input's name
@@ -191,12 +189,7 @@ def run_pipeline(path: str | Path, out: str | Path | None = None, log: Callable[
 # ---- loading -------------------------------------------------------------------------------------
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        document = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise PipelineError(f"{path}: invalid YAML, {yaml_problem(exc)}") from None
-    except OSError as exc:
-        raise PipelineError(f"{path}: cannot read pipeline ({exc.strerror})") from None
+    document, _ = load_yaml(path, PipelineError)
     if not isinstance(document, dict) or not isinstance(document.get("steps"), list) or not document["steps"]:
         raise PipelineError(f"{path}: expected a mapping with a list of `steps`")
     return document

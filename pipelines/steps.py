@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from train.engine.config import RunConfig, RunConfigError, StageConfig
+from train.engine.config import SEEDS, RunConfig, RunConfigError, StageConfig
 from train.engine.run_folder import RunFolder
-from vlbert.typed_config import did_you_mean, from_mapping
+from vlbert.typed_config import at_least, describe, did_you_mean, from_mapping
 
 Log = Callable[[str], None]
 
@@ -113,6 +113,16 @@ def _parse(cls: type, params: dict[str, Any]) -> Any:
     return from_mapping(cls, params, error=RunConfigError)
 
 
+def _registered(params: dict[str, Any], key: str, registry: Iterable[str]) -> str:
+    """`params[key]`, a name in `registry` (a step's source or benchmark), else RunConfigError naming it."""
+    name, known = params.get(key), sorted(registry)
+    if not isinstance(name, str):
+        raise RunConfigError(f"{key}: expected one of {', '.join(known)}, found {describe(name)}")
+    if name not in known:
+        raise RunConfigError(f"{key}: {name!r} is not one of {', '.join(known)}{did_you_mean(name, known)}")
+    return name
+
+
 def _field_names(cls: type, *extra: str, leaving_out: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], list[str]]:
     """The `fields` of a kind whose parameters are dataclass `cls`'s fields (and `extra`)."""
     return lambda params: [f.name for f in dataclasses.fields(cls) if f.name not in leaving_out] + list(extra)
@@ -149,8 +159,8 @@ def _device_problems(device: str, precisions: Iterable[str], known: Foreknown,
 
 @dataclass
 class WorldParams:
-    images: int = 1000
-    seed: int = 0
+    images: int = dataclasses.field(default=1000, metadata=at_least(1))
+    seed: int = dataclasses.field(default=0, metadata=SEEDS)
 
 
 def world(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
@@ -178,7 +188,8 @@ def _yaml_type(hint: Any) -> Any:
 class ExtractExtras:
     """An extract step's keys beyond run_extraction's parameters."""
 
-    shards: int = 1  # processes (array jobs under Slurm), each extracting `shard=(i, shards)` into the store
+    # processes (array jobs under Slurm), each extracting `shard=(i, shards)` into the store
+    shards: int = dataclasses.field(default=1, metadata=at_least(1))
 
 
 EXTRACT_EXTRAS = tuple(spec.name for spec in dataclasses.fields(ExtractExtras))
@@ -194,18 +205,24 @@ def _extraction_params() -> type:
     fields = [(p.name, _yaml_type(hints[p.name]))
               + (() if p.default is inspect.Parameter.empty else (dataclasses.field(default=p.default),))
               for p in inspect.signature(run_extraction).parameters.values() if p.name != "out"]
-    fields += [(spec.name, spec.type, dataclasses.field(default=spec.default)) for spec in dataclasses.fields(ExtractExtras)]
+    fields += [(spec.name, spec.type, dataclasses.field(default=spec.default, metadata=spec.metadata))
+               for spec in dataclasses.fields(ExtractExtras)]
     return dataclasses.make_dataclass("ExtractParams", fields)
 
 
 def _extraction_options(params: dict[str, Any]) -> dict[str, Any]:
-    """run_extraction's arguments (without ExtractExtras), checked."""
+    """run_extraction's arguments (without ExtractExtras), typed and in range (as run_extraction checks them)."""
+    from extract.job import JobError, check_arguments
+
     chosen = dataclasses.asdict(_parse(_extraction_params(), params))
-    if chosen["shards"] < 1:
-        raise RunConfigError(f"shards: expected a positive number of processes, found {chosen['shards']}")
     if chosen["shards"] > 1 and chosen["shard"] is not None:
         raise RunConfigError("shard and shards: give one (shards runs every shard, each in a process of its own)")
-    return {name: value for name, value in chosen.items() if name not in EXTRACT_EXTRAS}
+    options = {name: value for name, value in chosen.items() if name not in EXTRACT_EXTRAS}
+    try:
+        check_arguments(options)
+    except JobError as exc:
+        raise RunConfigError(str(exc)) from None
+    return options
 
 
 def _extract_layout(params: dict[str, Any]) -> Layout:
@@ -273,8 +290,8 @@ class VocabularyParams:
     world: str | None = None
     given: str | None = None
     texts: list[str] = dataclasses.field(default_factory=list)
-    size: int = 30522
-    min_frequency: int = 2
+    size: int = dataclasses.field(default=30522, metadata=at_least(1))
+    min_frequency: int = dataclasses.field(default=2, metadata=at_least(1))
     lowercase: bool = True
 
 
@@ -285,8 +302,6 @@ def _vocabulary_params(params: dict[str, Any]) -> VocabularyParams:
     if chosen.world is None and chosen.given is None and not chosen.texts:
         raise RunConfigError("give `world` (a demo world), `given` (a tokenizer folder) or `texts` "
                              "(annotation or text files to build a WordPiece vocabulary from)")
-    if chosen.size < 1 or chosen.min_frequency < 1:
-        raise RunConfigError(f"size {chosen.size}, min_frequency {chosen.min_frequency}: expected positive integers")
     return chosen
 
 
@@ -327,19 +342,17 @@ class TrainExtras:
     """A train step's keys beyond RunConfig's."""
 
     detector: str = ""  # a label (frozen, tuned) that reports show
-    seeds: list[int] | None = None  # distinct non-negative integers, each the `seed` of one run
-    devices: int = 1  # DDP processes per node, each on a GPU of its own (on the CPU: gloo processes)
-    nodes: int = 1  # machines (Slurm); the run's world size is devices × nodes
+    seeds: list[int] | None = dataclasses.field(default=None, metadata=SEEDS)  # distinct, each the `seed` of one run
+    # DDP processes per node, each on a GPU of its own (on the CPU: gloo processes)
+    devices: int = dataclasses.field(default=1, metadata=at_least(1))
+    nodes: int = dataclasses.field(default=1, metadata=at_least(1))  # machines (Slurm); world size devices × nodes
 
 
 TRAIN_EXTRAS = tuple(spec.name for spec in dataclasses.fields(TrainExtras))
 
 
 def _train_extras(params: dict[str, Any]) -> TrainExtras:
-    extras = _parse(TrainExtras, {k: v for k, v in params.items() if k in TRAIN_EXTRAS})
-    if extras.devices < 1 or extras.nodes < 1:
-        raise RunConfigError(f"devices {extras.devices}, nodes {extras.nodes}: expected positive numbers of processes")
-    return extras
+    return _parse(TrainExtras, {k: v for k, v in params.items() if k in TRAIN_EXTRAS})
 
 
 def _train_layout(params: dict[str, Any]) -> Layout:
@@ -352,8 +365,8 @@ def _seeds(params: dict[str, Any]) -> list[int] | None:
     seeds = _train_extras(params).seeds
     if seeds is None:
         return None
-    if not seeds or min(seeds) < 0:
-        raise RunConfigError(f"seeds: expected a list of non-negative integers, found {seeds!r}")
+    if not seeds:
+        raise RunConfigError("seeds: expected a list of seeds, found an empty one")
     if len(set(seeds)) < len(seeds):
         raise RunConfigError(f"seeds: {seeds!r} repeats a seed")
     if "seed" in params:
@@ -374,7 +387,8 @@ def _run_outputs(params: dict[str, Any], folder: Path) -> dict[str, str]:
     """`${STEP.STAGE.final}`: the final model of the stage named STAGE, `${STEP.STAGE.predictions}`:
     the folder of its predictions files; `${STEP.final}` and `${STEP.predictions}`: the last stage's.
     A step with `seeds` trains several runs and offers none of them."""
-    names = [stage.get("name") for stage in params.get("stages") or [] if isinstance(stage, dict)]
+    stages = params.get("stages")
+    names = [stage.get("name") for stage in stages if isinstance(stage, dict)] if isinstance(stages, list) else []
     if params.get("seeds") is not None or not names or not all(isinstance(name, str) for name in names):
         return {}
     stages = [RunFolder(folder).stage(index, name) for index, name in enumerate(names)]
@@ -488,11 +502,7 @@ def _preparation(params: dict[str, Any]) -> tuple[PrepareParams, dict[str, Any]]
     """The checked arguments and the source's options given, checked as train/data/sources declares them."""
     from train.data.sources import SOURCES
 
-    name = params.get("source")
-    if name not in SOURCES:
-        raise RunConfigError(f"source: {name!r} is not a known source{did_you_mean(str(name), SOURCES)}"
-                             f"; known: {', '.join(sorted(SOURCES))}")
-    declared = SOURCES[name].options
+    declared = SOURCES[_registered(params, "source", SOURCES)].options
     fields = [(option.name, (str if option.type is Path else option.type) | None, dataclasses.field(default=None))
               for option in declared]
     chosen = _parse(dataclasses.make_dataclass("SourceParams", fields, bases=(PrepareParams,)), params)
@@ -507,7 +517,7 @@ def _preparation(params: dict[str, Any]) -> tuple[PrepareParams, dict[str, Any]]
 def _prepare_fields(params: dict[str, Any]) -> list[str]:
     from train.data.sources import SOURCES
 
-    source = SOURCES.get(params.get("source"))  # type: ignore[arg-type]
+    source = SOURCES.get(params["source"]) if isinstance(params.get("source"), str) else None
     return [spec.name for spec in dataclasses.fields(PrepareParams)] + [o.name for o in (source.options if source else ())]
 
 
@@ -544,10 +554,7 @@ def _evaluation(params: dict[str, Any]) -> Any:
     """`vlbert evaluate BENCHMARK`'s inputs, as train/evaluation/benchmarks.py declares them."""
     from train.evaluation.benchmarks import BENCHMARKS
 
-    name = params.get("benchmark")
-    if name not in BENCHMARKS:
-        raise RunConfigError(f"benchmark: {name!r} is not one of {', '.join(BENCHMARKS)}"
-                             f"{did_you_mean(str(name), BENCHMARKS)}")
+    name = _registered(params, "benchmark", BENCHMARKS)
     chosen = _parse(_evaluation_params(name), params)
     empty = [spec.name for spec in BENCHMARKS[name].inputs if spec.multiple and getattr(chosen, spec.name) == []]
     if empty:
@@ -558,7 +565,7 @@ def _evaluation(params: dict[str, Any]) -> Any:
 def _evaluate_fields(params: dict[str, Any]) -> list[str]:
     from train.evaluation.benchmarks import BENCHMARKS
 
-    benchmark = BENCHMARKS.get(params.get("benchmark"))  # type: ignore[arg-type]
+    benchmark = BENCHMARKS.get(params["benchmark"]) if isinstance(params.get("benchmark"), str) else None
     return ["benchmark", *(spec.name for spec in (benchmark.inputs if benchmark else ()))]
 
 

@@ -84,7 +84,7 @@ def test_a_pixel_limit_above_pillows_is_refused_before_anything_is_written(tmp_p
     write_synthetic_images(tmp_path / "images", 1)
     result = extract(tmp_path / "images", tmp_path / "store", "--max-pixels", str(Image.MAX_IMAGE_PIXELS + 1))
     assert result.exit_code == 2
-    assert result.output.strip() == (f"Error: max pixels {Image.MAX_IMAGE_PIXELS + 1}: expected 1 to "
+    assert result.output.strip() == (f"Error: max_pixels {Image.MAX_IMAGE_PIXELS + 1}: expected 1 to "
                                      f"{Image.MAX_IMAGE_PIXELS} (Pillow's decompression-bomb limit, "
                                      "PIL.Image.MAX_IMAGE_PIXELS)")
     assert not (tmp_path / "store").exists()

@@ -33,6 +33,7 @@ from tests.helpers.worlds import copy_world, interrupt_optimiser_step, run_confi
 from vlbert import VLBertConfig
 from vlbert.modeling import VLBertForQuestionAnswering
 from vlbert.tokenization import load_tokenizer
+from vlbert.typed_config import from_mapping
 
 VQA = StageConfig("vqa", "vqa", steps=3, batch_size=2, base_lr=5e-4)
 
@@ -137,8 +138,8 @@ def test_a_checkpoint_from_before_per_rank_random_states_still_resumes(tmp_path)
 
 
 def test_precision_is_checked_when_the_config_loads():
-    with pytest.raises(RunConfigError, match="precision 'fp8' is not one of fp32, tf32, bf16, fp16"):
-        StageConfig("vqa", "vqa", steps=1, precision="fp8")
+    with pytest.raises(RunConfigError, match=r"^precision: 'fp8' is not one of fp32, tf32, bf16, fp16$"):
+        from_mapping(StageConfig, {"name": "vqa", "task": "vqa", "steps": 1, "precision": "fp8"}, error=RunConfigError)
     assert StageConfig("vqa", "vqa", steps=1).precision == "fp32"
 
 

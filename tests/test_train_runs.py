@@ -412,7 +412,7 @@ def run_values(world, **changes) -> dict:
     ({"stages": [{"name": "a", "task": "dance", "steps": 1}]}, "stage 'a': task 'dance' is not one of"),
     ({"stages": [{"name": "a", "task": "vqa", "steps": 1}, {"name": "a", "task": "vqa", "steps": 1}]},
      "stages: every stage needs its own name; repeated: a"),
-    ({"damaged_records": "ignore"}, "damaged_records 'ignore' is not one of ('fail', 'skip')"),
+    ({"damaged_records": "ignore"}, "damaged_records: 'ignore' is not one of fail, skip"),
 ])
 def test_from_dict_names_the_field_at_fault(world, changes, message):
     with pytest.raises(RunConfigError) as refused:
@@ -434,7 +434,7 @@ def test_load_run_config_applies_overrides_and_names_the_file(world, tmp_path):
     config.write_text(yaml.safe_dump(run_values(world)))
     run = load_run_config(config, {"device": "cpu", "damaged_records": "skip", "out": str(tmp_path / "elsewhere")})
     assert run.damaged_records == "skip" and run.out == str(tmp_path / "elsewhere")
-    with pytest.raises(RunConfigError, match=f"^{config}: damaged_records 'never'"):
+    with pytest.raises(RunConfigError, match=f"^{config}: damaged_records: 'never' is not one of fail, skip$"):
         load_run_config(config, {"damaged_records": "never"})
 
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from vlbert.errors import UserError
-from vlbert.typed_config import from_mapping, load_yaml, located
+from vlbert.typed_config import above, at_least, from_mapping, load_yaml, located
 
-GEOMETRY_FORMS = ("center", "corner")
+POSITIVE = at_least(1)
+PROBABILITY = at_least(0, 1)
 
 # Named model sizes: the fields each changes from VLBertConfig's defaults (which are VL-BERT-base's).
 # A trainer replaces the vocabulary, feature and class counts with its tokenizer's and store's.
@@ -31,55 +32,52 @@ class VLBertConfigError(UserError):
 @dataclass
 class VLBertConfig:
     # Text side, as BERT-base (uncased).
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
+    vocab_size: int = field(default=30522, metadata=POSITIVE)
+    hidden_size: int = field(default=768, metadata=POSITIVE)
+    num_hidden_layers: int = field(default=12, metadata=POSITIVE)
+    num_attention_heads: int = field(default=12, metadata=POSITIVE)
+    intermediate_size: int = field(default=3072, metadata=POSITIVE)
     hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
+    hidden_dropout_prob: float = field(default=0.1, metadata=PROBABILITY)
+    attention_probs_dropout_prob: float = field(default=0.1, metadata=PROBABILITY)
+    max_position_embeddings: int = field(default=512, metadata=POSITIVE)
     # Segments: A = 0, B = 1, visual elements and [END] = 2.
-    type_vocab_size: int = 3
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
-    pad_token_id: int = 0
+    type_vocab_size: int = field(default=3, metadata=at_least(3))
+    layer_norm_eps: float = field(default=1e-12, metadata=above(0))
+    initializer_range: float = field(default=0.02, metadata=at_least(0))
+    pad_token_id: int = field(default=0, metadata=at_least(0))
 
     # Visual side: RoI appearance features from the Fast R-CNN (res5 mean-pooled).
-    visual_feature_size: int = 2048
+    visual_feature_size: int = field(default=2048, metadata=POSITIVE)
     # Geometry: sin and cos of each of 4 box coordinates at `geometry_frequencies` wavelengths
     # spread up to `geometry_wavelength`; (center x, center y, w, h) as the reference code,
     # or the paper's corners (x1, y1, x2, y2). Both are fractions of the image size × 100.
-    geometry_frequencies: int = 256
-    geometry_wavelength: float = 1000.0
-    geometry_form: str = "center"
-    visual_dropout_prob: float = 0.1
+    geometry_frequencies: int = field(default=256, metadata=POSITIVE)
+    geometry_wavelength: float = field(default=1000.0, metadata=above(0))
+    geometry_form: Literal["center", "corner"] = "center"
+    visual_dropout_prob: float = field(default=0.1, metadata=PROBABILITY)
     # Gain of the LayerNorms on the visual feature embedding: 0 so that training starts from BERT.
     visual_gain_init: float = 0.0
 
     # Heads.
-    num_detector_classes: int = 1601  # Visual Genome: 1600 classes + background
+    num_detector_classes: int = field(default=1601, metadata=POSITIVE)  # Visual Genome: 1600 classes + background
     with_pooler: bool = True  # [CLS] dense + tanh, used by the relationship, choice and matching heads
     with_relationship_head: bool = False  # the paper's ablation (c); off in VL-BERT pre-training
-    num_answers: int = 3129  # VQA v2 answer vocabulary
-    num_labels: int = 3  # sequence classification: SNLI-VE's entailment, neutral, contradiction
-    classifier_dropout: float = 0.1
+    num_answers: int = field(default=3129, metadata=POSITIVE)  # VQA v2 answer vocabulary
+    # sequence classification: SNLI-VE's entailment, neutral, contradiction
+    num_labels: int = field(default=3, metadata=POSITIVE)
+    classifier_dropout: float = field(default=0.1, metadata=PROBABILITY)
     # Retrieval's loss over a caption's group of pairs (`vlbert.losses.MATCHING_LOSSES`): Unicoder-VL's
     # hardest-negative triplet loss, a softmax over the group, or binary cross-entropy per pair; and
     # the triplet margin (Unicoder-VL's γ, which it does not state; VSE++'s value, whose loss it follows).
     matching_loss: str = "triplet"
-    matching_margin: float = 0.2
+    matching_margin: float = field(default=0.2, metadata=at_least(0))
 
     def __post_init__(self) -> None:
-        if self.geometry_form not in GEOMETRY_FORMS:
-            raise VLBertConfigError(f"geometry_form must be one of {GEOMETRY_FORMS}, got {self.geometry_form!r}")
         if self.hidden_size % self.num_attention_heads:
             raise VLBertConfigError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
             )
-        if self.type_vocab_size < 3:
-            raise VLBertConfigError("type_vocab_size must be at least 3 (segments A, B and visual)")
         from vlbert.losses import MATCHING_LOSSES
 
         if self.matching_loss not in MATCHING_LOSSES:
@@ -115,7 +113,7 @@ class VLBertConfig:
     @classmethod
     def load(cls, path: str | Path) -> VLBertConfig:
         """A config.json (or a YAML file) of VLBertConfig fields; a mistake names the file, line and field."""
-        values, lines = load_yaml(Path(path).read_text(), str(path), VLBertConfigError)  # JSON is YAML
+        values, lines = load_yaml(path, VLBertConfigError)  # JSON is YAML
         try:
             return cls.from_dict(values)
         except VLBertConfigError as exc:

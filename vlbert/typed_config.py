@@ -4,14 +4,17 @@ Detector configs, run configs, VLBertConfig and pipeline step parameters all loa
 `from_mapping`: names must be fields (an unknown one is named with the closest known one), required
 fields present, values of the annotated type (bool, int, float, str, Path, list, tuple, dict, a
 nested dataclass or a list of them, `X | None`, `Literal[...]`), with integers widened to floats and
-`5e-5` read as the number it spells. A mistake is one error of the caller's class naming the key
-path (`stages[0].base_lr`); `load_yaml` and `located` add the file and line.
+`5e-5` read as the number it spells, and every float finite. A field's `Range` (metadata `at_least(0)`,
+`above(0)`) bounds its numbers. A mistake is one error of the caller's class naming the key path
+(`stages[0].base_lr`); `load_yaml` (every config file's reader, bounded) and `located` add the file
+and line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -67,6 +70,33 @@ FIELD_TYPES: dict[Any, FieldType] = {
 }
 
 
+@dataclass(frozen=True)
+class Range:
+    """The numbers a field takes (a list's or tuple's: each item), its metadata under "range"."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive: bool = False  # the minimum itself is not taken
+
+    def problem(self, value: float) -> str | None:
+        low = self.minimum is None or (value > self.minimum if self.exclusive else value >= self.minimum)
+        if low and (self.maximum is None or value <= self.maximum):
+            return None
+        least = f"{'more than' if self.exclusive else 'at least'} {self.minimum}" if self.minimum is not None else ""
+        most = f"at most {self.maximum}" if self.maximum is not None else ""
+        return f"expected {' and '.join(filter(None, (least, most)))}, found {value!r}"
+
+
+def at_least(minimum: float, maximum: float | None = None) -> dict[str, Range]:
+    """Field metadata: numbers from `minimum` (to `maximum`)."""
+    return {"range": Range(minimum, maximum)}
+
+
+def above(minimum: float, maximum: float | None = None) -> dict[str, Range]:
+    """Field metadata: numbers greater than `minimum` (up to `maximum`)."""
+    return {"range": Range(minimum, maximum, exclusive=True)}
+
+
 def from_mapping(cls: type, values: Any, where: str = "", error: type[Exception] = FieldError) -> Any:
     """An instance of dataclass `cls` from a mapping, or an `error` naming the key at fault; `where` is
     the key path of a nested one (`stages[0]`), `cls.SETTINGS` (if set) what such a mapping holds.
@@ -80,10 +110,13 @@ def from_mapping(cls: type, values: Any, where: str = "", error: type[Exception]
 def checked_fields(cls: type, values: Mapping, where: str = "", error: type[Exception] = FieldError
                    ) -> dict[str, Any]:
     """`values` checked against dataclass `cls`'s fields: names known, required ones present, types as
-    annotated. A field's `checked_by` metadata, a function (value, key path), checks it instead."""
+    annotated, numbers in their `Range`. A field's `checked_by` metadata, a function (value, key path),
+    checks it instead. `cls.unknown_field_hint(name, values)`, where defined, says more of an unknown
+    name than the closest known one."""
     specs = {spec.name: spec for spec in dataclasses.fields(cls)}
     unknown = [name for name in values if name not in specs]
-    problems = [f"unknown field {name!r}" + did_you_mean(str(name), specs) for name in unknown]
+    hint = getattr(cls, "unknown_field_hint", lambda name, values: None)
+    problems = [f"unknown field {name!r}" + (hint(name, values) or did_you_mean(str(name), specs)) for name in unknown]
     problems += [f"missing required field {name!r}" for name, spec in specs.items()
                  if name not in values and spec.default is dataclasses.MISSING
                  and spec.default_factory is dataclasses.MISSING]
@@ -116,8 +149,16 @@ def _checked(value: Any, hint: Any, metadata: Mapping, where: str, error: type[E
         raise _error(error, where, f"expected {field_type.expected}, found {describe(value)}")
     if base in (list, tuple) and args:
         item = args[0]  # list[X], tuple[X, ...] and tuples of one type
-        value = [_checked(v, item, {}, f"{where}[{i}]", error) for i, v in enumerate(value)]
-    return field_type.normalise(value)
+        value = [_checked(v, item, metadata, f"{where}[{i}]", error) for i, v in enumerate(value)]
+        return field_type.normalise(value)
+    value = field_type.normalise(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _error(error, where, f"expected a finite number, found {value}")
+    bounds = metadata.get("range")
+    problem = bounds.problem(value) if bounds is not None and base in (int, float) else None
+    if problem is not None:
+        raise _error(error, where, problem)
+    return value
 
 
 def _error(error: type[Exception], key: str, problem: str, shown: str | None = None) -> Exception:
@@ -150,14 +191,45 @@ def join_key(where: str, name: str) -> str:
 
 def from_text(text: str, error: type[Exception] = FieldError, where: str = "") -> Any:
     """A command line's value read as YAML (`5`, `true`, `[1, 2]`, `null`, `5e-5` as text that a float
-    field takes); text that is not YAML is an `error` at `where`."""
+    field takes), bounded as files are (`load_yaml`); text that is not YAML is an `error` at `where`."""
     try:
-        return yaml.safe_load(text)
+        return _parsed(text)[0]
     except yaml.YAMLError as exc:
         raise _error(error, where, f"VALUE is not YAML ({yaml_problem(exc)}); quote it") from None
+    except _Refused as exc:
+        raise _error(error, where, exc.problem) from None
 
 
-# ---- YAML files, with the line of each key ---------------------------------------------------
+# ---- YAML files, bounded, with the line of each key ------------------------------------------
+
+# What aliases (`*name`) may add to a document, in values: a config's anchors share a few settings,
+# while nested ones (9 anchors of 9 aliases each: 9**9 values) would fill the memory of whatever
+# walks the value.
+MAX_ALIAS_VALUES = 100_000
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _Refused(Exception):
+    """A YAML document that parses but is not taken: `problem` at `mark` (its line)."""
+
+    def __init__(self, problem: str, mark: Any = None) -> None:
+        super().__init__(problem)
+        self.problem, self.mark = problem, mark
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader for what a config holds: a date-like value stays the text it is (JSON, in
+    which runs are recorded, has no dates); sets, binary and ordered pairs are refused."""
+
+    def refuse_tag(self, node: yaml.Node) -> Any:
+        raise _Refused(f"!!{node.tag.rsplit(':', 1)[-1]} is not a config value: write a list, a mapping or text",
+                       node.start_mark)
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.constructor.SafeConstructor.construct_yaml_str)
+for _tag in ("set", "binary", "omap", "pairs"):
+    _ConfigLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _ConfigLoader.refuse_tag)
+
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML syntax error in one line: where it is, and what."""
@@ -166,17 +238,91 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return where + (getattr(exc, "problem", None) or str(exc).splitlines()[0])
 
 
-def load_yaml(text: str, name: str, error: type[Exception] = FieldError) -> tuple[Any, dict[str, int]]:
-    """The value a YAML text holds and the line (from 1) of each key path in it (`stages[0].steps`);
-    invalid YAML is an `error` starting with `name` (the file)."""
+def load_yaml(path: str | Path, error: type[Exception] = FieldError, name: str | None = None
+              ) -> tuple[Any, dict[str, int]]:
+    """The value a YAML file holds and the line (from 1) of each key path in it (`stages[0].steps`),
+    for every config file. Refused, with an `error` starting with `name` (default: the path): a file
+    it cannot read, bytes that are not UTF-8, invalid YAML, a key given twice in one mapping (a key
+    that a merge `<<: *x` brings and the mapping sets again is not), a recursive alias, and aliases
+    that expand the document by more than MAX_ALIAS_VALUES values."""
+    name = str(path) if name is None else name
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        value = yaml.safe_load(text)
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise error(f"{name}: cannot read ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise error(f"{name}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8") from None
+    try:
+        return _parsed(text)
     except yaml.YAMLError as exc:
         raise error(f"{name}: invalid YAML, {yaml_problem(exc)}") from None
-    lines: dict[str, int] = {}
-    _key_lines(node, "", lines)
-    return value, lines
+    except _Refused as exc:
+        line = f":{exc.mark.line + 1}" if exc.mark is not None else ""
+        raise error(f"{name}{line}: {exc.problem}") from None
+
+
+def _parsed(text: str) -> tuple[Any, dict[str, int]]:
+    """`text`'s value and key lines; the node graph is checked before any value is built."""
+    loader = _ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}
+        _check_graph(node, loader)
+        lines: dict[str, int] = {}
+        _key_lines(node, "", lines)
+        return loader.construct_document(node), lines
+    except RecursionError:
+        raise _Refused("values nested too deeply to read") from None
+    except ValueError as exc:  # a value PyYAML resolves but Python refuses, e.g. an int of 5000 digits
+        raise _Refused(f"a value that cannot be read ({exc})") from None
+    finally:
+        loader.dispose()
+
+
+def _check_graph(root: yaml.Node, loader: _ConfigLoader) -> None:
+    """`_Refused` for a key given twice in a mapping, a recursive alias, or aliases adding more than
+    MAX_ALIAS_VALUES values. An alias is the node it names, so the graph's nodes are each visited once
+    and the document's expanded size counted without expanding it."""
+    sizes: dict[int, int] = {}  # node id → the values it stands for, aliases expanded
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise _Refused("an alias inside the value it names (a recursive alias)", node.start_mark)
+        open_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            _check_keys(node, loader)
+            children = [child for pair in node.value for child in pair]
+        else:
+            children = node.value if isinstance(node, yaml.SequenceNode) else []
+        sizes[id(node)] = 1 + sum(size(child) for child in children)
+        open_nodes.discard(id(node))
+        return sizes[id(node)]
+
+    added = size(root) - len(sizes)
+    if added > MAX_ALIAS_VALUES:
+        raise _Refused(f"aliases (*NAME) would expand it by {added:,} values, more than the {MAX_ALIAS_VALUES:,} "
+                       "a config may hold (nested anchors and aliases?)")
+
+
+def _check_keys(node: yaml.MappingNode, loader: _ConfigLoader) -> None:
+    """`_Refused` at the second of two keys of `node` that are equal (`<<` merge keys left out: the keys
+    a merge brings are defaults that the mapping's own keys replace)."""
+    first: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+            continue  # a mapping or list as a key: the constructor refuses it
+        key = loader.construct_object(key_node)
+        if key in first:
+            raise _Refused(f"key {key!r} given twice in one mapping (first on line {first[key].start_mark.line + 1})",
+                           key_node.start_mark)
+        first[key] = key_node
 
 
 def _key_lines(node: Any, path: str, lines: dict[str, int]) -> None:

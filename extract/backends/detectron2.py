@@ -34,6 +34,7 @@ from extract.detector import RegionFeatures, checked_boxes
 from extract.device import check_device
 from extract.preprocess import PreparedImage, masked_images, prepare_image
 from extract.selection import select_boxes_batch
+from vlbert.typed_config import load_yaml
 
 INIT_SEED = 0  # random weights (no --weights) are drawn from this seed, so a rerun resumes the same model
 INPUT_FORMATS = ("BGR", "RGB")
@@ -231,9 +232,10 @@ def _selection(where: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
 def _load_detectron2_config(where: str, path: Path, overrides: Mapping[str, Any]) -> CfgNode:
     if not path.is_file():
         raise ConfigError(f"{where}: no such file")
+    load_yaml(path, ConfigError, where)  # bounded and UTF-8, as every config file
     cfg = get_cfg()
     try:
-        cfg.merge_from_file(str(path))
+        cfg.merge_from_file(str(path), allow_unsafe=False)  # detectron2's default falls back to yaml.unsafe_load
     except Exception as exc:  # noqa: BLE001 - YAML, unknown keys, bad _BASE_: all reported with the file
         raise ConfigError(f"{where}: detectron2 cannot load this config ({type(exc).__name__}: {exc})") from None
     for key, value in overrides.items():

@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
 
 from extract.modeling.precision import TRAINING_PRECISIONS
 from train.engine.optimization import OPTIMIZERS
@@ -20,10 +20,14 @@ from train.tasks import TASKS
 from vlbert import VLBertConfig
 from vlbert.config import MODEL_SIZES
 from vlbert.errors import UserError
-from vlbert.typed_config import checked_fields, describe, did_you_mean, from_mapping, join_key, load_yaml, located
+from vlbert.typed_config import (above, at_least, checked_fields, describe, did_you_mean, from_mapping, join_key,
+                                 load_yaml, located)
 
-VISUAL_MODES = ("cached", "end2end")
-DAMAGED_RECORD_POLICIES = ("fail", "skip")
+# The shortest sequence every task can build (vlbert.tokenization.fit_lengths): [CLS], one word piece
+# of each of two text segments (VQA's question and [MASK], VCR's context and candidate) with their
+# [SEP]s, the whole-image box, one RoI and [END].
+SHORTEST_SEQUENCE = 8
+SEEDS = at_least(0, 2**32 - 1)  # as NumPy's; the trainer derives further seeds from it
 
 # Fields that do not change what a run computes: a rerun in the same run folder may change them
 # (and the run folder's recorded config then takes the new values), any other difference is refused. They say where
@@ -55,26 +59,31 @@ class StageConfig:
 
     name: str
     task: str  # a name in train.tasks.TASKS
-    steps: int
-    batch_size: int = 16  # per process; a task's extra streams (text-only samples) add as many each
-    base_lr: float = 1e-5  # per sample: the learning rate is base_lr × total batch, as in the reference code
-    warmup_steps: int = 0
-    optimizer: str = "adamw"  # or "sgd" (momentum 0.9)
-    lr_milestones: list[int] = field(default_factory=list)  # steps dividing the LR by 10; none: linear decay
-    weight_decay: float = 1e-4
-    grad_accumulation: int = 1
-    clip_grad_norm: float = 1.0
-    visual: str = "cached"  # "end2end": the detector's trunk and res5 run on the cached boxes, with gradients
+    steps: int = field(metadata=at_least(1))
+    # per process; a task's extra streams (text-only samples) add as many each
+    batch_size: int = field(default=16, metadata=at_least(1))
+    # per sample: the learning rate is base_lr × total batch, as in the reference code
+    base_lr: float = field(default=1e-5, metadata=above(0))
+    warmup_steps: int = field(default=0, metadata=at_least(0))
+    optimizer: Literal[tuple(OPTIMIZERS)] = "adamw"  # or "sgd" (momentum 0.9)
+    # steps dividing the LR by 10; none: linear decay
+    lr_milestones: list[int] = field(default_factory=list, metadata=at_least(1))
+    weight_decay: float = field(default=1e-4, metadata=at_least(0))
+    grad_accumulation: int = field(default=1, metadata=at_least(1))
+    clip_grad_norm: float = field(default=1.0, metadata=at_least(0))  # 0: no clipping
+    # "end2end": the detector's trunk and res5 run on the cached boxes, with gradients
+    visual: Literal["cached", "end2end"] = "cached"
     # The task's own settings, checked against its `Task.options` type (e.g. pre-training's losses).
     options: Any = field(default_factory=dict, metadata={"checked_by": lambda value, where: value})
     # A checkpoint is written when either trigger fires, and at the stage's end.
-    checkpoint_every: int = 0  # steps; 0: no step trigger
-    checkpoint_minutes: float = 10.0  # wall time since the last checkpoint; 0: no time trigger
-    keep_checkpoints: int = 2  # the newest ones kept per stage; 0: all
+    checkpoint_every: int = field(default=0, metadata=at_least(0))  # steps; 0: no step trigger
+    # wall time since the last checkpoint; 0: no time trigger
+    checkpoint_minutes: float = field(default=10.0, metadata=at_least(0))
+    keep_checkpoints: int = field(default=2, metadata=at_least(0))  # the newest ones kept per stage; 0: all
     # DataLoader processes that read, make and collate samples (0: the training process does).
-    num_workers: int = 2
+    num_workers: int = field(default=2, metadata=at_least(0))
     # fp32 (TF32 off on CUDA: the reference numbers), tf32 (CUDA), bf16, or fp16 (CUDA, loss scaled).
-    precision: str = "fp32"
+    precision: Literal[tuple(TRAINING_PRECISIONS)] = "fp32"
 
     def __post_init__(self) -> None:
         problem = self._problem()
@@ -90,17 +99,16 @@ class StageConfig:
                 self.options = from_mapping(options, self.options, "options")
             except ValueError as exc:  # RunConfigError, or the options' own check
                 return str(exc)
-        if self.visual not in VISUAL_MODES:
-            return f"visual {self.visual!r} is not one of {VISUAL_MODES}"
-        if self.optimizer not in tuple(OPTIMIZERS):
-            return f"optimizer {self.optimizer!r} is not one of {tuple(OPTIMIZERS)}"
-        if self.precision not in TRAINING_PRECISIONS:
-            return f"precision {self.precision!r} is not one of {', '.join(TRAINING_PRECISIONS)}"
-        if self.steps < 1 or self.batch_size < 1 or self.grad_accumulation < 1:
-            return "steps, batch_size and grad_accumulation must be positive"
-        if min(self.checkpoint_every, self.checkpoint_minutes, self.keep_checkpoints, self.num_workers) < 0:
-            return "checkpoint_every, checkpoint_minutes, keep_checkpoints and num_workers must not be negative"
         return None
+
+    @staticmethod
+    def unknown_field_hint(name: str, values: Mapping[str, Any]) -> str | None:
+        """A task's option given on its stage (as run files did before `options:`) is named as such."""
+        tasks = [task.name for task in TASKS.values() if name in {spec.name for spec in dataclasses.fields(task.options)}]
+        if not tasks:
+            return None
+        task = values.get("task") if values.get("task") in tasks else tasks[0]
+        return f": an option of the task {task!r}, which goes under the stage's `options:`"
 
 
 def model_settings(value: Any, where: str = "model") -> dict[str, Any]:
@@ -112,8 +120,8 @@ def model_settings(value: Any, where: str = "model") -> dict[str, Any]:
         raise RunConfigError(f"{where}: expected a model size ({', '.join(MODEL_SIZES)}) or a mapping of "
                              f"VL-BERT config fields, found {describe(value)}")
     size = value.get("size", "base")
-    if size not in MODEL_SIZES:
-        raise RunConfigError(f"{where}.size: {size!r} is not one of {', '.join(MODEL_SIZES)}"
+    if not isinstance(size, str) or size not in MODEL_SIZES:
+        raise RunConfigError(f"{where}.size: {describe(size)} is not one of {', '.join(MODEL_SIZES)}"
                              + did_you_mean(str(size), list(MODEL_SIZES)))
     fields = checked_fields(VLBertConfig, {k: v for k, v in value.items() if k != "size"}, where, RunConfigError)
     try:
@@ -154,16 +162,15 @@ class RunConfig:
     # directory saved by transformers (text side, sizes).
     init_from: str | None = field(default=None, metadata=EXISTING_PATH)
     bert: str | None = field(default=None, metadata=EXISTING_PATH)
-    seed: int = 0
-    max_length: int = 64  # text + RoIs + [END]
-    max_regions: int = 100
-    eval_batch_size: int = 64
+    seed: int = field(default=0, metadata=SEEDS)
+    max_length: int = field(default=64, metadata=at_least(SHORTEST_SEQUENCE))  # text + RoIs + [END]
+    max_regions: int = field(default=100, metadata=at_least(1))  # RoIs per image, the whole-image box not counted
+    eval_batch_size: int = field(default=64, metadata=at_least(1))
     device: str = "cpu"
-    damaged_records: str = "fail"  # "skip": train and evaluate without samples whose record is damaged
+    # "skip": train and evaluate without samples whose record is damaged
+    damaged_records: Literal["fail", "skip"] = "fail"
 
     def __post_init__(self) -> None:
-        if self.damaged_records not in DAMAGED_RECORD_POLICIES:
-            raise RunConfigError(f"damaged_records {self.damaged_records!r} is not one of {DAMAGED_RECORD_POLICIES}")
         if not self.stages:
             raise RunConfigError("stages: a run needs at least one stage")
         if "size" in self.model and self.start is not None:
@@ -204,9 +211,11 @@ class RunConfig:
 def load_run_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
     """The run a YAML file describes, `overrides` (e.g. command-line options) replacing its values;
     every problem is a RunConfigError starting with the file's name, and the line where it has one."""
-    values, lines = load_yaml(Path(path).read_text(), str(path), RunConfigError)
+    values, lines = load_yaml(path, RunConfigError)
+    overrides = overrides or {}
     if isinstance(values, Mapping):
-        values = {**values, **(overrides or {})}
+        values = {**values, **overrides}
+        lines = {key: line for key, line in lines.items() if key not in overrides}  # not the file's value
     try:
         return RunConfig.from_dict(values)
     except RunConfigError as exc:
