@@ -229,8 +229,7 @@ def _sorted_settings(path: Path, document: dict[str, Any], declared: dict[str, A
 def _unknown_setting(path: Path, name: str, inputs: list[str], steps: list[str]) -> str:
     head = name.partition(".")[0] if "." in name else name
     return (f"{path}: --set {name}: not an input nor a step of this pipeline{did_you_mean(head, inputs + steps)}; "
-            f"inputs: {', '.join(inputs)}; steps (--set STEP.FIELD=VALUE): {', '.join(steps)}; "
-            f"Slurm settings: --set {SLURM}.KEY=VALUE")
+            f"inputs: {', '.join(inputs)}; steps (--set STEP.FIELD=VALUE): {', '.join(steps)}")
 
 
 def _input_values(path: Path, declared: dict[str, Any], given: dict[str, Any], here: str

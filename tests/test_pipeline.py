@@ -160,7 +160,7 @@ def test_set_values_fill_inputs_as_yaml_and_changes_redo_the_steps_using_them(tm
     assert train.params["corpus"] == f"{tmp_path}/corpus.txt" and train.params["eval_batch_size"] == 3
     from train.engine.config import RunConfig
     assert RunConfig.from_dict({**train.params, "out": "x"}).stages[0].base_lr == 1e-5  # the train rule reads it
-    assert train.reads == ("cache", "world", "vocabulary")
+    assert list(train.reads) == ["cache", "world", "vocabulary"]
 
     only_world = write_pipeline(tmp_path, steps[:1], inputs | {"lr": 0}, name="world.yaml")
     messages = []
@@ -286,7 +286,8 @@ def test_a_failing_step_ends_the_command_with_one_line_naming_it(toy_dataset):
     from pipelines.cli import main
 
     path, root, calls = toy_dataset
-    command = ["pipeline", "run", str(path), "--set", f"root={root}", "--set", "max_missing=0.2"]
+    # --jobs 1: the step runs in this process, where the toy source is registered
+    command = ["pipeline", "run", str(path), "--jobs", "1", "--set", f"root={root}", "--set", "max_missing=0.2"]
     result = CliRunner().invoke(main, command)
     assert result.exit_code == 2  # a DataError's status
     assert result.output.splitlines()[-1].startswith(  # the rest of the line is the prepare step's own

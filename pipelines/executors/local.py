@@ -328,7 +328,7 @@ class Scheduler:
         failed, left_out = self.outcome.failed, self.outcome.left_out
         if not failed:
             return
-        if len(failed) == 1 and not left_out and next(iter(failed)) in self.outcome.causes:
+        if len(failed) == 1 and next(iter(failed)) in self.outcome.causes:  # one error, raised here: itself
             from pipelines.runner import StepFailed
 
             name = next(iter(failed))
