@@ -64,12 +64,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from pipelines import STEP_FILE
 from pipelines.steps import KINDS, Foreknown, StepKind
 from train.engine.config import RunConfigError
 from vlbert.errors import UserError, error_line, exit_status
 from vlbert.typed_config import did_you_mean, from_text, load_yaml
 
-STEP_FILE = "step.json"
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a step's folder, an input's name
 TOP_LEVEL = ("name", "out", "inputs", "steps")

@@ -29,7 +29,7 @@ def vocab_group() -> None:
                                             "as BERT uncased).")
 def build_command(files: tuple[Path, ...], out: Path, size: int, min_frequency: int, cased: bool) -> None:
     """Train a BERT WordPiece vocabulary on the texts of FILES: annotation files (.jsonl, the schema
-    `vlbert data prepare` writes: captions, questions, answers, referring expressions, VCR texts),
+    `vlbert data prepare` writes: every item's texts, captions to VCR rationales and SNLI-VE hypotheses),
     text files (one text a line) and folders of *.txt files. vocab.txt starts with [PAD] [UNK]
     [CLS] [SEP] [MASK] (ids 0-4), then the characters of the texts, then the learned pieces."""
     from train.data.wordpiece import build_vocabulary

@@ -1,7 +1,7 @@
 """A BERT WordPiece vocabulary trained on the user's own texts (`vlbert vocab build`).
 
-Inputs: annotation files (`*.jsonl` in the project's schema: every caption, question, answer,
-referring expression and VCR question, answer and rationale) and plain-text corpora (a file, or a
+Inputs: annotation files (`*.jsonl` in the project's schema: the texts of every item kind, such as
+captions, VCR's rationales, SNLI-VE's hypotheses) and plain-text corpora (a file, or a
 folder whose `*.txt` files are read as train.data.sources.text reads them, one text a line). The
 texts are streamed into the `tokenizers` library's WordPiece trainer with BERT's normalisation
 (lower-casing and accent stripping unless cased) and pre-tokenisation, so the pieces are those
@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Sequence
 from tokenizers import BertWordPieceTokenizer
 
 from extract.progress import progress_bar
-from train.data.annotations import ImageAnnotation, annotation_texts, parse_annotation_line
+from train.data.annotations import annotation_texts, parse_annotation_line
 from train.data.files import DataError
 from train.data.sources.text import corpus_files
 from train.data.vocabulary import SPECIAL_TOKENS
@@ -162,17 +162,9 @@ def text_file_texts(path: Path, lines: Iterator[tuple[int, bytes]]) -> Iterator[
 
 
 def annotation_file_texts(path: Path, lines: Iterator[tuple[int, bytes]]) -> Iterator[str]:
+    """The texts of every item of every kind (`train.data.annotations.ITEM_KINDS`) of each record."""
     for number, line in lines:
-        yield from texts_of_annotation(parse_annotation_line(line, path, number))
-
-
-def texts_of_annotation(annotation: ImageAnnotation) -> Iterator[str]:
-    """Captions, questions, answers, referring expressions, and VCR's tokens as the words the
-    model reads (a tagged object as its word)."""
-    yield from annotation_texts([annotation])
-    for item in annotation.vcr:
-        for tokens in (item.question, *item.answer_choices, *item.rationale_choices):
-            yield " ".join(token if isinstance(token, str) else token[0] for token in tokens)
+        yield from annotation_texts([parse_annotation_line(line, path, number)])
 
 
 def replace_together(out: Path, contents: dict[str, str]) -> None:
