@@ -69,7 +69,7 @@ def test_a_run_yaml_with_a_task_input_at_the_top_is_refused_naming_where_it_goes
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(values, sort_keys=False))
     line = next(number for number, text in enumerate(path.read_text().splitlines(), 1) if text.startswith(f"{key}:"))
-    expected = (f"{path}:{line}: {key}: unknown field {key!r}: an option of the task {task} now: give it in the options of each {task} "
+    expected = (f"{path}:{line}: unknown field {key!r}: an option of the task {task} now: give it in the options of each {task} "
                 f"stage (options: {{{key}: ...}})")
     with pytest.raises(RunConfigError) as refused:
         load_run_config(path)

@@ -396,7 +396,7 @@ def run_values(world, **changes) -> dict:
     ({"model": {"hidden_sise": 32}}, "model: unknown field 'hidden_sise' (did you mean 'hidden_size'?)"),
     ({"model": {"hidden_size": "wide"}}, "model.hidden_size: expected an integer, found 'wide'"),
     ({"seed": True}, "seed: expected an integer, found True"),
-    ({"corpus": "books.txt"}, "corpus: unknown field 'corpus': an option of the task pretrain now: give it in the options of each "
+    ({"corpus": "books.txt"}, "unknown field 'corpus': an option of the task pretrain now: give it in the options of each "
                               "pretrain stage (options: {corpus: ...})"),
     ({"stages": [{"name": "a", "task": "pretrain", "steps": 1, "options": {"corpus": 3}}]},
      "stage 'a': options.corpus: expected a string, found 3"),
