@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from extract.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, image_id, is_ut
 from extract.loader import DecodingPipeline, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
+from extract.paths import OutsidePathError, check_apart, path_inside
 from extract.progress import progress_bar
 from extract.store.layout import META
 from extract.store.reader import FeatureStore
@@ -132,18 +132,19 @@ def work_items(images: Path, boxes_file: Path | None,
         raise JobError(f"{source}: lists no images")
     items, refused, seen = [], [], {}
     for path in paths:
-        inside = _inside(path)
         if not is_utf8(path):
             # No id, LMDB key or log line can hold the name: it is shown with its undecodable bytes escaped.
             shown = os.fsencode(path).decode("utf-8", "backslashreplace")
             refused.append((WorkItem(shown, shown), "file name is not valid UTF-8 (its undecodable bytes are shown "
                                                     "as \\xNN): rename the file"))
             continue
-        if inside is None:
+        try:
+            file = path_inside(images, path, "listed path", record_id=False)
+        except OutsidePathError as exc:
             # Keyed by its path: it names no image of the job.
-            refused.append((WorkItem(path, path), f"listed path {path!r} is not a path inside --images {images}"))
+            refused.append((WorkItem(path, path), str(exc)))
             continue
-        item = WorkItem(path, image_id(images / inside, images), images / inside, given.get(path))
+        item = WorkItem(path, image_id(file, images), file, given.get(path))
         if item.image_id in seen:
             # Keyed by its path: the id belongs to the image that is stored.
             refused.append((WorkItem(path, path), f"image id {item.image_id!r} is also the id of {seen[item.image_id]}"))
@@ -162,14 +163,6 @@ def read_image_list(path: Path) -> list[str]:
     except OSError as exc:
         raise JobError(f"image list {path}: unreadable ({exc})") from None
     return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
-
-
-def _inside(path: str) -> str | None:
-    """`path` without `.` and `..` steps, or None when it is absolute or climbs out of the root."""
-    normal = posixpath.normpath(path)
-    if posixpath.isabs(normal) or normal == ".." or normal.startswith("../") or normal == ".":
-        return None
-    return normal
 
 
 def read_boxes_file(path: Path) -> dict[str, Any]:
@@ -208,9 +201,11 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     more than `max_pixels` pixels is a failure, refused from its header before decoding. `threads`
     is the number of batches computed at once on the CPU, each with single-threaded ops (default: one
     per core, at most 4, unless OMP_NUM_THREADS is set), or torch's host-side threads on a GPU.
-    Raises StoreMismatchError when `out` was written with other settings."""
+    Raises StoreMismatchError when `out` was written with other settings, OutputOverlapError when it
+    is, lies inside or holds one of the inputs."""
     start = time.perf_counter()
     images, out = Path(images).resolve(), Path(out)
+    check_apart(out, (("--images", images), ("--weights", weights), ("--boxes", boxes), ("--list", image_list)))
     if batch_size < 1 or mask_variants < 0 or decode_workers < 0:
         raise JobError(f"batch size {batch_size}, mask variants {mask_variants}, decode workers {decode_workers}: "
                        "expected >= 1, >= 0 and >= 0")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 from extract.modeling.precision import TRAINING_PRECISIONS
+from extract.paths import check_apart
 from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
 from vlbert import VLBertConfig
@@ -183,12 +184,17 @@ class RunConfig:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
     def check_paths(self) -> None:
-        """RunConfigError naming the first input path that does not exist."""
+        """RunConfigError naming the first input path that does not exist; OutputOverlapError when
+        `out` is, lies inside or holds one of them (a --restart empties `out`)."""
+        inputs = []
         for spec in dataclasses.fields(self):
             value = getattr(self, spec.name)
             for path in value if isinstance(value, list) else [value]:
-                if spec.metadata.get("must_exist") and path is not None and not Path(path).exists():
-                    raise RunConfigError(f"{spec.name}: {path} does not exist")
+                if spec.metadata.get("must_exist") and path is not None:
+                    if not Path(path).exists():
+                        raise RunConfigError(f"{spec.name}: {path} does not exist")
+                    inputs.append((spec.name, path))
+        check_apart(self.out, inputs, "out")
 
     @property
     def out_dir(self) -> Path:
