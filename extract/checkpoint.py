@@ -58,8 +58,6 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         if not isinstance(key, str):
             raise CheckpointError(f"{path}: a parameter name is {type(key).__name__} {key!r}, not text")
         if isinstance(value, np.ndarray):
-            if value.dtype.kind not in "biuf":
-                raise CheckpointError(f"{path}: entry {key!r} is an array of {value.dtype}, not of numbers")
             value = torch.from_numpy(np.ascontiguousarray(value))
         if not isinstance(value, torch.Tensor):
             raise CheckpointError(f"{path}: entry {key!r} is a {type(value).__name__}, not an array")

@@ -30,12 +30,12 @@ class OutsidePathError(UserError):
 def check_apart(out: str | Path, inputs: Iterable[tuple[str, str | Path | None]], out_name: str = "--out") -> None:
     """OutputOverlapError, in one line, when `out` is, lies inside or holds one of `inputs` ((the
     option naming it, its path); None: not given). The input nearest to `out` is named."""
-    target = Path(out).resolve()
+    target = _resolved(out)
     clashes = []
     for option, path in inputs:
         if path is None:
             continue
-        source = Path(path).resolve()
+        source = _resolved(path)
         if target == source or source in target.parents or target in source.parents:
             clashes.append((option, path, source))
     if not clashes:
@@ -44,6 +44,14 @@ def check_apart(out: str | Path, inputs: Iterable[tuple[str, str | Path | None]]
     relation = "is" if target == source else "lies inside" if source in target.parents else "holds"
     raise OutputOverlapError(f"{out_name} {out}: {relation} the input {option} {path}; an output is never written "
                              f"over an input (nor where a later run would read it as one): choose another {out_name}")
+
+
+def _resolved(path: str | Path) -> Path:
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise OutputOverlapError(f"{path}: cannot be resolved ({exc}), so it cannot be told apart from the "
+                                 "command's other paths") from None
 
 
 def outside_reason(name: str, record_id: bool = True) -> str | None:

@@ -75,6 +75,16 @@ def test_cache_export_through_a_symlink_to_the_store_is_refused(store, tmp_path)
 
 
 @QUIET_LOSSES
+def test_an_out_that_cannot_be_resolved_or_is_a_folder_for_a_file_is_refused(store, tmp_path):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    line = refusal("cache", "export", store, "--format", "tsv", "--out", tmp_path / "loop" / "x.tsv")
+    assert line.startswith(f"Error: {tmp_path / 'loop' / 'x.tsv'}: cannot be resolved (")
+    (tmp_path / "folder").mkdir()
+    result = CliRunner().invoke(main, ["cache", "export", str(store), "--format", "h5", "--out", str(tmp_path / "folder")])
+    assert result.exit_code == 1 and result.output == f"Error: {tmp_path / 'folder'}: a folder; a h5 export is one file\n"
+
+
+@QUIET_LOSSES
 def test_cache_import_never_writes_into_its_source(store, tmp_path):
     assert CliRunner().invoke(main, ["cache", "export", str(store), "--format", "npz", "--out",
                                      str(tmp_path / "npz")]).exit_code == 0

@@ -86,14 +86,21 @@ def test_a_weights_pickle_that_would_run_code_is_refused_and_nothing_runs(tmp_pa
 
 
 def test_numpy_constructors_are_taken_only_as_numpy_pickles_call_them(tmp_path):
-    """The ndarray class cannot be called (it would allocate what a few bytes ask for), and an array
-    is rebuilt only empty, then filled from the file's bytes."""
+    """The ndarray class cannot be called (it would allocate what a few bytes ask for), an array is
+    rebuilt only empty, then filled from the file's bytes, and numpy's own __setstate__ sees only
+    states numpy writes (this short dtype state makes `pickle.loads` crash the process)."""
     path = tmp_path / "model.pkl"
     for stream in (b"\x80\x02cnumpy\nndarray\nJ\x00\x00\x00\x40\x85R.",  # ndarray((2**30,))
-                   b"\x80\x02cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nJ\x00\x00\x00\x40\x85U\x01b\x87R."):
+                   b"\x80\x02cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nJ\x00\x00\x00\x40\x85U\x01b\x87R.",
+                   b"\x80\x02cnumpy\ndtype\nX\x02\x00\x00\x00i8\x89\x88\x87R(K\x03X\x01\x00\x00\x00<NJ\xff\xff\xff\xff"
+                   b"J\xff\xff\xff\xffK\x00tb."):
         path.write_bytes(stream)
         with pytest.raises(CheckpointError, match=f"^{path}: not a readable pickle "):
             read_state_dict(path)
+    big_endian = np.arange(3, dtype=">f8")
+    path.write_bytes(pickle.dumps({"model": {"w": big_endian}}, protocol=2))
+    assert read_state_dict(path)["w"].tolist() == [0.0, 1.0, 2.0]
+    assert np.dtype("f8").byteorder == "=" and np.zeros(1).dtype.isnative  # no shared descriptor was changed
 
 
 @pytest.mark.parametrize("writer", ["python 2", "protocol 2", "protocol 5"])
@@ -129,9 +136,11 @@ def test_plain_data_allows_no_global_and_arrays_need_their_allow_list(tmp_path):
                                         "more than plain data$"):
         load_pickle(path, UserError, PLAIN_DATA)
     assert load_pickle(path, UserError, ARRAYS)[0].tolist() == [0, 1, 2]
-    path.write_bytes(pickle.dumps({"model": {"a": np.array(["x", None], dtype=object)}}))
-    with pytest.raises(CheckpointError, match="entry 'a' is an array of object, not of numbers"):
-        read_state_dict(path)
+    for odd in (np.array(["x", None], dtype=object), np.zeros(2, [("x", "f4")]), np.array(["text"])):
+        path.write_bytes(pickle.dumps({"model": {"a": odd}}))
+        with pytest.raises(CheckpointError, match=r"not a readable pickle \(UnpicklingError: an array or scalar of "
+                                                  r"dtype\(.*\): only numbers load\)$"):
+            read_state_dict(path)
 
 
 # ---- record ids as paths --------------------------------------------------------------------------
@@ -286,6 +295,46 @@ def test_an_image_size_written_as_a_whole_float_is_read(tmp_path):
     invoke("cache", "import", tsv, "--format", "tsv", "--out", tmp_path / "store")
     with FeatureStore(tmp_path / "store") as store:
         assert store["a"]["image_h"] == 480
+
+
+def malformed_npz(root: Path) -> Path:
+    root.mkdir()
+    np.savez(root / "x.npz", boxes=np.zeros((1, 4), np.float32), image_h=np.int64(3), image_w=np.int64(4))
+    return root
+
+
+def not_a_zip(root: Path) -> Path:
+    root.mkdir()
+    (root / "x.npz").write_bytes(pickle.dumps([1]))
+    return root
+
+
+def sizeless_h5(root: Path) -> Path:
+    with h5py.File(root, "w") as f:
+        f["image_features"], f["image_bb"] = np.ones((1, 1, 4), np.float32), np.ones((1, 1, 4), np.float32)
+        f["image_ids"] = np.array(["a"], dtype=h5py.string_dtype())
+    return root
+
+
+def short_h5(root: Path) -> Path:
+    sizeless_h5(root)
+    with h5py.File(root, "a") as f:
+        f["image_h"], f["image_w"] = np.array([], np.int64), np.array([], np.int64)
+    return root
+
+
+@QUIET_LOSSES
+@pytest.mark.parametrize("make, fmt, error", [
+    (malformed_npz, "npz", "{src}/x.npz: no features array of two dimensions (N, D)"),
+    (not_a_zip, "npz", "{src}/x.npz: not a .npz file (not a zip archive)"),
+    (sizeless_h5, "h5", "{src}: missing dataset(s) image_h (or spatial_features, to recover the image size from)"),
+    (short_h5, "h5", "{src} row 0: malformed (Index (0) out of range"),
+])
+def test_a_malformed_source_is_one_line_naming_it(tmp_path, make, fmt, error):
+    src = make(tmp_path / f"source.{fmt}")
+    status, lines = invoke("cache", "import", src, "--format", fmt, "--out", tmp_path / "store")
+    assert status == FAILED and len(lines) == 1 and lines[0].startswith("Error: " + error.format(src=src)), lines
+    assert not (tmp_path / "store").exists() and not staging_folders(tmp_path)
 
 
 # ---- vocabulary inputs -----------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -94,6 +95,8 @@ def export_store(root: str | Path, fmt: str, out: str | Path) -> int:
     check_apart(out, (("CACHE", root),))
     if fmt == "npz" and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise StoreError(f"{out}: exists and is not an empty directory; export npz files to a new one")
+    if fmt != "npz" and out.is_dir():
+        raise StoreError(f"{out}: a folder; a {fmt} export is one file")
     with FeatureStore(root, check_layout=True) as store:
         store.check_agreement()
         for image_id in store.keys():
@@ -237,6 +240,8 @@ def _export_npz(store: FeatureStore, out: Path) -> None:
 
 
 def _import_npz(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]:
+    if not src.is_dir():
+        raise StoreError(f"{src}: not a folder (an npz import reads a folder of .npz files)")
     files = sorted(src.rglob("*.npz"))
     if not files:
         raise StoreError(f"{src}: no .npz files")
@@ -244,23 +249,18 @@ def _import_npz(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator
         meta = {**read_meta(src), "source": f"npz:{src}"}
         meta["features"] = {**meta["features"], "dtype": feature_dtype}
     else:
-        with np.load(files[0], allow_pickle=False) as first:
-            names = set(first.files)
-            meta = _imported_meta(first["features"].shape[1], feature_dtype, f"npz:{src}", "objects_id" in names,
-                                  "attrs_id" in names, "imported" if "image_feature" in names else MEAN_IMAGE_FEATURE)
-            if "class_probs" in names:
-                meta["class_probs"] = {"num_classes": first["class_probs"].shape[1], "top_k": None}
-            if "mask_boxes" in names:
-                meta["mask_variants"]["count"] = first["mask_boxes"].shape[0]
+        first = _read_npz(files[0])
+        meta = _imported_meta(first["features"].shape[1], feature_dtype, f"npz:{src}", "objects_id" in first,
+                              "attrs_id" in first, "imported" if "image_feature" in first else MEAN_IMAGE_FEATURE)
+        if "class_probs" in first:
+            meta["class_probs"] = {"num_classes": first["class_probs"].shape[1], "top_k": None}
+        if "mask_boxes" in first:
+            meta["mask_variants"]["count"] = first["mask_boxes"].shape[0]
 
     def records():
         for path in files:
             name = path.relative_to(src).as_posix()
-            try:
-                with np.load(path, allow_pickle=False) as data:
-                    arrays = {k: data[k] for k in data.files}
-            except (OSError, ValueError) as exc:
-                raise StoreError(f"{path}: not a readable .npz file ({exc})") from None
+            arrays = _read_npz(path)
             record = {k: v for k, v in arrays.items() if k in FIELDS}
             record.setdefault("image_feature", _mean_image_feature(record["features"]))
             record.update(image_h=_image_size(arrays.get("image_h"), "image_h", str(path)),
@@ -269,6 +269,21 @@ def _import_npz(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator
             yield f"file {name}", name.removesuffix(".npz"), record
 
     return meta, records()
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of one image's .npz file, which holds at least its boxes and features (N, D)."""
+    if not zipfile.is_zipfile(path):
+        raise StoreError(f"{path}: not a .npz file (not a zip archive)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise StoreError(f"{path}: not a readable .npz file ({exc})") from None
+    for name in ("boxes", "features"):
+        if name not in arrays or arrays[name].ndim != 2:
+            raise StoreError(f"{path}: no {name} array of two dimensions (N, {'4' if name == 'boxes' else 'D'})")
+    return arrays
 
 
 # ---- TSV: bottom-up-attention / LXMERT --------------------------------------------------------------
@@ -398,6 +413,8 @@ def _import_h5(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]
     except OSError as exc:
         raise StoreError(f"{src}: not a readable HDF5 file ({exc})") from None
     missing = [name for name in ("image_features", "image_bb", "image_ids") if name not in f]
+    if "image_h" not in f and "spatial_features" not in f:
+        missing.append("image_h (or spatial_features, to recover the image size from)")
     if missing:
         f.close()
         raise StoreError(f"{src}: missing dataset(s) {', '.join(missing)}")
@@ -414,13 +431,18 @@ def _import_h5(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]
                     image_id = stored_id.decode() if isinstance(stored_id, bytes) else str(stored_id)
                 except UnicodeDecodeError as exc:
                     raise StoreError(f"{where}: image id {stored_id!r} is not UTF-8 text ({exc.reason})") from None
-                n = int(counts[row])
-                boxes = f["image_bb"][row, :n].astype(np.float32)
-                features = f["image_features"][row, :n]
-                if "image_h" in f:
-                    size = f["image_h"][row], f["image_w"][row]
-                else:
-                    size = _size_from_spatial(src, image_id, boxes, f["spatial_features"][row, :n])
+                try:
+                    n = int(counts[row])
+                    boxes = f["image_bb"][row, :n].astype(np.float32)
+                    features = f["image_features"][row, :n]
+                    if "image_h" in f:
+                        size = f["image_h"][row], f["image_w"][row]
+                    else:
+                        size = _size_from_spatial(src, image_id, boxes, f["spatial_features"][row, :n])
+                except StoreError:
+                    raise
+                except (IndexError, KeyError, ValueError, TypeError, OverflowError) as exc:
+                    raise StoreError(f"{where}: malformed ({exc})") from None
                 record = {"boxes": boxes, "features": features, "image_h": _image_size(size[0], "image_h", where),
                           "image_w": _image_size(size[1], "image_w", where),
                           "image_feature": f["whole_image_features"][row] if has_whole else _mean_image_feature(features),
