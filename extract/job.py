@@ -201,11 +201,9 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     more than `max_pixels` pixels is a failure, refused from its header before decoding. `threads`
     is the number of batches computed at once on the CPU, each with single-threaded ops (default: one
     per core, at most 4, unless OMP_NUM_THREADS is set), or torch's host-side threads on a GPU.
-    Raises StoreMismatchError when `out` was written with other settings, OutputOverlapError when it
-    is, lies inside or holds one of the inputs."""
+    Raises StoreMismatchError when `out` was written with other settings."""
     start = time.perf_counter()
     images, out = Path(images).resolve(), Path(out)
-    check_apart(out, (("--images", images), ("--weights", weights), ("--boxes", boxes), ("--list", image_list)))
     if batch_size < 1 or mask_variants < 0 or decode_workers < 0:
         raise JobError(f"batch size {batch_size}, mask variants {mask_variants}, decode workers {decode_workers}: "
                        "expected >= 1, >= 0 and >= 0")
@@ -218,6 +216,8 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     find_precision(precision).check(check_device(device))  # before anything else is read or built
     if boxes is not None and image_list is not None:
         raise JobError("give a boxes file or an image list, not both: the boxes file lists its images")
+    # Nothing is written before: an out over an input (OutputOverlapError) leaves every file as it was.
+    check_apart(out, (("--images", images), ("--weights", weights), ("--boxes", boxes), ("--list", image_list)))
     items, refused = work_items(images, Path(boxes) if boxes is not None else None,
                                 Path(image_list) if image_list is not None else None)
     model = build_extractor(detector, weights=weights, device=device, overrides=overrides, precision=precision)
