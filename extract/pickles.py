@@ -9,7 +9,9 @@ protocols 2 to 5), and `collections.OrderedDict` read as a dict. Any other globa
 before it is looked up, so nothing is imported and nothing is run. The array constructors are
 taken as NumPy pickles call them: an array starts empty and is filled from the file's bytes; the
 `ndarray` class is handed over as a token that cannot be called, so no array is allocated beyond
-what the file holds.
+what the file holds. Only numbers load (no object, text or structured arrays), and BUILD hands
+NumPy's `__setstate__` only states NumPy itself writes: it trusts its input, and a short dtype state
+crashes the process.
 
 The memory it takes stays proportional to the file's size. It is built on pickle's Python
 implementation, whose memo is a dict: the C one allocates an array as long as the largest memo
@@ -39,8 +41,6 @@ except ImportError:  # NumPy 1.x
     from numpy.core import multiarray, numeric
 
 LONG_BYTES = 1024  # 2,466 decimal digits: below the 4,300 Python converts to text, far above any id
-
-
 NUMBER_KINDS = "biufc"  # bool, signed and unsigned integers, floats, complex numbers
 
 
@@ -86,7 +86,8 @@ def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
 
 def _scalar(dtype: Any, data: Any) -> np.generic:
     """numpy's `scalar` for a number: its dtype and exactly its bytes."""
-    return multiarray.scalar(_numbers(dtype), _raw_bytes(data, _numbers(dtype).itemsize))
+    dtype = _numbers(dtype)
+    return multiarray.scalar(dtype, _raw_bytes(data, dtype.itemsize))
 
 
 def _frombuffer(buffer: Any, dtype: Any, *layout: Any) -> np.ndarray:

@@ -79,9 +79,10 @@ def test_an_out_that_cannot_be_resolved_or_is_a_folder_for_a_file_is_refused(sto
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     line = refusal("cache", "export", store, "--format", "tsv", "--out", tmp_path / "loop" / "x.tsv")
     assert line.startswith(f"Error: {tmp_path / 'loop' / 'x.tsv'}: cannot be resolved (")
-    (tmp_path / "folder").mkdir()
-    result = CliRunner().invoke(main, ["cache", "export", str(store), "--format", "h5", "--out", str(tmp_path / "folder")])
-    assert result.exit_code == 1 and result.output == f"Error: {tmp_path / 'folder'}: a folder; a h5 export is one file\n"
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    result = CliRunner().invoke(main, ["cache", "export", str(store), "--format", "h5", "--out", str(folder)])
+    assert result.exit_code == 1 and result.output == f"Error: {folder}: a folder; a h5 export is one file\n"
 
 
 @QUIET_LOSSES
@@ -141,8 +142,9 @@ def test_the_other_writing_commands_refuse_an_out_over_an_input(tmp_path):
                    "--annotations", tmp_path / "val.jsonl", "--vocabulary", tmp_path / "vocab",
                    "--out", tmp_path / "store" / "analysis")
     assert line.startswith(f"Error: --out {tmp_path / 'store' / 'analysis'}: lies inside the input --store ")
-    line = refusal("world", "train-detector", "--world", tmp_path / "world", "--out", tmp_path / "world" / "d.safetensors")
-    assert line.startswith(f"Error: --out {tmp_path / 'world' / 'd.safetensors'}: lies inside the input --world ")
+    weights = tmp_path / "world" / "d.safetensors"
+    line = refusal("world", "train-detector", "--world", tmp_path / "world", "--out", weights)
+    assert line.startswith(f"Error: --out {weights}: lies inside the input --world ")
     assert snapshot(tmp_path) == before and sorted(os.listdir(tmp_path / "store")) == []
 
 
@@ -161,7 +163,8 @@ def test_a_run_folder_over_an_input_of_the_run_is_refused(tmp_path):
         run = RunConfig(stages=[StageConfig(name="v", task="vqa", steps=1)], **run_values(tmp_path, out))
         with pytest.raises(OutputOverlapError, match=f"^out {out}: {relation} the input {field} "):
             run.check_paths()
-    RunConfig(stages=[StageConfig(name="v", task="vqa", steps=1)], **run_values(tmp_path, tmp_path / "run")).check_paths()
+    apart = RunConfig(stages=[StageConfig(name="v", task="vqa", steps=1)], **run_values(tmp_path, tmp_path / "run"))
+    apart.check_paths()
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({**run_values(tmp_path, tmp_path / "cache"),
                                       "stages": [{"name": "v", "task": "vqa", "steps": 1}]}))

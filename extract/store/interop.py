@@ -443,9 +443,9 @@ def _import_h5(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]
                     raise
                 except (IndexError, KeyError, ValueError, TypeError, OverflowError) as exc:
                     raise StoreError(f"{where}: malformed ({exc})") from None
+                whole = f["whole_image_features"][row] if has_whole else _mean_image_feature(features)
                 record = {"boxes": boxes, "features": features, "image_h": _image_size(size[0], "image_h", where),
-                          "image_w": _image_size(size[1], "image_w", where),
-                          "image_feature": f["whole_image_features"][row] if has_whole else _mean_image_feature(features),
+                          "image_w": _image_size(size[1], "image_w", where), "image_feature": whole,
                           "box_source": "imported"}
                 yield f"row {row}", image_id, record
 

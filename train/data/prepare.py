@@ -15,9 +15,10 @@ preparation when a split misses a larger share, and a preparation that yields no
 
 Outputs never replace inputs: `--out` may not be, lie inside or hold `--root`, `--images` or an
 input file option (extract/paths.py). Every file is written under a temporary name and renamed only
-when the whole preparation has succeeded, and summary.json last: its presence says the preparation finished. A failed preparation leaves the
-folder as it was. Of the files listed above, those the new summary does not account for (splits it
-calls absent, a boxes.json or answers.txt not written this time) are removed; nothing else is.
+when the whole preparation has succeeded, and summary.json last: its presence says the preparation
+finished. A failed preparation leaves the folder as it was. Of the files listed above, those the new
+summary does not account for (splits it calls absent, a boxes.json or answers.txt not written this
+time) are removed; nothing else is.
 """
 
 from __future__ import annotations

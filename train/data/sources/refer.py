@@ -13,10 +13,11 @@ dataset's name (`.../refcoco+`); the dataset folders hold:
 {"ref_id", "ann_id" (the object's annotation in instances.json), "image_id", "split", "category_id",
 "file_name" (not the image's file: ignored), "sent_ids", "sentences": [{"sent_id", "sent", "raw",
 "tokens"}]}. A pickle can run code when loaded; these are read by extract/pickles.py's loader with
-no global allowed, so only plain containers, strings and numbers load (Python 2 strings as UTF-8). A pickle can also share one object
-between places (its memo): refs that share their sentences, which would multiply the sentences
-(N refs sharing one N-sentence list make N² of them), are refused before any is built. Blank
-expressions are kept, as the toolkit and its evaluation keep them.
+no global allowed, so only plain containers, strings and numbers load (Python 2 strings as UTF-8).
+A pickle can also share one object between places (its memo): refs that share their sentences,
+which would multiply the sentences (N refs sharing one N-sentence list make N² of them), are
+refused before any is built. Blank expressions are kept, as the toolkit and its evaluation keep
+them.
 
 The images are COCO train2014 (`--images` is the COCO images root, holding `train2014/`). A record
 per image: `refs` = [{"sent_id", "ref_id", "text" (the `sent`), "box": the referred object's box,
