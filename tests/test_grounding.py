@@ -172,8 +172,9 @@ def test_a_folder_without_a_saved_model_or_phrases_off_the_store_are_one_line(wo
     annotations = world / "world" / "val.jsonl"
     args = ["analyze", "grounding", "--store", str(world / "cache"), "--vocabulary", str(world / "vocab"),
             "--out", str(tmp_path / "out"), "--annotations"]
-    result = CliRunner().invoke(main, args + [str(annotations), "--model", str(tmp_path)])
-    assert result.exit_code == 2 and result.output == f"Error: {tmp_path}: not a saved model (no config.json)\n"
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(main, args + [str(annotations), "--model", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and result.output == f"Error: {tmp_path / 'empty'}: not a saved model (no config.json)\n"
     (tmp_path / "val.txt").write_text("")  # a Flickr30K Entities split: its images are not in this store
     result = CliRunner().invoke(main, args + [str(tmp_path / "val.txt"), "--format", "flickr30k-entities",
                                               "--model", str(world / "model")])

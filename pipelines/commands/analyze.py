@@ -41,8 +41,11 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
     """Per layer and head, the share of phrases whose most-attended RoI has IoU ≥ 0.5 with the
     annotated box, against a random RoI and the most confident RoI: OUT/grounding.json,
     OUT/grounding.png (heat map) and OUT/examples/*.png (the best head's attention)."""
+    from extract.paths import check_apart
     from train.analysis.grounding import analyze_grounding
 
+    check_apart(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
+                      ("--vocabulary", vocabulary), ("--images", images)))
     result = analyze_grounding(model_dir, store, annotations, vocabulary, out, phrase_format, images=images,
                                examples=examples, max_items=max_items, batch_size=batch_size, device=device,
                                max_length=max_length, fresh_weights=fresh_weights)

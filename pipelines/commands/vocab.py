@@ -20,7 +20,8 @@ def vocab_group() -> None:
 @vocab_group.command("build", short_help="Build vocab.txt from annotation and text files.")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for vocab.txt and tokenizer_config.json (created; a previous build is replaced).")
+              help="Folder for vocab.txt and tokenizer_config.json (created; a previous build is replaced). Not an "
+                   "input folder, nor inside or holding an input.")
 @click.option("--size", default=30522, show_default=True, type=click.IntRange(1),
               help="Tokens at most, special tokens included (BERT-base: 30522).")
 @click.option("--min-frequency", default=2, show_default=True, type=click.IntRange(1),

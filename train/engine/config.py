@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
 
 from extract.modeling.precision import TRAINING_PRECISIONS
+from extract.paths import check_apart
 from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
 from vlbert import VLBertConfig
@@ -198,10 +199,12 @@ class RunConfig:
                                            for pair in _input_paths(stage.options, f"stages[{index}].options"))]
 
     def check_paths(self) -> None:
-        """RunConfigError naming the first input path that does not exist."""
+        """RunConfigError naming the first input path that does not exist; OutputOverlapError when
+        `out` is, lies inside or holds one of them (a --restart empties `out`)."""
         for key, path in self.input_paths():
             if not Path(path).exists():
                 raise RunConfigError(f"{key}: {path} does not exist")
+        check_apart(self.out, self.input_paths(), "out")
 
     @property
     def out_dir(self) -> Path:
