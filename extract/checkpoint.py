@@ -10,7 +10,6 @@ regresses a box for background too, and orders its RPN anchors ratio-major.
 from __future__ import annotations
 
 import hashlib
-import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from extract.pickles import ARRAYS, load_pickle
 from vlbert.errors import UserError
 
 
@@ -35,9 +35,8 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".pkl":
-            with path.open("rb") as f:
-                # Model-zoo and caffe-converted files are Python 2 pickles of NumPy arrays.
-                data = pickle.load(f, encoding="latin1")
+            # Model-zoo and caffe-converted files are Python 2 pickles of NumPy arrays; nothing else loads.
+            data = load_pickle(path, CheckpointError, ARRAYS, encoding="latin1")
         elif suffix in (".pth", ".pt"):
             data = torch.load(path, map_location="cpu", weights_only=True)
         elif suffix == ".safetensors":
@@ -56,6 +55,8 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: expected a mapping of parameter names to arrays")
     state = {}
     for key, value in data.items():
+        if not isinstance(key, str):
+            raise CheckpointError(f"{path}: a parameter name is {type(key).__name__} {key!r}, not text")
         if isinstance(value, np.ndarray):
             value = torch.from_numpy(np.ascontiguousarray(value))
         if not isinstance(value, torch.Tensor):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from extract.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, image_id, is_ut
 from extract.loader import DecodingPipeline, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
+from extract.paths import OutsidePathError, check_apart, path_inside
 from extract.progress import progress_bar
 from extract.store.layout import META
 from extract.store.reader import FeatureStore
@@ -132,18 +132,19 @@ def work_items(images: Path, boxes_file: Path | None,
         raise JobError(f"{source}: lists no images")
     items, refused, seen = [], [], {}
     for path in paths:
-        inside = _inside(path)
         if not is_utf8(path):
             # No id, LMDB key or log line can hold the name: it is shown with its undecodable bytes escaped.
             shown = os.fsencode(path).decode("utf-8", "backslashreplace")
             refused.append((WorkItem(shown, shown), "file name is not valid UTF-8 (its undecodable bytes are shown "
                                                     "as \\xNN): rename the file"))
             continue
-        if inside is None:
+        try:
+            file = path_inside(images, path, "listed path", record_id=False)
+        except OutsidePathError as exc:
             # Keyed by its path: it names no image of the job.
-            refused.append((WorkItem(path, path), f"listed path {path!r} is not a path inside --images {images}"))
+            refused.append((WorkItem(path, path), str(exc)))
             continue
-        item = WorkItem(path, image_id(images / inside, images), images / inside, given.get(path))
+        item = WorkItem(path, image_id(file, images), file, given.get(path))
         if item.image_id in seen:
             # Keyed by its path: the id belongs to the image that is stored.
             refused.append((WorkItem(path, path), f"image id {item.image_id!r} is also the id of {seen[item.image_id]}"))
@@ -162,14 +163,6 @@ def read_image_list(path: Path) -> list[str]:
     except OSError as exc:
         raise JobError(f"image list {path}: unreadable ({exc})") from None
     return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
-
-
-def _inside(path: str) -> str | None:
-    """`path` without `.` and `..` steps, or None when it is absolute or climbs out of the root."""
-    normal = posixpath.normpath(path)
-    if posixpath.isabs(normal) or normal == ".." or normal.startswith("../") or normal == ".":
-        return None
-    return normal
 
 
 def read_boxes_file(path: Path) -> dict[str, Any]:
@@ -257,6 +250,8 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     find_precision(precision).check(check_device(device))  # before anything else is read or built
     if boxes is not None and image_list is not None:
         raise JobError("give a boxes file or an image list, not both: the boxes file lists its images")
+    # Nothing is written before: an out over an input (OutputOverlapError) leaves every file as it was.
+    check_apart(out, (("--images", images), ("--weights", weights), ("--boxes", boxes), ("--list", image_list)))
     items, refused = work_items(images, Path(boxes) if boxes is not None else None,
                                 Path(image_list) if image_list is not None else None)
     model = build_extractor(detector, weights=weights, device=device, overrides=overrides, precision=precision)

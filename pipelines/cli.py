@@ -3,8 +3,9 @@
 Errors a user causes (`vlbert.errors.UserError`: a bad config, YAML file, store, image, device or
 path) end a command with one line naming the file, key or step, and their exit status: 2 for bad
 usage, 1 for a job that failed; `--debug` (or VLBERT_DEBUG=1) shows the traceback instead. Anything
-else is a bug and keeps its traceback. Commands import what they run when they run, so `--help`
-answers without loading torch.
+else is a bug and keeps its traceback. A command's module is imported when the command is asked
+for, and commands import what they run when they run, so `--help` answers without loading torch and
+`vlbert extract` imports nothing of train/.
 """
 
 from __future__ import annotations
@@ -13,11 +14,19 @@ import warnings
 
 import click
 
-from pipelines.commands import register
+from pipelines.commands import MODULES, load_command
 from vlbert.errors import error_line, exit_status
 
 
 class VLBertGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(MODULES)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in MODULES:
+            self.add_command(load_command(name))
+        return self.commands.get(name)
+
     def invoke(self, ctx: click.Context):
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
@@ -45,6 +54,3 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
               help="Show the full traceback of an error (also: VLBERT_DEBUG=1).")
 def main(debug: bool) -> None:
     """VL-BERT with offline RoI features: extract, cache, convert, train."""
-
-
-register(main)

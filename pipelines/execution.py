@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from extract.atomic import write_atomically
+from pipelines import STEP_FILE
 from pipelines.steps import KINDS, Layout
 from vlbert.errors import UserError
 
-STEP_FILE = "step.json"
 LOG_FILE = "log.txt"
 STATE_FOLDER = ".pipeline"  # under the pipeline's `out`: specs, locks, the executor's records
 PROGRESS_FILE = ".progress{part}.json"

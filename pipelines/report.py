@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines import STEP_FILE
 from train.data.files import DataError
 from train.engine.run_folder import RunFolder
 from train.evaluation.statistics import (RESAMPLES, Comparison, average_over_seeds, bootstrap_interval,
@@ -55,7 +56,7 @@ def _one_run(run: RunFolder) -> dict:
 def run_results(folder: Path, resamples: int = RESAMPLES) -> RunResults:
     """One report row: value (mean over seeds) ± std, the item interval, wall time and throughput
     (means over seeds), the stages, where the run started."""
-    step = json.loads((folder / "step.json").read_text()) if (folder / "step.json").is_file() else {}
+    step = json.loads((folder / STEP_FILE).read_text()) if (folder / STEP_FILE).is_file() else {}
     runs = run_folders(folder)
     summaries = [_one_run(run) for run in runs]
     first, last = summaries[0]["evals"], summaries[0]["evals"][-1]

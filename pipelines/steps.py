@@ -417,10 +417,7 @@ def _verify_train(params: dict[str, Any], folder: Path, known: Foreknown) -> lis
     from extract.modeling.precision import TRAINING_PRECISIONS
 
     run = _run_config(params, CHECKED_OUT)
-    paths = [(spec.name, getattr(run, spec.name)) for spec in dataclasses.fields(RunConfig)
-             if spec.metadata.get("must_exist")]
-    problems = missing_paths([(name, path) for name, value in paths
-                              for path in (value if isinstance(value, list) else [value])], known)
+    problems = missing_paths(run.input_paths(), known)
     problems += _device_problems(run.device, [stage.precision for stage in run.stages], known, TRAINING_PRECISIONS)
     return problems + _model_problems(run, known)
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from train.data.annotations import ITEM_KINDS, AnnotationFile, register_item_kind
+from train.data.annotations import ITEM_KINDS, AnnotationFile, ItemKind, annotation_texts
 from train.data.files import DataError
 from train.data.collate import model_inputs
 from train.tasks import TASKS
@@ -40,16 +40,21 @@ def test_items_are_indexed_by_line_and_position_and_read_lazily(tmp_path):
     assert annotations[0].questions[0].question_id == 7
 
 
-def test_a_kind_registered_outside_the_schema_module_is_indexed_and_parsed(tmp_path, monkeypatch):
-    monkeypatch.setattr("train.data.annotations.ITEM_KINDS", dict(ITEM_KINDS))
-    register_item_kind("pairs", lambda value, record: (value["a"], len(record.get("captions", []))))
+def test_every_kind_of_the_registry_is_indexed_and_parsed(tmp_path, monkeypatch):
+    monkeypatch.setattr("train.data.annotations.ITEM_KINDS",
+                        {**ITEM_KINDS, "pairs": ItemKind(lambda value, record: (value["a"], len(record.get("captions", []))))})
     records = [{"file": "a/1.jpg", "captions": ["one"], "pairs": [{"a": 1}, {"a": 2}]}, {"file": "a/2.jpg"}]
     annotations = AnnotationFile(write(tmp_path / "train.jsonl", records))
     assert annotations.items("pairs").tolist() == [[0, 0], [0, 1]]
     assert annotations.item(annotations.items("pairs")[1], "pairs")[1] == (2, 1)
     assert annotations.items("captions").tolist() == [[0, 0]]
-    with pytest.raises(ValueError, match="annotation key 'captions' is taken"):
-        register_item_kind("captions", lambda value, record: value)
+
+
+def test_each_kind_gives_its_texts_vcr_tokens_as_the_words_the_model_reads(tmp_path):
+    pair = {"pair_id": "p1", "hypothesis": "a dog sleeps", "label": "neutral"}
+    annotations = AnnotationFile(write(tmp_path / "train.jsonl", [*RECORDS[1:3], {"file": "c/5.jpg", "snli_ve": [pair]}]))
+    assert annotation_texts(annotations) == ["left", "is Casey near dog ?", "yes", "yes", "yes", "yes",
+                                             "no", "no", "no", "no", "a dog sleeps"]
 
 
 @pytest.mark.parametrize("line, problem", [

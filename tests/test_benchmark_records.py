@@ -14,7 +14,7 @@ from train.evaluation.benchmarks import BENCHMARKS
 
 
 def test_the_evaluate_command_and_step_take_each_benchmarks_inputs():
-    group = main.commands["evaluate"]
+    group = main.get_command(None, "evaluate")
     assert sorted(group.commands) == sorted(BENCHMARKS)
     for name, benchmark in BENCHMARKS.items():
         options = [param.name for param in group.commands[name].params if isinstance(param, click.Option)]
@@ -25,7 +25,7 @@ def test_the_evaluate_command_and_step_take_each_benchmarks_inputs():
 
 
 def test_the_prepare_command_and_step_take_each_sources_options():
-    command = main.commands["data"].commands["prepare"]
+    command = main.get_command(None, "data").commands["prepare"]
     options = {param.name for param in command.params}
     for name, source in SOURCES.items():
         declared = [option.name for option in source.options]

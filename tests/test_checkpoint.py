@@ -72,7 +72,7 @@ def test_missing_unexpected_and_misshaped_keys_are_all_named(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    (b"not a pickle", "cannot read checkpoint"),
+    (b"not a pickle", "broken.pkl: not a readable pickle"),
     (pickle.dumps({"model": {"a": "text"}}), "entry 'a' is a str"),
     (pickle.dumps([1, 2, 3]), "expected a mapping"),
 ])

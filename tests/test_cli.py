@@ -89,7 +89,8 @@ import click
 from pipelines.cli import main
 
 def commands(group, path):
-    for name, command in group.commands.items():
+    for name in group.list_commands(None):
+        command = group.get_command(None, name)
         yield path + [name]
         if isinstance(command, click.Group):
             yield from commands(command, path + [name])

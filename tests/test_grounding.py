@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,8 +172,9 @@ def test_a_folder_without_a_saved_model_or_phrases_off_the_store_are_one_line(wo
     annotations = world / "world" / "val.jsonl"
     args = ["analyze", "grounding", "--store", str(world / "cache"), "--vocabulary", str(world / "vocab"),
             "--out", str(tmp_path / "out"), "--annotations"]
-    result = CliRunner().invoke(main, args + [str(annotations), "--model", str(tmp_path)])
-    assert result.exit_code == 2 and result.output == f"Error: {tmp_path}: not a saved model (no config.json)\n"
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(main, args + [str(annotations), "--model", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and result.output == f"Error: {tmp_path / 'empty'}: not a saved model (no config.json)\n"
     (tmp_path / "val.txt").write_text("")  # a Flickr30K Entities split: its images are not in this store
     result = CliRunner().invoke(main, args + [str(tmp_path / "val.txt"), "--format", "flickr30k-entities",
                                               "--model", str(world / "model")])
@@ -314,6 +316,16 @@ def _flickr30k_box_without_numbers(world, tmp_path):
         "['1', 'two', '30', None]\n")
 
 
+def _no_box_to_score_against(world, tmp_path):
+    records = [{**record, "refs": [{**ref, "box": [5, 5, 1, 9]} for ref in record.get("refs", [])]}
+               for record in map(json.loads, (world / "world" / "val.jsonl").read_text().splitlines())]
+    annotations = with_records(tmp_path / "val.jsonl", records)
+    first = next(record for record in records if record["refs"])
+    return {"--annotations": annotations}, (
+        f"{annotations}: no phrase has a box to score against (item {Path(first['file']).with_suffix('').as_posix()}"
+        "/0: an empty or inverted box (x2 <= x1 or y2 <= y1), [5.0, 5.0, 1.0, 9.0])\n")
+
+
 def _out_inside_a_file(world, tmp_path):
     (tmp_path / "file").write_text("")
     return {"--out": tmp_path / "file" / "out"}, f"{tmp_path / 'file' / 'out'}: Not a directory\n"
@@ -331,6 +343,7 @@ UNUSABLE_INPUTS = {
     "a folder that is no store": _not_a_store,
     "an annotation file given as a Flickr30K Entities split": _refs_as_a_flickr30k_split,
     "a Flickr30K Entities box without numbers": _flickr30k_box_without_numbers,
+    "no phrase with a box to score against": _no_box_to_score_against,
     "an --out that cannot be made": _out_inside_a_file,  # found before the analysis, not after it
 }
 
@@ -343,6 +356,41 @@ def test_inputs_that_cannot_be_analysed_are_one_line_and_exit_status_2(world, tm
     result = CliRunner().invoke(main, ["analyze", "grounding", *(str(v) for kv in options.items() for v in kv)])
     assert result.exit_code == 2 and result.output.startswith(f"Error: {line}")
     assert result.output.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def with_records(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))  # NaN as JSON's NaN literal
+    return path
+
+
+def test_phrases_whose_box_is_no_box_are_left_out_and_named_not_scored_as_misses(world, tmp_path):
+    records = [json.loads(line) for line in (world / "world" / "val.jsonl").read_text().splitlines()]
+    with_refs = [record for record in records if record.get("refs")]
+    nan_ref, inverted_ref = with_refs[0]["refs"][0], with_refs[1]["refs"][-1]
+    nan_ref["box"], inverted_ref["box"] = [float("nan"), 2.0, 9.0, 9.0], [9.0, 2.0, 3.0, 9.0]
+    damaged = with_records(tmp_path / "damaged.jsonl", records)
+    for record in with_refs[:2]:
+        record["refs"] = [ref for ref in record["refs"] if ref not in (nan_ref, inverted_ref)]
+    clean = with_records(tmp_path / "clean.jsonl", records)
+    ids = [f"{Path(record['file']).with_suffix('').as_posix()}/{position}"
+           for record, position in ((with_refs[0], 0), (with_refs[1], len(with_refs[1]["refs"])))]
+
+    result = CliRunner().invoke(main, ["analyze", "grounding", "--model", str(world / "model"), "--store",
+                                       str(world / "cache"), "--annotations", str(damaged), "--vocabulary",
+                                       str(world / "vocab"), "--out", str(tmp_path / "damaged")])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[1] == (f"2 phrases left out, their box no box (NaN, or x2 <= x1 or y2 <= y1): "
+                                             f"{ids[0]}, {ids[1]} (all in grounding.json, left_out)")
+    left = json.loads((tmp_path / "damaged" / "grounding.json").read_text())
+    assert left["left_out"] == [
+        {"item_id": ids[0], "phrase": nan_ref["text"], "box": "[nan, 2.0, 9.0, 9.0]",
+         "problem": "a coordinate is not a finite number"},
+        {"item_id": ids[1], "phrase": inverted_ref["text"], "box": "[9.0, 2.0, 3.0, 9.0]",
+         "problem": "an empty or inverted box (x2 <= x1 or y2 <= y1)"}]
+    scored = analyze_grounding(world / "model", world / "cache", clean, world / "vocab", tmp_path / "clean")
+    assert scored["left_out"] == [] and left["phrases"] == scored["phrases"]
+    for figure in ("accuracy", "random_baseline", "confidence_baseline", "region_attention", "intervals"):
+        assert left[figure] == scored[figure]
 
 
 def test_max_length_at_its_minimum_analyses_and_below_it_is_bad_usage(world, tmp_path):

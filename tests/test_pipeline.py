@@ -12,7 +12,7 @@ from pipelines.world.tiny import TINY_MODEL
 from train.engine.run_folder import RunFolder
 
 COMMON = {"store": "${cache}", "train_annotations": "${world}/train.jsonl", "eval_annotations": "${world}/val.jsonl",
-          "vocabulary": "${vocabulary}", "corpus": "${world}/corpus.txt", "images": "${world}", "max_length": 40,
+          "vocabulary": "${vocabulary}", "images": "${world}", "max_length": 40,
           "model": TINY_MODEL}
 
 
@@ -23,7 +23,8 @@ def pipeline_file(tmp_path, vqa_steps=3):
          "batch_size": 4, "progress": False},
         {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"},
         {"name": "pretrain", "kind": "train", **COMMON,
-         "stages": [{"name": "pretrain", "task": "pretrain", "steps": 2, "batch_size": 4}]},
+         "stages": [{"name": "pretrain", "task": "pretrain", "steps": 2, "batch_size": 4,
+                     "options": {"corpus": "${world}/corpus.txt"}}]},
         {"name": "vqa-frozen", "kind": "train", "detector": "frozen", **COMMON,
          "init_from": "${pretrain.final}",
          "stages": [{"name": "vqa", "task": "vqa", "steps": vqa_steps, "batch_size": 4}]},
@@ -143,21 +144,22 @@ def train_step(name="finetune", **stage):
 
 
 def test_set_values_fill_inputs_as_yaml_and_changes_redo_the_steps_using_them(tmp_path):
-    inputs = {"images": None, "seed": 0, "lr": None, "corpus": "${here}/corpus.txt"}
+    inputs = {"images": None, "seed": 0, "lr": None, "answers": "${here}/answers.txt"}
     steps = [{"name": "world", "kind": "world", "images": "${inputs.images}", "seed": "${inputs.seed}"},
              {"name": "cache", "kind": "extract", "images": "${world}", "detector": "tiny", "progress": False},
              {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"},
-             {**train_step(base_lr="${inputs.lr}"), "corpus": "${inputs.corpus}",
+             {**train_step(base_lr="${inputs.lr}", options={"answers": "${inputs.answers}"}),
               "eval_batch_size": "${inputs.images}"}]
     path = write_pipeline(tmp_path, steps, inputs)
-    (tmp_path / "corpus.txt").write_text("a red square\n")  # a given path must exist when the pipeline loads
+    (tmp_path / "answers.txt").write_text("yes\n")  # a given path must exist when the pipeline loads
     settings = dict(parse_setting(text) for text in ["images=3", "lr=1e-5", "seed=7"])
     assert settings == {"images": 3, "lr": "1e-5", "seed": 7}  # YAML 1.1 reads 1e-5 as text
     assert parse_setting("day=2020-01-31") == ("day", "2020-01-31") and parse_setting("a=b=c") == ("a", "b=c")
     pipeline = load_pipeline(path, settings)
     world, train = pipeline.steps[0], pipeline.steps[3]
     assert world.params == {"images": 3, "seed": 7}
-    assert train.params["corpus"] == f"{tmp_path}/corpus.txt" and train.params["eval_batch_size"] == 3
+    assert train.params["stages"][0]["options"]["answers"] == f"{tmp_path}/answers.txt"
+    assert train.params["eval_batch_size"] == 3
     from train.engine.config import RunConfig
     assert RunConfig.from_dict({**train.params, "out": "x"}).stages[0].base_lr == 1e-5  # the train rule reads it
     assert list(train.reads) == ["cache", "world", "vocabulary"]

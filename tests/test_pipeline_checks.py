@@ -55,10 +55,11 @@ def world_steps(**train):
 
 
 def test_paths_device_detector_and_set_names_are_all_named_before_any_step_runs(tmp_path):
-    steps = world_steps(corpus="${inputs.corpus}", bert="${inputs.bert}", device="${inputs.device}")
+    steps = world_steps(bert="${inputs.bert}", device="${inputs.device}")
     steps[1].update(images="${inputs.images}", detector="butd-gv", device="${inputs.device}")
-    path = write_pipeline(tmp_path, steps, {"images": None, "corpus": None, "bert": None, "device": "cpu"})
-    result = pipeline_run(path, f"images={tmp_path / 'photos'}", f"corpus={tmp_path / 'books.txt'}",
+    steps[3]["stages"][0]["options"] = {"answers": "${inputs.answers}"}
+    path = write_pipeline(tmp_path, steps, {"images": None, "answers": None, "bert": None, "device": "cpu"})
+    result = pipeline_run(path, f"images={tmp_path / 'photos'}", f"answers={tmp_path / 'answers.txt'}",
                           f"bert={tmp_path / 'bert'}", "device=cuda:99", "finetune.vqa.stepz=3",
                           "fientune.max_length=9")
     with pytest.raises(DeviceError) as device:
@@ -66,32 +67,35 @@ def test_paths_device_detector_and_set_names_are_all_named_before_any_step_runs(
     cache, finetune = f"{path}: step 'cache' (extract)", f"{path}: step 'finetune' (train)"
     assert error_lines(result) == [
         f"{path}: --set fientune.max_length: not an input nor a step of this pipeline (did you mean 'finetune'?); "
-        "inputs: images, corpus, bert, device, out; steps (--set STEP.FIELD=VALUE): world, cache, vocabulary, finetune",
+        "inputs: images, answers, bert, device, out; steps (--set STEP.FIELD=VALUE): world, cache, vocabulary, finetune",
         f"{cache}: images: {tmp_path / 'photos'} does not exist",
         f"{cache}: {device.value}",
         f"{cache}: detector 'butd-gv': not a preset ({', '.join(PRESETS)}) nor a .yaml file",
         f"{finetune}: --set finetune.vqa.stepz: stage 'vqa' has no field 'stepz' (did you mean 'steps'?)",
-        f"{finetune}: corpus: {tmp_path / 'books.txt'} does not exist",
         f"{finetune}: bert: {tmp_path / 'bert'} does not exist",
+        f"{finetune}: stages[0].options.answers: {tmp_path / 'answers.txt'} does not exist",
         f"{finetune}: {device.value}",
     ]
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
 def test_missing_inputs_are_named_with_the_other_problems_and_a_null_one_is_none(tmp_path):
-    steps = world_steps(init_from="${inputs.vlbert}", corpus="${inputs.corpus}")
-    path = write_pipeline(tmp_path, steps, {"vlbert": None, "corpus": None})
+    steps = world_steps(init_from="${inputs.vlbert}")
+    steps[3]["stages"][0]["options"] = {"answers": "${inputs.answers}"}
+    path = write_pipeline(tmp_path, steps, {"vlbert": None, "answers": None})
     missing = pipeline_run(path, "finetune.vqa.steps=many")
     assert error_lines(missing) == [
-        f"{path}: no value for inputs vlbert, corpus; pass --set vlbert=... --set corpus=...",
+        f"{path}: no value for inputs vlbert, answers; pass --set vlbert=... --set answers=...",
         f"{path}: step 'finetune' (train): stages[0].steps: expected an integer, found 'many'"]
-    text = write_pipeline(tmp_path, steps[:3] + [{**steps[3], "corpus": "${inputs.corpus}/books.txt"}],
-                          {"vlbert": None, "corpus": None}, name="text.yaml")
-    assert error_lines(pipeline_run(text, "vlbert=null", "corpus=null")) == [
-        f"{text}: step 'finetune' (train): '${{inputs.corpus}}/books.txt': input corpus is null (none), but this "
-        "text needs its value"]
-    pipeline = load_pipeline(path, {"vlbert": None, "corpus": None})  # none: start from scratch, no corpus
-    assert pipeline.steps[3].params["init_from"] is None and pipeline.steps[3].params["corpus"] is None
+    in_text = world_steps(init_from="${inputs.vlbert}")
+    in_text[3]["stages"][0]["options"] = {"answers": "${inputs.answers}/answers.txt"}
+    text = write_pipeline(tmp_path, in_text, {"vlbert": None, "answers": None}, name="text.yaml")
+    assert error_lines(pipeline_run(text, "vlbert=null", "answers=null")) == [
+        f"{text}: step 'finetune' (train): '${{inputs.answers}}/answers.txt': input answers is null (none), but "
+        "this text needs its value"]
+    pipeline = load_pipeline(path, {"vlbert": None, "answers": None})  # none: from scratch, every training answer
+    finetune = pipeline.steps[3].params
+    assert finetune["init_from"] is None and finetune["stages"][0]["options"]["answers"] is None
 
 
 def test_set_reaches_every_step_field_stage_field_and_mapping_key(tmp_path):

@@ -159,7 +159,7 @@ def test_out_at_or_inside_an_input_folder_is_refused_and_nothing_is_written(tmp_
     before = sorted(root.rglob("*"))
     for out, option in ((root, "--root"), (root / "prepared", "--root"), (root / "vcr1images" / "x", "--images")):
         line = error_line(prepare("vcr", root, out))
-        assert line.startswith(f"Error: --out {out}: ") and f"the input folder {option} " in line
+        assert line.startswith(f"Error: --out {out}: ") and f"the input {option} " in line
     assert sorted(root.rglob("*")) == before and val.read_bytes() == published
 
 

@@ -16,12 +16,12 @@ from click.testing import CliRunner
 
 from pipelines.cli import main
 from tests.helpers.pipelines import run_pipeline_file, tiny_checkpoints, write_image
-from train.data.annotations import AnnotationFile, read_annotations
+from train.data.annotations import ENTAILMENT_LABELS, AnnotationFile, read_annotations
 from train.data.files import DataError
 from train.data.prepare import prepare_dataset
 from train.data.sources import SOURCES
 from train.engine.run_folder import RunFolder
-from train.evaluation.snli_ve import ENTAILMENT_LABELS, evaluate_snli_ve, score_snli_ve
+from train.evaluation.snli_ve import evaluate_snli_ve, score_snli_ve
 from train.tasks import TASKS
 from vlbert import VLBertConfig, VLBertForPreTraining, VLBertForSequenceClassification, load_pretrained
 

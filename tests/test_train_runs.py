@@ -396,7 +396,10 @@ def run_values(world, **changes) -> dict:
     ({"model": {"hidden_sise": 32}}, "model: unknown field 'hidden_sise' (did you mean 'hidden_size'?)"),
     ({"model": {"hidden_size": "wide"}}, "model.hidden_size: expected an integer, found 'wide'"),
     ({"seed": True}, "seed: expected an integer, found True"),
-    ({"corpus": 3}, "corpus: expected a string, found 3"),
+    ({"corpus": "books.txt"}, "unknown field 'corpus': an option of the task pretrain now: give it in the options of each "
+                              "pretrain stage (options: {corpus: ...})"),
+    ({"stages": [{"name": "a", "task": "pretrain", "steps": 1, "options": {"corpus": 3}}]},
+     "stage 'a': options.corpus: expected a string, found 3"),
     ({"stages": {"name": "vqa"}}, "stages: expected a list, found a mapping"),
     ({"stages": ["vqa"]}, "stages[0]: expected a mapping of stage settings, found 'vqa'"),
     ({"stages": [{"name": "a", "task": "pretrain", "steps": 1, "options": {"masked_lm": "no"}}]},
@@ -421,9 +424,11 @@ def test_from_dict_names_the_field_at_fault(world, changes, message):
 
 
 def test_from_dict_widens_integers_where_numbers_are_expected_and_accepts_none(world):
-    values = run_values(world, corpus=None, stages=[{"name": "a", "task": "vqa", "steps": 1, "base_lr": 1}])
+    values = run_values(world, images=None, stages=[
+        {"name": "a", "task": "vqa", "steps": 1, "base_lr": 1, "options": {"answers": None}}])
     run = RunConfig.from_dict(values)
-    assert run.stages[0].base_lr == 1.0 and isinstance(run.stages[0].base_lr, float) and run.corpus is None
+    assert run.stages[0].base_lr == 1.0 and isinstance(run.stages[0].base_lr, float)
+    assert run.images is None and run.stages[0].options.answers is None
     missing = {k: v for k, v in values.items() if k != "store"}
     with pytest.raises(RunConfigError, match="missing required field 'store'"):
         RunConfig.from_dict(missing)

@@ -140,7 +140,7 @@ def bad_inputs(tmp_path):
         "shadowed by tokenizer.json": ([corpus, "--out", tmp_path / "shadowed"],
                                        f"{tmp_path / 'shadowed'}: holds a tokenizer.json, which load_tokenizer"),
         "out inside an input folder": ([tmp_path / "data", "--out", tmp_path / "data" / "vocab"],
-                                       f"{tmp_path / 'data' / 'vocab'}: inside the input folder {tmp_path / 'data'}"),
+                                       f"--out {tmp_path / 'data' / 'vocab'}: lies inside the input folder {tmp_path / 'data'}"),
     }
 
 

@@ -12,8 +12,8 @@ from PIL import Image
 from train.data.files import DataError
 from train.data.prepare import prepare_dataset
 from train.data.sources.vqa2 import SOURCE
-from train.evaluation.vqa2 import (VqaTruth, answer_scores, evaluate_vqa2, normalize_answer, question_accuracy, score_vqa,
-                                   write_vqa_predictions)
+from train.evaluation.vqa2 import VqaTruth, evaluate_vqa2, question_accuracy, score_vqa, write_vqa_predictions
+from train.evaluation.vqa_answers import answer_scores, normalize_answer
 
 
 def question(question_id: int, image_id: int) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from vlbert.config import VLBertConfig
 from vlbert.modeling import (
+    DETECTOR_WEIGHTS,
     VLBertForMultipleChoice,
     VLBertForPreTraining,
     VLBertForQuestionAnswering,
@@ -210,7 +211,7 @@ def convert_official_checkpoint(
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
     if detector:
-        save_file({name: t.contiguous() for name, t in detector.items()}, out_dir / "detector.safetensors")
+        save_file({name: t.contiguous() for name, t in detector.items()}, out_dir / DETECTOR_WEIGHTS)
         (out_dir / "detector.yaml").write_text(DETECTOR_YAML)
         result.has_detector = True
     return result

@@ -36,8 +36,10 @@ from vlbert import losses
 from vlbert.config import VLBertConfig
 
 VISUAL_SEGMENT = 2
-WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_NAME = "model.safetensors"  # a model folder's weights (transformers' BERT folders name theirs the same)
 CONFIG_NAME = "config.json"
+# Beside them, a detector's weights: an end-to-end stage's tuned detector, an official checkpoint's Fast R-CNN.
+DETECTOR_WEIGHTS = "detector.safetensors"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -426,12 +428,12 @@ def read_bert_weights(directory: str | Path) -> tuple[dict[str, torch.Tensor], d
     safetensors or PyTorch pickles, and the old `gamma`/`beta` LayerNorm names.
     """
     directory = Path(directory)
-    if (directory / "model.safetensors").is_file():
-        state = load_file(directory / "model.safetensors")
+    if (directory / WEIGHTS_NAME).is_file():
+        state = load_file(directory / WEIGHTS_NAME)
     elif (directory / "pytorch_model.bin").is_file():
         state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
-        raise FileNotFoundError(f"{directory} has neither model.safetensors nor pytorch_model.bin")
+        raise FileNotFoundError(f"{directory} has neither {WEIGHTS_NAME} nor pytorch_model.bin")
     backbone: dict[str, torch.Tensor] = {}
     heads: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():

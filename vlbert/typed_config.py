@@ -31,6 +31,11 @@ class FieldError(UserError):
     """A mapping that does not fit its dataclass, for callers that have no error class of their own."""
 
 
+# Field metadata of an input path: it must exist when the job that reads it starts (not when the
+# config loads: in a pipeline, it may be an earlier step's output).
+EXISTING_PATH = {"must_exist": True}
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """` (did you mean 'x'?)` for the known name closest to a misspelt `name`, else nothing."""
     close = difflib.get_close_matches(name, list(known), n=1)

@@ -11,13 +11,13 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from extract.config import ConfigError
+from vlbert.errors import UserError
 
 if TYPE_CHECKING:
     import torch
 
 
-class PrecisionError(ConfigError):
+class PrecisionError(UserError):
     """A precision that does not exist, or that the detector's device cannot run."""
 
 

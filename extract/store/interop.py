@@ -11,23 +11,35 @@ warning that names the first such id; `import` reverses them.
 
 Exports refuse a damaged record or a store whose records disagree with its meta.json, and write
 under a temporary name renamed into place at the end, so a refused export leaves no partial file.
+
+Files from others are checked as they are read: an image id that could name a file outside an npz
+export's folder (extract/paths.py) is refused at import and at export, and so is an id met twice
+in one source, or an image size that is not a positive whole number. An import builds the store in
+a staging folder beside `--out` (`.<name>.importing-<pid>`) and renames it into place only when
+every record is in: a failed import leaves no store that `cache verify` could accept, and the
+staging folder of a killed one is removed by the next import into the same `--out`. Neither
+command writes where it reads (`--out` apart from the source).
 """
 
 from __future__ import annotations
 
 import base64
+import glob
 import json
+import math
 import os
 import re
 import shutil
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from extract.store.layout import META, read_meta
+from extract.paths import check_apart, outside_reason, path_inside
+from extract.store.layout import META, read_meta, shard_dirs, writer_active
 from extract.store.reader import FeatureStore
 from extract.store.schema import FIELDS, StoreError, build_meta
 from extract.store.writer import FeatureStoreWriter
@@ -69,7 +81,8 @@ CONTENTS = {
 @dataclass(frozen=True)
 class Format:
     export: Callable[[FeatureStore, Path], None]
-    read: Callable[[Path, str], tuple[dict[str, Any], Iterator]]  # (source, feature dtype) → (meta, records)
+    # (source, feature dtype) → (meta, records as (where in the source, image id, record))
+    read: Callable[[Path, str], tuple[dict[str, Any], Iterator[tuple[str, str, dict]]]]
     carries: tuple[str, ...]  # the CONTENTS it can hold
     export_notes: Callable[[FeatureStore], list[str]] = lambda store: []  # how it changes what it exports
 
@@ -79,16 +92,21 @@ def export_store(root: str | Path, fmt: str, out: str | Path) -> int:
     A damaged record, or records that disagree with meta.json, stop it with nothing written."""
     out = Path(out)
     form = _format(fmt)
+    check_apart(out, (("CACHE", root),))
     if fmt == "npz" and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise StoreError(f"{out}: exists and is not an empty directory; export npz files to a new one")
+    if fmt != "npz" and out.is_dir():
+        raise StoreError(f"{out}: a folder; a {fmt} export is one file")
     with FeatureStore(root, check_layout=True) as store:
         store.check_agreement()
+        for image_id in store.keys():
+            _check_id(image_id, str(root))
         for name, content in CONTENTS.items():
             if name not in form.carries and content.present(store.meta):
                 warnings.warn(f"{out}: not exported: {content.what}; the {fmt} format does not carry it", stacklevel=2)
         for note in form.export_notes(store):
             warnings.warn(f"{out}: {note}", stacklevel=2)
-        partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+        partial = _beside(out, "partial")
         try:
             form.export(store, partial)
             os.replace(partial, out)
@@ -98,23 +116,67 @@ def export_store(root: str | Path, fmt: str, out: str | Path) -> int:
 
 
 def import_store(src: str | Path, fmt: str, out: str | Path, feature_dtype: str = "float16") -> int:
-    """Writes the records in `src` (a file, or for npz a directory) into a new FeatureStore `out`;
-    warns, field by field, what the result lacks and why."""
+    """Writes the records in `src` (a file, or for npz a directory) into a new FeatureStore `out`
+    (absent, or an empty folder) and returns how many it holds; warns, field by field, what the
+    result lacks and why. Any problem in the source leaves no `out`."""
     form = _format(fmt)
-    src = Path(src)
+    src, out = Path(src), Path(out)
     if not src.exists():
         raise StoreError(f"{src}: no such {'directory' if fmt == 'npz' else 'file'}")
+    check_apart(out, (("SRC", src),))
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise StoreError(f"{out}: exists and is not an empty folder; import into a new one")
     meta, records = form.read(src, feature_dtype)
     for name, content in CONTENTS.items():
         if not content.present(meta):
             reason = "not in the source" if name in form.carries else f"the {fmt} format does not carry it"
             warnings.warn(f"{src}: imported without {content.what} ({content.without}); {reason}", stacklevel=2)
-    count = 0
-    with FeatureStoreWriter(out, meta) as writer:
-        for batch in _chunks(records, IMPORT_BATCH):
-            writer.commit(dict(batch))
-            count += len(batch)
+    _sweep_killed_imports(out)
+    staging = _beside(out, "importing")
+    try:
+        count = 0
+        with FeatureStoreWriter(staging, meta) as writer:
+            for batch in _chunks(_checked_ids(src, records), IMPORT_BATCH):
+                writer.commit(dict(batch))
+                count += len(batch)
+        os.rename(staging, out.resolve())  # replaces an empty folder, as a whole
+    finally:
+        _remove(staging)
     return count
+
+
+def _checked_ids(src: Path, records: Iterable[tuple[str, str, dict]]) -> Iterator[tuple[str, dict]]:
+    """(image id, record) of each of `records`; StoreError for an id met twice, naming both places."""
+    seen: dict[str, str] = {}
+    for where, image_id, record in records:
+        _check_id(image_id, f"{src} {where}")
+        if image_id in seen:
+            raise StoreError(f"{src}: image id {image_id!r} is on {seen[image_id]} and again on {where}; a store "
+                             "holds each id once")
+        seen[image_id] = where
+        yield image_id, record
+
+
+def _check_id(image_id: str, where: str) -> None:
+    """StoreError for an id that could name a file outside an npz export's folder, or another id's."""
+    reason = outside_reason(image_id)
+    if reason is not None:
+        raise StoreError(f"{where}: image id {image_id!r} {reason}; an npz export writes <id>.npz, which must "
+                         "stay inside its folder")
+
+
+def _beside(out: Path, doing: str) -> Path:
+    """A hidden folder or file beside `out` for this process to build it in."""
+    out = out.resolve()
+    return out.with_name(f".{out.name}.{doing}-{os.getpid()}")
+
+
+def _sweep_killed_imports(out: Path) -> None:
+    """Removes the staging folders of imports into `out` that no live process writes any more."""
+    out = out.resolve()
+    for staging in out.parent.glob(f".{glob.escape(out.name)}.importing-*"):
+        if staging.is_dir() and not any(writer_active(shard) for shard in shard_dirs(staging)):
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _remove(path: Path) -> None:
@@ -147,6 +209,19 @@ def _imported_meta(feature_dim: int, feature_dtype: str, source: str, has_object
                       has_objects=has_objects, has_attributes=has_attributes, image_feature_source=image_feature)
 
 
+def _image_size(value: Any, name: str, where: str) -> int:
+    """An image's height or width as a file gives it (text, a number, a 0-d array): a positive whole
+    number of pixels; StoreError naming `where` otherwise."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number >= 1 and number.is_integer()):
+        shown = value.item() if isinstance(value, (np.ndarray, np.generic)) and np.size(value) == 1 else value
+        raise StoreError(f"{where}: {name} {shown!r} is not a positive whole number of pixels")
+    return int(number)
+
+
 def _mean_image_feature(features: np.ndarray) -> np.ndarray:
     return features.astype(np.float32).mean(axis=0) if len(features) else np.zeros(features.shape[1], np.float32)
 
@@ -157,7 +232,7 @@ def _export_npz(store: FeatureStore, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / META).write_text(json.dumps(store.meta, indent=2) + "\n")
     for image_id, record in store.items():
-        path = out / f"{image_id}.npz"
+        path = path_inside(out, f"{image_id}.npz")
         path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {k: v for k, v in record.items() if isinstance(v, np.ndarray)}
         np.savez(path, **arrays, image_h=np.int64(record["image_h"]), image_w=np.int64(record["image_w"]),
@@ -165,6 +240,8 @@ def _export_npz(store: FeatureStore, out: Path) -> None:
 
 
 def _import_npz(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]:
+    if not src.is_dir():
+        raise StoreError(f"{src}: not a folder (an npz import reads a folder of .npz files)")
     files = sorted(src.rglob("*.npz"))
     if not files:
         raise StoreError(f"{src}: no .npz files")
@@ -172,30 +249,41 @@ def _import_npz(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator
         meta = {**read_meta(src), "source": f"npz:{src}"}
         meta["features"] = {**meta["features"], "dtype": feature_dtype}
     else:
-        with np.load(files[0], allow_pickle=False) as first:
-            names = set(first.files)
-            meta = _imported_meta(first["features"].shape[1], feature_dtype, f"npz:{src}", "objects_id" in names,
-                                  "attrs_id" in names, "imported" if "image_feature" in names else MEAN_IMAGE_FEATURE)
-            if "class_probs" in names:
-                meta["class_probs"] = {"num_classes": first["class_probs"].shape[1], "top_k": None}
-            if "mask_boxes" in names:
-                meta["mask_variants"]["count"] = first["mask_boxes"].shape[0]
+        first = _read_npz(files[0])
+        meta = _imported_meta(first["features"].shape[1], feature_dtype, f"npz:{src}", "objects_id" in first,
+                              "attrs_id" in first, "imported" if "image_feature" in first else MEAN_IMAGE_FEATURE)
+        if "class_probs" in first:
+            meta["class_probs"] = {"num_classes": first["class_probs"].shape[1], "top_k": None}
+        if "mask_boxes" in first:
+            meta["mask_variants"]["count"] = first["mask_boxes"].shape[0]
 
     def records():
         for path in files:
-            image_id = path.relative_to(src).with_suffix("").as_posix()
-            try:
-                with np.load(path, allow_pickle=False) as data:
-                    arrays = {k: data[k] for k in data.files}
-            except (OSError, ValueError) as exc:
-                raise StoreError(f"{path}: not a readable .npz file ({exc})") from None
+            name = path.relative_to(src).as_posix()
+            arrays = _read_npz(path)
             record = {k: v for k, v in arrays.items() if k in FIELDS}
             record.setdefault("image_feature", _mean_image_feature(record["features"]))
-            record.update(image_h=int(arrays["image_h"]), image_w=int(arrays["image_w"]),
+            record.update(image_h=_image_size(arrays.get("image_h"), "image_h", str(path)),
+                          image_w=_image_size(arrays.get("image_w"), "image_w", str(path)),
                           box_source=str(arrays["box_source"]) if "box_source" in arrays else "imported")
-            yield image_id, record
+            yield f"file {name}", name.removesuffix(".npz"), record
 
     return meta, records()
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of one image's .npz file, which holds at least its boxes and features (N, D)."""
+    if not zipfile.is_zipfile(path):
+        raise StoreError(f"{path}: not a .npz file (not a zip archive)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise StoreError(f"{path}: not a readable .npz file ({exc})") from None
+    for name in ("boxes", "features"):
+        if name not in arrays or arrays[name].ndim != 2:
+            raise StoreError(f"{path}: no {name} array of two dimensions (N, {'4' if name == 'boxes' else 'D'})")
+    return arrays
 
 
 # ---- TSV: bottom-up-attention / LXMERT --------------------------------------------------------------
@@ -243,16 +331,17 @@ def _import_tsv(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator
             try:
                 for number, line in enumerate(f, 1):
                     if line.strip():
-                        yield _tsv_row(src, number, line)
+                        record = _tsv_row(src, number, line)
+                        yield f"line {number}", record.pop("image_id"), record
             except UnicodeDecodeError as exc:
                 raise StoreError(f"{src}: not UTF-8 text ({exc})") from None
 
-    first = next(rows(), None)
+    _, _, first = next(rows(), (None, None, None))
     if first is None:
         raise StoreError(f"{src}: no rows")
     meta = _imported_meta(first["features"].shape[1], feature_dtype, f"tsv:{src}",
                           "objects_id" in first, "attrs_id" in first)
-    return meta, ((r.pop("image_id"), r) for r in rows())
+    return meta, rows()
 
 
 def _tsv_row(src: Path, number: int, line: str) -> dict[str, Any]:
@@ -262,21 +351,22 @@ def _tsv_row(src: Path, number: int, line: str) -> dict[str, Any]:
         raise StoreError(f"{src} line {number}: {len(fields)} tab-separated fields, expected "
                          f"{len(TSV_FIELDS)} ({', '.join(TSV_FIELDS)}) or {len(TSV_FIELDS_ORIGINAL)}")
     row = dict(zip(names, fields))
+    where = f"{src} line {number}"
     try:
         n = int(row["num_boxes"])
         boxes = _unb64(row["boxes"], "float32", (n, 4))
         features = _unb64(row["features"], "float32", (n, -1))
         record = {"image_id": unescape_tsv_id(row.get("img_id", row.get("image_id"))), "boxes": boxes,
                   "features": features,
-                  "image_feature": _mean_image_feature(features), "box_source": "imported",
-                  "image_h": int(float(row.get("img_h", row.get("image_h")))),
-                  "image_w": int(float(row.get("img_w", row.get("image_w"))))}
+                  "image_feature": _mean_image_feature(features), "box_source": "imported"}
         for name, dtype in (("objects_id", "int64"), ("objects_conf", "float32"),
                             ("attrs_id", "int64"), ("attrs_conf", "float32")):
             if row.get(name):
                 record[name] = _unb64(row[name], dtype, (n,))
-    except (ValueError, TypeError) as exc:
-        raise StoreError(f"{src} line {number}: malformed field ({exc})") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise StoreError(f"{where}: malformed field ({exc})") from None
+    record.update(image_h=_image_size(row.get("img_h", row.get("image_h")), "img_h", where),
+                  image_w=_image_size(row.get("img_w", row.get("image_w")), "img_w", where))
     return record
 
 
@@ -323,6 +413,8 @@ def _import_h5(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]
     except OSError as exc:
         raise StoreError(f"{src}: not a readable HDF5 file ({exc})") from None
     missing = [name for name in ("image_features", "image_bb", "image_ids") if name not in f]
+    if "image_h" not in f and "spatial_features" not in f:
+        missing.append("image_h (or spatial_features, to recover the image size from)")
     if missing:
         f.close()
         raise StoreError(f"{src}: missing dataset(s) {', '.join(missing)}")
@@ -332,33 +424,44 @@ def _import_h5(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]
 
     def records():
         with f:
-            ids = [i.decode() if isinstance(i, bytes) else str(i) for i in f["image_ids"][:]]
-            counts = f["num_boxes"][:] if "num_boxes" in f else np.full(len(ids), f["image_bb"].shape[1])
-            for row, image_id in enumerate(ids):
-                n = int(counts[row])
-                boxes = f["image_bb"][row, :n].astype(np.float32)
-                features = f["image_features"][row, :n]
-                if "image_h" in f:
-                    height, width = int(f["image_h"][row]), int(f["image_w"][row])
-                else:
-                    height, width = _size_from_spatial(src, image_id, boxes, f["spatial_features"][row, :n])
-                record = {"boxes": boxes, "features": features, "image_h": height, "image_w": width,
-                          "image_feature": f["whole_image_features"][row] if has_whole else _mean_image_feature(features),
+            counts = f["num_boxes"][:] if "num_boxes" in f else np.full(len(f["image_ids"]), f["image_bb"].shape[1])
+            for row, stored_id in enumerate(f["image_ids"][:]):
+                where = f"{src} row {row}"
+                try:
+                    image_id = stored_id.decode() if isinstance(stored_id, bytes) else str(stored_id)
+                except UnicodeDecodeError as exc:
+                    raise StoreError(f"{where}: image id {stored_id!r} is not UTF-8 text ({exc.reason})") from None
+                try:
+                    n = int(counts[row])
+                    boxes = f["image_bb"][row, :n].astype(np.float32)
+                    features = f["image_features"][row, :n]
+                    if "image_h" in f:
+                        size = f["image_h"][row], f["image_w"][row]
+                    else:
+                        size = _size_from_spatial(src, image_id, boxes, f["spatial_features"][row, :n])
+                except StoreError:
+                    raise
+                except (IndexError, KeyError, ValueError, TypeError, OverflowError) as exc:
+                    raise StoreError(f"{where}: malformed ({exc})") from None
+                whole = f["whole_image_features"][row] if has_whole else _mean_image_feature(features)
+                record = {"boxes": boxes, "features": features, "image_h": _image_size(size[0], "image_h", where),
+                          "image_w": _image_size(size[1], "image_w", where), "image_feature": whole,
                           "box_source": "imported"}
-                yield image_id, record
+                yield f"row {row}", image_id, record
 
     return meta, records()
 
 
-def _size_from_spatial(src: Path, image_id: str, boxes: np.ndarray, spatial: np.ndarray) -> tuple[int, int]:
-    """The image size the spatial features were normalised by: box width / (w/W), height / (h/H)."""
+def _size_from_spatial(src: Path, image_id: str, boxes: np.ndarray, spatial: np.ndarray) -> tuple[float, float]:
+    """The image size the spatial features were normalised by: box width / (w/W), height / (h/H),
+    rounded (NaN or infinite as the file gives them)."""
     usable = (spatial[:, 4] > 0) & (spatial[:, 5] > 0)
     if not usable.any():
         raise StoreError(f"{src}: image {image_id!r} has no image_h/image_w and no box to derive its size from")
     i = int(np.argmax(usable))
     width = (boxes[i, 2] - boxes[i, 0]) / spatial[i, 4]
     height = (boxes[i, 3] - boxes[i, 1]) / spatial[i, 5]
-    return int(round(float(height))), int(round(float(width)))
+    return np.round(float(height)), np.round(float(width))
 
 
 FORMATS: dict[str, Format] = {

@@ -1,20 +1,27 @@
-"""One module per subcommand (or group of subcommands); `register` adds them all to the CLI.
+"""One module per subcommand (or group of subcommands), each listing its commands in `COMMANDS`;
+`MODULES` names the module of every command, which the CLI imports when the command is asked for.
 
 A command module imports click and light constants only, and what it runs inside its function, so
-`vlbert --help` and `vlbert <command> --help` answer without loading torch."""
+`vlbert --help` and `vlbert <command> --help` answer without loading torch; and a command imports
+no other command's module, so `vlbert extract` imports nothing of train/ (extract/ does not)."""
 
 import functools
+import importlib
 
 import click
 
+# Every command by name → its module in this package.
+MODULES = {"analyze": "analyze", "cache": "cache", "convert-official": "convert", "data": "data", "demo": "demo",
+           "evaluate": "evaluate", "extract": "extract", "pipeline": "pipeline", "train": "train", "vocab": "vocab",
+           "world": "world"}
 
-def register(group: click.Group) -> None:
-    from pipelines.commands import analyze, cache, convert, data, demo, evaluate, extract, pipeline, train, vocab, world
 
-    for module in (data, extract, cache, train, evaluate, convert, world, pipeline, demo, analyze, vocab):
-        for command in module.COMMANDS:
-            _with_thread_policy(command)
-            group.add_command(command)
+def load_command(name: str) -> click.Command:
+    """The command `name` (one of MODULES), its module imported, run under the thread policy."""
+    module = importlib.import_module(f"{__name__}.{MODULES[name]}")
+    command = next(command for command in module.COMMANDS if command.name == name)
+    _with_thread_policy(command)
+    return command
 
 
 def _with_thread_policy(command: click.Command) -> None:

@@ -41,8 +41,11 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
     """Per layer and head, the share of phrases whose most-attended RoI has IoU ≥ 0.5 with the
     annotated box, against a random RoI and the most confident RoI: OUT/grounding.json,
     OUT/grounding.png (heat map) and OUT/examples/*.png (the best head's attention)."""
+    from extract.paths import check_apart
     from train.analysis.grounding import analyze_grounding
 
+    check_apart(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
+                      ("--vocabulary", vocabulary), ("--images", images)))
     result = analyze_grounding(model_dir, store, annotations, vocabulary, out, phrase_format, images=images,
                                examples=examples, max_items=max_items, batch_size=batch_size, device=device,
                                max_length=max_length, fresh_weights=fresh_weights)
@@ -51,6 +54,10 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
                f"{best['accuracy']:.3f}, mean over heads {result['mean_accuracy']:.3f}, random RoI "
                f"{result['random_baseline']:.3f}, most confident RoI {result['confidence_baseline']:.3f}; "
                f"{out / 'grounding.json'}")
+    if result["left_out"]:
+        ids = [phrase["item_id"] for phrase in result["left_out"]]
+        click.echo(f"{len(ids)} phrases left out, their box no box (NaN, or x2 <= x1 or y2 <= y1): "
+                   f"{', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''} (all in grounding.json, left_out)")
 
 
 COMMANDS = [analyze_group]

@@ -65,11 +65,13 @@ def verify_command(cache: Path) -> None:
 @click.argument("cache", type=_store_path)
 @click.option("--format", "fmt", required=True, type=click.Choice(list(FORMATS)))
 @click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="npz: a new or empty directory (OUT/<id>.npz); tsv, h5: a file.")
+              help="npz: a new or empty directory (OUT/<id>.npz); tsv, h5: a file. Not in CACHE, nor holding it.")
 def export_command(cache: Path, fmt: str, out: Path) -> None:
     """Write every record of CACHE as npz files, a bottom-up-attention TSV or a VQA-style HDF5 file.
 
-    A damaged record, or records that disagree with meta.json, stop the export with nothing written.
+    A damaged record, records that disagree with meta.json, or an image id that could name a file
+    outside an npz export's folder ('..', an absolute path, a NUL byte, an empty or '.' component)
+    stop the export with nothing written.
     """
     count = export_store(cache, fmt, out)
     click.echo(f"{count} records → {out}")
@@ -78,12 +80,18 @@ def export_command(cache: Path, fmt: str, out: Path) -> None:
 @cache_group.command("import")
 @click.argument("src", type=click.Path(exists=True, path_type=Path))
 @click.option("--format", "fmt", required=True, type=click.Choice(list(FORMATS)))
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="New FeatureStore.")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="New FeatureStore (absent, or an empty folder; not in SRC).")
 @click.option("--feature-dtype", type=click.Choice(list(FEATURE_ENCODINGS)), default="float16", show_default=True,
               help=feature_dtype_help())
 def import_command(src: Path, fmt: str, out: Path, feature_dtype: str) -> None:
     """Build a FeatureStore from SRC (npz directory, TSV or HDF5 file); warns, field by field, what
-    the source format cannot carry."""
+    the source format cannot carry.
+
+    The store is built beside OUT and renamed into place when every record is in: an image id
+    given twice, one that could name a file outside an npz export's folder, an image size that is
+    not a positive whole number, or any malformed line stops it with no OUT left.
+    """
     count = import_store(src, fmt, out, feature_dtype)
     click.echo(f"{count} records → {out}")
 

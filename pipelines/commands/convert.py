@@ -29,8 +29,10 @@ import click
 def convert_official(source: Path, out_dir: Path, num_attention_heads: int | None, trust_pickle: bool) -> None:
     """Convert an official VL-BERT checkpoint SOURCE (e.g. vl-bert-base-e2e.model)."""
     from extract.checkpoint import CheckpointError
+    from extract.paths import check_apart
     from vlbert.convert_official import convert_official_checkpoint
 
+    check_apart(out_dir, (("SOURCE", source),))
     try:
         result = convert_official_checkpoint(
             source, out_dir, num_attention_heads=num_attention_heads, trust_pickle=trust_pickle

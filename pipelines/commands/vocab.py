@@ -20,7 +20,8 @@ def vocab_group() -> None:
 @vocab_group.command("build", short_help="Build vocab.txt from annotation and text files.")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for vocab.txt and tokenizer_config.json (created; a previous build is replaced).")
+              help="Folder for vocab.txt and tokenizer_config.json (created; a previous build is replaced). Not an "
+                   "input folder, nor inside or holding an input.")
 @click.option("--size", default=30522, show_default=True, type=click.IntRange(1),
               help="Tokens at most, special tokens included (BERT-base: 30522).")
 @click.option("--min-frequency", default=2, show_default=True, type=click.IntRange(1),
@@ -29,7 +30,7 @@ def vocab_group() -> None:
                                             "as BERT uncased).")
 def build_command(files: tuple[Path, ...], out: Path, size: int, min_frequency: int, cased: bool) -> None:
     """Train a BERT WordPiece vocabulary on the texts of FILES: annotation files (.jsonl, the schema
-    `vlbert data prepare` writes: captions, questions, answers, referring expressions, VCR texts),
+    `vlbert data prepare` writes: every item's texts, captions to VCR rationales and SNLI-VE hypotheses),
     text files (one text a line) and folders of *.txt files. vocab.txt starts with [PAD] [UNK]
     [CLS] [SEP] [MASK] (ids 0-4), then the characters of the texts, then the learned pieces."""
     from train.data.wordpiece import build_vocabulary

@@ -35,10 +35,12 @@ def train_detector_command(world_dir: Path, weights: Path, steps: int, seed: int
     """Train the tiny detector on WORLD's train split and evaluate it on its val split."""
     import torch
 
+    from extract.paths import check_apart
     from pipelines.world.detector import train_world_detector
 
     if weights.suffix != ".safetensors":
         raise click.BadParameter("expected a .safetensors path", param_hint="--out")
+    check_apart(weights, (("--world", world_dir),))
     torch.set_num_threads(threads)
     metrics = train_world_detector(world_dir, weights, TrainConfig(steps=steps, seed=seed), log=click.echo)
     quality = metrics["val"]

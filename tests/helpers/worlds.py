@@ -1,5 +1,6 @@
 """Run configs over the tiny training world (pipelines/world/tiny.py), and a copy of it to write into."""
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -17,12 +18,21 @@ def copy_world(world: Path, root: Path) -> Path:
 
 
 def run_config(root: Path, out: str, stages: list[StageConfig], **overrides) -> RunConfig:
+    """A run over the tiny world at `root`; its pre-training stages read the world's corpus unless
+    their options name another."""
     world = root / "world"
     values = dict(out=str(root / out), store=str(root / "cache"), train_annotations=str(world / "train.jsonl"),
-                  eval_annotations=str(world / "val.jsonl"), vocabulary=str(root / "vocab"),
-                  corpus=str(world / "corpus.txt"), model=dict(TINY_MODEL), max_length=48)
+                  eval_annotations=str(world / "val.jsonl"), vocabulary=str(root / "vocab"), model=dict(TINY_MODEL),
+                  max_length=48)
     values.update(overrides)
-    return RunConfig(stages=stages, **values)
+    return RunConfig(stages=[with_corpus(stage, world / "corpus.txt") for stage in stages], **values)
+
+
+def with_corpus(stage: StageConfig, corpus: Path) -> StageConfig:
+    """A pre-training stage with `corpus` as its text-only corpus where it names none; others as given."""
+    if stage.task != "pretrain" or stage.options.corpus is not None:
+        return stage
+    return dataclasses.replace(stage, options=dataclasses.replace(stage.options, corpus=str(corpus)))
 
 
 def interrupt_optimiser_step(monkeypatch, call: int) -> None:

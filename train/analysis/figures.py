@@ -1,10 +1,11 @@
 """The grounding analysis's pictures: the layers × heads heat map and one phrase's attention drawn over
-its image's boxes."""
+its image's boxes (an `Example`, which the analysis keeps for drawing)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
@@ -14,8 +15,17 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from PIL import Image  # noqa: E402
 
-if TYPE_CHECKING:
-    from train.analysis.grounding import Example
+from train.analysis.phrases import Phrase  # noqa: E402
+
+
+@dataclass
+class Example:
+    """One phrase kept for drawing: its box, the image's boxes and every head's attention to them."""
+
+    phrase: Phrase
+    image_size: tuple[int, int]
+    boxes: np.ndarray  # (N, 4), the candidates only
+    attention: np.ndarray  # (layers, heads, N)
 
 
 def draw_heat_map(accuracy: np.ndarray, result: dict[str, Any], path: Path) -> Path:

@@ -9,12 +9,17 @@ regions at all (the paper calls heads above 0.2 "actively attending to the image
 Regions are the detector's RoIs: VL-BERT's whole-image box is left out, as VisualBERT has none and
 the referring-expression task never answers with it. Two baselines: a uniformly drawn RoI (its
 expected accuracy) and the paper's rule, the most confident RoI (the store keeps boxes best first).
+
+A phrase whose annotated box is no box (a coordinate NaN or infinite, or x2 <= x1 or y2 <= y1: no
+IoU with it can reach the threshold) cannot be scored: it is left out of every figure, and the
+result names it (`left_out`: its id, text, box and problem), rather than counting it as a miss.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,7 +33,7 @@ from transformers import PreTrainedTokenizerFast
 from extract.atomic import write_atomically
 from extract.device import check_device
 from extract.store.schema import StoreError, StoreMismatchError
-from train.analysis.figures import draw_example, draw_heat_map
+from train.analysis.figures import Example, draw_example, draw_heat_map
 from train.analysis.phrases import PHRASE_READERS, Phrase
 from train.data.collate import collate, model_inputs, to_device
 from train.data.datasets import Sample
@@ -165,16 +170,6 @@ def _rounded(interval: Interval) -> list[float]:
     return [round(value, 4) + 0.0 for value in interval.to_list()]  # + 0.0: no "-0.0" in the table
 
 
-@dataclass
-class Example:
-    """One phrase kept for drawing: its box, the image's boxes and every head's attention to them."""
-
-    phrase: Phrase
-    image_size: tuple[int, int]
-    boxes: np.ndarray  # (N, 4), the candidates only
-    attention: np.ndarray  # (layers, heads, N)
-
-
 def load_model(model_dir: str | Path, device: torch.device, fresh_weights: bool = False) -> VLBertModel:
     """The VL-BERT encoder of any task's `save_pretrained` folder, for reading its attention; with
     `fresh_weights`, its config initialised afresh (seed 0): the same model before any training.
@@ -204,6 +199,22 @@ def check_saved_config(model_dir: Path) -> None:
     if not isinstance(values, dict):
         raise DataError(f"{path}: expected a JSON object of VL-BERT config fields, found {type(values).__name__}")
     model_settings({k: v for k, v in values.items() if k != "architecture"}, str(path))
+
+
+def box_problem(box: list[float]) -> str | None:
+    """Why an annotated box cannot be scored against, or None."""
+    if not all(math.isfinite(value) for value in box):
+        return "a coordinate is not a finite number"
+    x1, y1, x2, y2 = box
+    if x2 <= x1 or y2 <= y1:
+        return "an empty or inverted box (x2 <= x1 or y2 <= y1)"
+    return None
+
+
+def left_out(phrases: list[Phrase]) -> list[dict[str, str]]:
+    """The phrases whose box `box_problem` refuses: item id, phrase, box and problem, in order."""
+    return [{"item_id": phrase.item_id, "phrase": phrase.phrase, "box": str(phrase.box), "problem": problem}
+            for phrase in phrases if (problem := box_problem(phrase.box)) is not None]
 
 
 def phrase_sample(phrase: Phrase, regions: RegionBank, tokenizer, max_length: int) -> tuple[Sample, np.ndarray]:
@@ -251,7 +262,8 @@ class GroundingInputs:
     model: VLBertModel
     tokenizer: PreTrainedTokenizerFast
     regions: RegionBank
-    phrases: list[Phrase]
+    phrases: list[Phrase]  # those with a box to score against
+    left_out: list[dict[str, str]]  # the others (`left_out`)
 
 
 @contextlib.contextmanager
@@ -281,7 +293,13 @@ def open_inputs(model_dir: Path, store: Path, annotations: Path, vocabulary: Pat
         raise StoreMismatchError(f"{store}: holds {regions.feature_dim}-d features, but the model {model_dir} takes "
                                  f"visual_feature_size {model.config.visual_feature_size}; analyse it on a store "
                                  "of the detector it was trained with")
-    return GroundingInputs(model, tokenizer, regions, read_phrases(annotations, phrase_format, regions)[:max_items])
+    phrases = read_phrases(annotations, phrase_format, regions)[:max_items]
+    usable, unusable = [phrase for phrase in phrases if box_problem(phrase.box) is None], left_out(phrases)
+    if not usable:
+        first = unusable[0]
+        raise DataError(f"{annotations}: no phrase has a box to score against (item {first['item_id']}: "
+                        f"{first['problem']}, {first['box']})")
+    return GroundingInputs(model, tokenizer, regions, usable, unusable)
 
 
 @torch.no_grad()
@@ -293,6 +311,7 @@ def analyze_grounding(model_dir: str | Path, store: str | Path, annotations: str
     `PHRASE_READERS`; the first `max_items`): writes OUT/grounding.json (the returned table),
     OUT/grounding.png (the heat map) and, for the first `examples` phrases, OUT/examples/*.png (the
     best head's attention over the image's boxes, drawn on the image from `images` when given).
+    Phrases whose box is no box are left out of every figure and listed under `left_out`.
     `max_length` (default: the model's position count; at least phrases.MIN_LENGTH) caps text + RoIs.
     `fresh_weights` analyses the model's config with fresh weights (the before-training reference).
     Every input is checked, and OUT made, before the first phrase is analysed."""
@@ -319,7 +338,8 @@ def analyze_grounding(model_dir: str | Path, store: str | Path, annotations: str
                                                            candidates))[:max(examples - len(kept), 0)]:
             kept.append(Example(phrase, sample.regions.image_size, boxes[chosen].numpy(), row[..., chosen].numpy()))
 
-    result = {"model": str(model_dir), "annotations": str(annotations), "format": phrase_format, **tally.result()}
+    result = {"model": str(model_dir), "annotations": str(annotations), "format": phrase_format, **tally.result(),
+              "left_out": inputs.left_out}
     draw_heat_map(tally.accuracy(), result, out / "grounding.png")
     best = (result["best"]["layer"] - 1, result["best"]["head"] - 1)
     result["examples"] = [

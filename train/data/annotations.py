@@ -10,12 +10,16 @@ from the benchmarks' published files; the demo world writes it too).
      "refs": [{"sent_id": 7, "ref_id": 3, "text": "left horse", "box": [x1, y1, x2, y2]}],
      "vcr": [{"annot_id": "val-0", "question": TAGGED, "answer_choices": [TAGGED x4],
               "rationale_choices": [TAGGED x4], "answer_label": 1, "rationale_label": 2}],
-     "objects": ["person", "horse", ...]}                # VCR: the category of each given box
+     "objects": ["person", "horse", ...],                # VCR: the category of each given box
+     "snli_ve": [{"pair_id": "...", "hypothesis": "...", "label": "entailment"}]}   # label null: unlabelled
 
-Every key but `file` is optional; `{"question", "answer"}` is read as one answer. The item kinds
-are a registry (`ITEM_KINDS`): a task whose items are none of these registers its key and parser. TAGGED is a list
+Every key but `file` is optional; `{"question", "answer"}` is read as one answer. TAGGED is a list
 of tokens, each a word or [word, object] where `object` indexes the image's boxes (the boxes file
 of given-box extraction, in its order): that word's visual feature is the object's RoI feature.
+
+The item kinds are one registry, `ITEM_KINDS`, listed whole in this module, so that every reader (a
+dataset, `vlbert vocab build`) knows every kind whatever else it imported: a task whose items are
+none of these adds its kind here (its JSON key, its parser, its texts).
 
 `AnnotationFile` indexes a file in one streaming pass into NumPy arrays (the offset of each line,
 and each item's line and position) and parses a line when a sample needs it, so datasets of
@@ -33,7 +37,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from train.data.files import DataError, parse_json_line, read_text
-from train.evaluation.vqa2 import answer_scores, normalize_answer
+from train.evaluation.vqa_answers import answer_scores, normalize_answer
 
 Token = str | tuple[str, int]  # a word, or a word tagged with the index of the object it names
 
@@ -65,6 +69,19 @@ class CommonsenseQuestion:
     rationale_choices: list[list[Token]]
     answer_label: int | None = None  # None on the test split
     rationale_label: int | None = None
+
+
+# SNLI-VE's gold labels, in the order a classifier's outputs give them.
+ENTAILMENT_LABELS = ("entailment", "neutral", "contradiction")
+
+
+@dataclass
+class EntailmentPair:
+    """An SNLI-VE pair: a hypothesis that the image (the premise) entails, contradicts, or neither."""
+
+    pair_id: str
+    hypothesis: str
+    label: str | None = None  # one of ENTAILMENT_LABELS; None where unlabelled
 
 
 @dataclass
@@ -99,18 +116,6 @@ class ImageAnnotation:
 class ItemKind:
     parse: Callable[[Any, Mapping[str, Any]], Any]  # (the item's JSON value, the whole record) → the item
     texts: Callable[[list], list[str]] = lambda items: []  # a record's items → their texts, for vocabularies
-
-
-# Item kinds by their JSON key in a record. A task with items of its own registers their kind from its
-# module (`register_item_kind`); the file indexes every kind registered when it is opened.
-ITEM_KINDS: dict[str, ItemKind] = {}
-
-
-def register_item_kind(key: str, parse: Callable[[Any, Mapping[str, Any]], Any],
-                       texts: Callable[[list], list[str]] = ItemKind.texts) -> None:
-    if key in ITEM_KINDS or key in ("file", "image_id", "objects"):
-        raise ValueError(f"annotation key {key!r} is taken")
-    ITEM_KINDS[key] = ItemKind(parse, texts)
 
 
 def parse_annotation(record: Any) -> ImageAnnotation:
@@ -170,12 +175,32 @@ def _commonsense(v: dict, num_objects: int) -> CommonsenseQuestion:
                                choices("rationale_choices"), v.get("answer_label"), v.get("rationale_label"))
 
 
-register_item_kind("captions", lambda c, record: _text(c), texts=list)
-register_item_kind("vqa", lambda q, record: _question(q),
-                   texts=lambda questions: [q.question for q in questions] + [a for q in questions for a in q.answers])
-register_item_kind("refs", lambda r, record: Reference(_text(r["text"]), _box(r["box"]), r.get("sent_id"),
-                                                       r.get("ref_id")), texts=lambda refs: [r.text for r in refs])
-register_item_kind("vcr", lambda v, record: _commonsense(v, len(record.get("objects", []))))
+def _commonsense_texts(items: list[CommonsenseQuestion]) -> list[str]:
+    """VCR's questions, answers and rationales as the words the model reads (a tagged object as its word)."""
+    return [" ".join(token if isinstance(token, str) else token[0] for token in tokens)
+            for item in items for tokens in (item.question, *item.answer_choices, *item.rationale_choices)]
+
+
+def _entailment_pair(item: Any) -> EntailmentPair:
+    pair_id, hypothesis, label = item["pair_id"], item["hypothesis"], item.get("label")
+    if not isinstance(pair_id, str) or not isinstance(hypothesis, str):
+        raise TypeError(f"an snli_ve pair needs a string pair_id and hypothesis, found {item!r}")
+    if label is not None and label not in ENTAILMENT_LABELS:
+        raise ValueError(f"pair {pair_id!r}: label {label!r} is not one of {', '.join(ENTAILMENT_LABELS)}")
+    return EntailmentPair(pair_id, hypothesis, label)
+
+
+# Every item kind, by its JSON key in a record; the file indexes each of them when it is opened.
+ITEM_KINDS: dict[str, ItemKind] = {
+    "captions": ItemKind(lambda c, record: _text(c), texts=list),
+    "vqa": ItemKind(lambda q, record: _question(q),
+                    texts=lambda questions: [q.question for q in questions] + [a for q in questions for a in q.answers]),
+    "refs": ItemKind(lambda r, record: Reference(_text(r["text"]), _box(r["box"]), r.get("sent_id"), r.get("ref_id")),
+                     texts=lambda refs: [r.text for r in refs]),
+    "vcr": ItemKind(lambda v, record: _commonsense(v, len(record.get("objects", []))), texts=_commonsense_texts),
+    "snli_ve": ItemKind(lambda pair, record: _entailment_pair(pair),
+                        texts=lambda pairs: [pair.hypothesis for pair in pairs]),
+}
 
 
 def parse_annotation_line(line: bytes, path: str | Path, number: int) -> ImageAnnotation:
@@ -296,7 +321,7 @@ class AnswerVocabulary:
 
 def annotation_texts(annotations) -> list[str]:
     """Every text of the annotations, as each item kind gives them: captions, questions, answers,
-    referring expressions, and the texts of kinds that tasks register."""
+    referring expressions, VCR's questions, answers and rationales, SNLI-VE's hypotheses."""
     return [text for a in annotations for key, kind in ITEM_KINDS.items() for text in kind.texts(a.items(key))]
 
 

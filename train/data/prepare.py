@@ -13,11 +13,12 @@ An image is found by its path without extension, with any extension extraction r
 looked for. Items whose image is missing are skipped and counted; `max_missing` fails the
 preparation when a split misses a larger share, and a preparation that yields no item fails.
 
-Outputs never replace inputs: `--out` may not be, or lie inside, `--root` or `--images`. Every file
-is written under a temporary name and renamed only when the whole preparation has succeeded, and
-summary.json last: its presence says the preparation finished. A failed preparation leaves the
-folder as it was. Of the files listed above, those the new summary does not account for (splits it
-calls absent, a boxes.json or answers.txt not written this time) are removed; nothing else is.
+Outputs never replace inputs: `--out` may not be, lie inside or hold `--root`, `--images` or an
+input file option (extract/paths.py). Every file is written under a temporary name and renamed only
+when the whole preparation has succeeded, and summary.json last: its presence says the preparation
+finished. A failed preparation leaves the folder as it was. Of the files listed above, those the new
+summary does not account for (splits it calls absent, a boxes.json or answers.txt not written this
+time) are removed; nothing else is.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 
 from extract.atomic import write_atomically
 from extract.images import IMAGE_EXTENSIONS, is_utf8
+from extract.paths import check_apart, outside_reason
 from extract.progress import progress_bar
 from train.data.files import DataError, shown
 
@@ -123,8 +125,8 @@ class ImageFinder:
 
 
 def outside(file: str) -> bool:
-    """Whether `file`, given as relative to a folder, names something outside it."""
-    return file.startswith("/") or ".." in file.split("/")
+    """Whether `file`, given as relative to a folder, could name something outside it."""
+    return outside_reason(file, record_id=False) is not None
 
 
 class Preparation:
@@ -287,8 +289,9 @@ def prepare_dataset(source: Source, root: str | Path, out: str | Path, images: s
                     **options: Any) -> dict[str, Any]:
     """Reads `source`'s published files under `root` (images under `images`, default
     `root/source.images_folder` where it exists, else `root`) into `out`; returns the summary.
-    `options` are the source's own (vqa2: `min_answer_count`). DataError, with `out` as it was, for
-    an `out` inside an input folder, files that cannot be read, a missing share above `max_missing`
+    `options` are the source's own (vqa2: `min_answer_count`). OutputOverlapError for an `out` that
+    is, lies inside or holds an input; DataError, with `out` as it was, for files that cannot be
+    read, a missing share above `max_missing`
     (0–1), and a preparation that yields no item."""
     root, out = Path(root), Path(out)
     if images is None:
@@ -297,7 +300,9 @@ def prepare_dataset(source: Source, root: str | Path, out: str | Path, images: s
     for what, path in (("--root", root), ("--images", images)):
         if not path.is_dir():
             raise DataError(f"{what} {path}: not a folder")
-    _refuse_out_inside(out, {"--root": root, "--images": images})
+    check_apart(out, (("--root", root), ("--images", images),
+                      *((f"--{name.replace('_', '-')}", value) for name, value in options.items()
+                        if isinstance(value, Path))))
     if max_missing is not None and not 0 <= max_missing <= 1:
         raise DataError(f"--max-missing {max_missing}: expected a share between 0 and 1")
     known = [option.name for option in source.options]
@@ -318,17 +323,6 @@ def prepare_dataset(source: Source, root: str | Path, out: str | Path, images: s
         raise
     preparation.finish()
     return preparation.summary
-
-
-def _refuse_out_inside(out: Path, inputs: dict[str, Path]) -> None:
-    """DataError when `out` is, or lies inside, one of the input folders (the innermost is named): their
-    files could be overwritten."""
-    target = out.resolve()
-    folders = {option: folder.resolve() for option, folder in inputs.items()}
-    for option, folder in sorted(folders.items(), key=lambda item: -len(item[1].parts)):
-        if target == folder or folder in target.parents:
-            raise DataError(f"--out {out}: {'is' if target == folder else 'lies inside'} the input folder {option} "
-                            f"{folder}, whose published files it could overwrite; choose a folder outside it")
 
 
 def _check_yield(preparation: Preparation) -> None:

@@ -1,7 +1,7 @@
 """A BERT WordPiece vocabulary trained on the user's own texts (`vlbert vocab build`).
 
-Inputs: annotation files (`*.jsonl` in the project's schema: every caption, question, answer,
-referring expression and VCR question, answer and rationale) and plain-text corpora (a file, or a
+Inputs: annotation files (`*.jsonl` in the project's schema: the texts of every item kind, such as
+captions, VCR's rationales, SNLI-VE's hypotheses) and plain-text corpora (a file, or a
 folder whose `*.txt` files are read as train.data.sources.text reads them, one text a line). The
 texts are streamed into the `tokenizers` library's WordPiece trainer with BERT's normalisation
 (lower-casing and accent stripping unless cased) and pre-tokenisation, so the pieces are those
@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from tokenizers import BertWordPieceTokenizer
 
+from extract.paths import check_apart
 from extract.progress import progress_bar
-from train.data.annotations import ImageAnnotation, annotation_texts, parse_annotation_line
+from train.data.annotations import annotation_texts, parse_annotation_line
 from train.data.files import DataError
 from train.data.sources.text import corpus_files
 from train.data.vocabulary import SPECIAL_TOKENS
@@ -35,8 +37,12 @@ from train.data.vocabulary import SPECIAL_TOKENS
 VOCABULARY_FILE = "vocab.txt"
 CONFIG_FILE = "tokenizer_config.json"
 SHADOWING_FILE = "tokenizer.json"  # load_tokenizer prefers it to vocab.txt
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a JSON escape such as "\\ud800" alone: no UTF-8 holds it
 LIMIT_ALPHABET = 1000  # characters kept, the most frequent (the trainer's default; BERT's has ~1000)
 PROGRESS_FROM_BYTES = 64 << 20  # smaller inputs are read in seconds: no progress lines
+# The trainer reserves memory by the size asked for (about 1.3 GB at 2**28) and aborts the process
+# from 2**30; BERT's vocabularies have 30,522 tokens, multilingual ones about 120,000.
+MAX_SIZE = 2 ** 24
 
 
 def build_vocabulary(files: Sequence[Path], out: Path, size: int = 30522, min_frequency: int = 2,
@@ -44,9 +50,15 @@ def build_vocabulary(files: Sequence[Path], out: Path, size: int = 30522, min_fr
     """Trains a WordPiece vocabulary of at most `size` tokens on the texts of `files` (annotation
     `.jsonl` files, text files, folders of `*.txt` files), keeping pieces seen `min_frequency` times;
     writes `out/vocab.txt` (and `out/tokenizer_config.json`) and returns the vocab.txt path.
-    DataError, with nothing written, for a missing or unreadable input, one without text, or a
-    `size` below what the texts' characters need."""
+    DataError, with nothing written, for a missing or unreadable input, one without text or with
+    a lone surrogate, a `size` below what the texts' characters need or above MAX_SIZE;
+    OutputOverlapError for an `out` that is, lies inside or holds an input."""
     out = Path(out)
+    if not 1 <= size <= MAX_SIZE:
+        raise DataError(f"size {size}: expected 1 to {MAX_SIZE:,} (2**24), far beyond any WordPiece vocabulary: the "
+                        "trainer reserves memory by the size asked for")
+    if not 1 <= min_frequency < 2 ** 64:
+        raise DataError(f"min_frequency {min_frequency}: expected 1 to 2**64 - 1, the trainer's counts")
     inputs = [(Path(path), input_files(Path(path))) for path in files]
     if not inputs:
         raise DataError("no input files given")
@@ -100,17 +112,14 @@ def input_files(path: Path) -> list[Path]:
 
 
 def check_out(out: Path, inputs: list[tuple[Path, list[Path]]]) -> None:
-    """Refuses an `out` that would give a vocabulary load_tokenizer does not read, or that a later
-    build would read as text."""
+    """Refuses an `out` that would give a vocabulary load_tokenizer does not read, or that is, lies
+    inside or holds an input: its vocab.txt could replace the input, or be read by the next build."""
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: not a folder")
     if (out / SHADOWING_FILE).exists():
         raise DataError(f"{out}: holds a {SHADOWING_FILE}, which load_tokenizer would read instead of the new "
                         f"{VOCABULARY_FILE}; choose another folder")
-    for path, _ in inputs:
-        if path.is_dir() and out.resolve().is_relative_to(path.resolve()):
-            raise DataError(f"{out}: inside the input folder {path}, whose *.txt files are read as text; "
-                            f"its {VOCABULARY_FILE} would be read by the next build")
+    check_apart(out, (("folder" if path.is_dir() else "file", path) for path, _ in inputs))
 
 
 class Reading:
@@ -134,6 +143,9 @@ class Reading:
         for file in files:
             reader = annotation_file_texts if file.suffix == ".jsonl" else text_file_texts
             for text in reader(file, self._lines(file, bar)):
+                if not text.isascii() and (surrogate := _SURROGATE.search(text)):
+                    raise DataError(f"{file}: the text {ascii(text[:80])} holds a lone surrogate "
+                                    f"({ascii(surrogate.group())}), which is no character")
                 if text.strip():
                     count += 1
                     yield text
@@ -162,17 +174,9 @@ def text_file_texts(path: Path, lines: Iterator[tuple[int, bytes]]) -> Iterator[
 
 
 def annotation_file_texts(path: Path, lines: Iterator[tuple[int, bytes]]) -> Iterator[str]:
+    """The texts of every item of every kind (`train.data.annotations.ITEM_KINDS`) of each record."""
     for number, line in lines:
-        yield from texts_of_annotation(parse_annotation_line(line, path, number))
-
-
-def texts_of_annotation(annotation: ImageAnnotation) -> Iterator[str]:
-    """Captions, questions, answers, referring expressions, and VCR's tokens as the words the
-    model reads (a tagged object as its word)."""
-    yield from annotation_texts([annotation])
-    for item in annotation.vcr:
-        for tokens in (item.question, *item.answer_choices, *item.rationale_choices):
-            yield " ".join(token if isinstance(token, str) else token[0] for token in tokens)
+        yield from annotation_texts([parse_annotation_line(line, path, number)])
 
 
 def replace_together(out: Path, contents: dict[str, str]) -> None:

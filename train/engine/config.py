@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
 
 from extract.modeling.precision import TRAINING_PRECISIONS
+from extract.paths import check_apart
 from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
 from vlbert import VLBertConfig
 from vlbert.config import MODEL_SIZES
 from vlbert.errors import UserError
-from vlbert.typed_config import (above, at_least, checked_fields, describe, did_you_mean, from_mapping, join_key,
-                                 load_yaml, located)
+from vlbert.typed_config import (EXISTING_PATH, above, at_least, checked_fields, describe, did_you_mean, from_mapping,
+                                 join_key, load_yaml, located)
 
 # The shortest sequence every task can build (vlbert.tokenization.fit_lengths): [CLS], one word piece
 # of each of two text segments (VQA's question and [MASK], VCR's context and candidate) with their
@@ -40,8 +41,6 @@ RESULT_NEUTRAL_FIELDS = frozenset({
     "stages[].checkpoint_minutes", "stages[].keep_checkpoints",
 })
 COMPARED_AS: dict[str, Callable[[Any], Any]] = {"device": lambda name: str(name).split(":")[0]}
-
-EXISTING_PATH = {"must_exist": True}  # field metadata: an input the Trainer checks before training
 
 
 class RunConfigError(UserError):
@@ -104,7 +103,7 @@ class StageConfig:
     @staticmethod
     def unknown_field_hint(name: str, values: Mapping[str, Any]) -> str | None:
         """A task's option given on its stage (as run files did before `options:`) is named as such."""
-        tasks = [task.name for task in TASKS.values() if name in {spec.name for spec in dataclasses.fields(task.options)}]
+        tasks = _tasks_with_option(name)
         if not tasks:
             return None
         task = values.get("task") if values.get("task") in tasks else tasks[0]
@@ -142,12 +141,6 @@ class RunConfig:
     eval_annotations: str = field(metadata=EXISTING_PATH)
     vocabulary: str = field(metadata=EXISTING_PATH)  # directory with the tokenizer's vocab.txt
     stages: list[StageConfig]
-    # Text-only corpus: a text file or a folder of them, one sentence or paragraph a line, documents
-    # separated by blank lines (BookCorpus, Wikipedia after extraction).
-    corpus: str | None = field(default=None, metadata=EXISTING_PATH)
-    # The answer vocabulary of answer-scoring heads (an answers.txt of `vlbert data prepare`); default:
-    # every training answer.
-    answers: str | None = field(default=None, metadata=EXISTING_PATH)
     # Further annotation files (test splits) whose predictions each stage writes.
     predict: list[str] = field(default_factory=list, metadata=EXISTING_PATH)
     # For end-to-end stages: the images root (default: the store's images_root) and detector
@@ -186,16 +179,32 @@ class RunConfig:
         """A run from a mapping (a YAML file's, a pipeline step's), checked field by field."""
         return from_mapping(cls, values, error=RunConfigError)
 
+    @staticmethod
+    def unknown_field_hint(name: str, values: Mapping[str, Any]) -> str | None:
+        """A run-level key that is a task's option (`corpus` and `answers` were run fields before they
+        moved into the options of the tasks that read them) is named with where it goes."""
+        tasks = _tasks_with_option(name)
+        if not tasks:
+            return None
+        return (f": an option of the task {' and '.join(tasks)} now: give it in the options of each {tasks[0]} "
+                f"stage (options: {{{name}: ...}})")
+
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
+    def input_paths(self) -> list[tuple[str, str]]:
+        """(key, path) of every input path given: the run's fields and its stages' task options that
+        are EXISTING_PATH."""
+        return [*_input_paths(self, ""), *(pair for index, stage in enumerate(self.stages)
+                                           for pair in _input_paths(stage.options, f"stages[{index}].options"))]
+
     def check_paths(self) -> None:
-        """RunConfigError naming the first input path that does not exist."""
-        for spec in dataclasses.fields(self):
-            value = getattr(self, spec.name)
-            for path in value if isinstance(value, list) else [value]:
-                if spec.metadata.get("must_exist") and path is not None and not Path(path).exists():
-                    raise RunConfigError(f"{spec.name}: {path} does not exist")
+        """RunConfigError naming the first input path that does not exist; OutputOverlapError when
+        `out` is, lies inside or holds one of them (a --restart empties `out`)."""
+        for key, path in self.input_paths():
+            if not Path(path).exists():
+                raise RunConfigError(f"{key}: {path} does not exist")
+        check_apart(self.out, self.input_paths(), "out")
 
     @property
     def out_dir(self) -> Path:
@@ -206,6 +215,24 @@ class RunConfig:
         """(field, folder) of the checkpoint the model starts from: init_from, else bert; None for
         random weights."""
         return ("init_from", self.init_from) if self.init_from else ("bert", self.bert) if self.bert else None
+
+
+_RUN_FIELDS = frozenset(spec.name for spec in dataclasses.fields(RunConfig))
+
+
+def _input_paths(config: Any, where: str) -> list[tuple[str, str]]:
+    """(key, path) of each path given in the EXISTING_PATH fields of dataclass `config`."""
+    return [(join_key(where, spec.name), path) for spec in dataclasses.fields(config) if spec.metadata.get("must_exist")
+            for path in _listed(getattr(config, spec.name)) if path is not None]
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _tasks_with_option(name: str) -> list[str]:
+    """The tasks whose `options:` have a field `name`."""
+    return [task.name for task in TASKS.values() if name in {spec.name for spec in dataclasses.fields(task.options)}]
 
 
 def load_run_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
@@ -231,7 +258,7 @@ def run_differences(recorded: Mapping[str, Any], run: RunConfig) -> list[str]:
     """Every way `run` differs from the run a run folder recorded (`RunFolder.config`), one line each,
     leaving out RESULT_NEUTRAL_FIELDS."""
     found = []
-    for path, old, new in _differences(_with_options(_with_precision(recorded)), run.to_dict(), ""):
+    for path, old, new in _differences(_with_task_inputs(_with_options(_with_precision(recorded))), run.to_dict(), ""):
         field_name = re.sub(r"\[\d+\]", "[]", path)
         compared = COMPARED_AS.get(field_name, lambda value: value)
         if field_name not in RESULT_NEUTRAL_FIELDS and compared(old) != compared(new):
@@ -266,6 +293,23 @@ def _with_options(recorded: Mapping[str, Any]) -> Mapping[str, Any]:
         return {**kept, "options": {k: v for k, v in stage.items() if k in own and k not in stage_fields}}
 
     return {**recorded, "stages": [migrated(stage) for stage in stages]}
+
+
+def _with_task_inputs(recorded: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A recorded run config from before `corpus` and `answers` moved into the options of the tasks that
+    read them: each run-level one moved into the options of every stage whose task has it."""
+    moved = {key: value for key, value in recorded.items() if key not in _RUN_FIELDS and _tasks_with_option(key)}
+    if not moved or not isinstance(recorded.get("stages"), list):
+        return recorded
+
+    def migrated(stage: Any) -> Any:
+        if not isinstance(stage, dict) or not isinstance(stage.get("options"), dict):
+            return stage
+        own = {key: value for key, value in moved.items() if stage.get("task") in _tasks_with_option(key)}
+        return {**stage, "options": {**own, **stage["options"]}}
+
+    kept = {key: value for key, value in recorded.items() if key not in moved}
+    return {**kept, "stages": [migrated(stage) for stage in recorded["stages"]]}
 
 
 def _differences(old: Any, new: Any, path: str) -> Iterator[tuple[str, Any, Any]]:

@@ -21,7 +21,7 @@ from train.end2end import with_appearance
 from train.data.collate import model_inputs, pixel_entries, to_device
 from train.engine.batches import Batch, evaluation_batches
 from train.engine.distributed import World, gathered
-from train.tasks import Evaluator
+from train.tasks.base import Evaluator
 
 
 @torch.no_grad()

@@ -31,7 +31,6 @@ from extract.progress import progress_bar
 from train.data.annotations import AnnotationFile
 from train.data.files import read_json
 from train.data.regions import RegionBank
-from train.data.sources.text import TextCorpus
 from train.end2end import EndToEndVisual, with_appearance
 from train.data.collate import pixel_entries, to_device
 from train.engine.batches import Batch, EpochBatches, stage_batches
@@ -43,12 +42,11 @@ from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.run_folder import RunFolder, StageFolder
 from train.engine.stage_log import MutedStageLog, StageLog
-from train.tasks import TASKS, TaskData
+from train.tasks import TASKS
+from train.tasks.base import TaskData
 from vlbert import VLBertConfig
-from vlbert.modeling import CONFIG_NAME
+from vlbert.modeling import CONFIG_NAME, DETECTOR_WEIGHTS, WEIGHTS_NAME
 from vlbert.tokenization import check_vocabulary_size, load_tokenizer
-
-DETECTOR_WEIGHTS = "detector.safetensors"
 
 
 @dataclass
@@ -113,8 +111,9 @@ class Trainer:
         self._check_store_feeds_every_stage()
         self.tokenizer = load_tokenizer(run.vocabulary)
         self._check_tokenizer_fits_model()
-        self.data = TaskData(self.regions, self.tokenizer, run.max_length, self._annotations(run.train_annotations),
-                             run.answers, TextCorpus(run.corpus) if run.corpus else None)
+        self.data = TaskData(self.regions, self.tokenizer, run.max_length, self._annotations(run.train_annotations))
+        for stage in run.stages:
+            TASKS[stage.task].read_inputs(self.data, stage.options)
         self.eval_annotations = self._annotations(run.eval_annotations, required=True)
         self.predict_annotations = [self._annotations(path, required=True) for path in run.predict]
 
@@ -247,7 +246,7 @@ class Trainer:
             self.log(f"stage {stage.name}: " + ("no checkpoint, starting again at step 0" if attempted
                                                else "starting at step 0"))
             return 0, {}
-        parts.model.load_state_dict(load_file(checkpoint / "model.safetensors"))
+        parts.model.load_state_dict(load_file(checkpoint / WEIGHTS_NAME))
         if parts.visual is not None:
             parts.visual.detector.load_state_dict(load_file(checkpoint / DETECTOR_WEIGHTS))
         state = load_training_state(checkpoint, parts.optimizer, parts.scheduler, self.world.rank, self.world.size,

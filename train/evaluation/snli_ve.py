@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from extract.atomic import write_atomically
+from train.data.annotations import ENTAILMENT_LABELS
 from train.data.files import DataError, read_json, shown
+from train.data.sources.snli_ve import NO_CONSENSUS, read_pairs
 from train.evaluation.predictions import check_prediction_ids
-
-ENTAILMENT_LABELS = ("entailment", "neutral", "contradiction")  # the gold labels, in a classifier's order
 
 
 def pair_scores(truth: dict[str, str], predictions: dict[str, str]) -> dict[str, float]:
@@ -41,8 +41,6 @@ def evaluate_snli_ve(annotations: str | Path, predictions: str | Path) -> dict[s
     """`score_snli_ve` of a predictions file against a published snli_ve_<split>.jsonl (pairs labelled
     "-" left out, as the preparation leaves them out). DataError for a file without pairs, a malformed
     predictions file, and pair_ids repeated, missing or unknown."""
-    from train.data.sources.snli_ve import NO_CONSENSUS, read_pairs
-
     annotations, predictions = Path(annotations), Path(predictions)
     truth = {pair.pair_id: pair.label for pair in read_pairs(annotations) if pair.label != NO_CONSENSUS}
     if not truth:

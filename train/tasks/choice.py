@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from extract.atomic import write_atomically
-from train.data.annotations import AnnotationFile
+from train.data.annotations import AnnotationFile, answers_by_type
 from train.data.datasets import AnnotatedDataset, Sample, published_id
 from train.data.regions import RegionBank
-from train.tasks import Evaluator, Task, TaskData, register, scored, union, unscored
+from train.tasks.base import Evaluator, Task, TaskData, scored, union, unscored
 from vlbert.modeling import VLBertForMultipleChoice
 from vlbert.tokenization import Segment, build_choice_sequences, word_pieces
 
@@ -107,10 +107,11 @@ class ChoiceAccuracy(Evaluator):
 
 
 def _dataset(data: TaskData, options: ChoiceOptions, annotations: AnnotationFile, seed: int, training: bool):
-    return MultipleChoice(annotations, data.regions, data.tokenizer, data.max_length, data.answers_by_type,
+    distractors = data.shared("answers by type", lambda: answers_by_type(data.train))
+    return MultipleChoice(annotations, data.regions, data.tokenizer, data.max_length, distractors,
                           num_choices=options.num_choices, seed=seed)
 
 
-register(Task("choice", VLBertForMultipleChoice, _dataset, ChoiceAccuracy,
-              "the demo world's multiple-choice questions (distractors drawn from other answers)", ".json",
-              options=ChoiceOptions))
+TASK = Task("choice", VLBertForMultipleChoice, _dataset, ChoiceAccuracy,
+            "the demo world's multiple-choice questions (distractors drawn from other answers)", ".json",
+            options=ChoiceOptions)

@@ -1,12 +1,12 @@
 """Pre-training: masked language modelling with visual clues and masked RoI classification with
 linguistic clues on captions, optionally the sentence–image relationship, and the text-only corpus
-beside them."""
+beside them (`options.corpus`)."""
 
 from __future__ import annotations
 
 import operator
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -15,9 +15,10 @@ from train.data.annotations import AnnotationFile
 from train.data.datasets import AnnotatedDataset, Sample, SeededDataset
 from train.data.regions import RegionBank, Regions
 from train.data.sources.text import TextCorpus
-from train.tasks import Evaluator, Task, TaskData, register, scored
+from train.tasks.base import Evaluator, Task, TaskData, scored
 from vlbert.modeling import VLBertForPreTraining
 from vlbert.tokenization import build_caption_sequence, choose_masked_regions, mask_whole_words, word_pieces
+from vlbert.typed_config import EXISTING_PATH
 
 ROI_MASKING_MODES = ("pixel", "feature")
 
@@ -32,7 +33,10 @@ class PretrainOptions:
     masked_roi: bool = True
     roi_masking: str = "pixel"  # "pixel": cached masked-pixel variants; "feature": appearance zeroed
     relationship: bool = False
-    text_only: bool = True  # as many text-only samples as caption ones in each batch, from the run's corpus
+    text_only: bool = True  # as many text-only samples as caption ones in each batch, from `corpus`
+    # The text-only corpus: a text file or a folder of them, one sentence or paragraph a line, documents
+    # separated by blank lines (BookCorpus, Wikipedia after extraction).
+    corpus: str | None = field(default=None, metadata=EXISTING_PATH)
 
     def __post_init__(self) -> None:
         if self.roi_masking not in ROI_MASKING_MODES:
@@ -145,10 +149,16 @@ def _dataset(data: TaskData, options: PretrainOptions, annotations: AnnotationFi
                               roi_masking=options.roi_masking, relationship=options.relationship, seed=seed)
 
 
+def _corpus(data: TaskData, options: PretrainOptions) -> TextCorpus | None:
+    """The text-only corpus, indexed once for the run; None where the stage reads none."""
+    if not (options.text_only and options.masked_lm and options.corpus is not None):
+        return None
+    return data.shared(("corpus", options.corpus), lambda: TextCorpus(options.corpus))
+
+
 def _text_only(data: TaskData, options: PretrainOptions, seed: int) -> list[TextOnlyCorpus]:
-    if options.text_only and options.masked_lm and data.corpus is not None:
-        return [TextOnlyCorpus(data.corpus, data.tokenizer, data.max_length, seed)]
-    return []
+    corpus = _corpus(data, options)
+    return [] if corpus is None else [TextOnlyCorpus(corpus, data.tokenizer, data.max_length, seed)]
 
 
 def _loss(model, inputs: dict[str, Any], options: PretrainOptions) -> dict[str, Any]:
@@ -163,10 +173,10 @@ def _loss(model, inputs: dict[str, Any], options: PretrainOptions) -> dict[str, 
             if getattr(output, name) is not None}
 
 
-register(Task(
+TASK = Task(
     "pretrain", VLBertForPreTraining, _dataset, MaskedWordAccuracy,
     "masked language modelling with visual clues and masked RoI classification on captions",
     options=PretrainOptions,
     model_config=lambda data, options: {"with_relationship_head": options.relationship},
     store_problem=lambda regions, options: CaptionPretraining.store_problem(regions, options.roi_masking),
-    extra_streams=_text_only, loss=_loss))
+    read_inputs=_corpus, extra_streams=_text_only, loss=_loss)

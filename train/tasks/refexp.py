@@ -13,7 +13,7 @@ from torchvision.ops import box_iou
 from train.data.annotations import AnnotationFile
 from train.data.datasets import AnnotatedDataset, Sample, published_id
 from train.evaluation.refer import pairwise_iou, score_refer, write_refer_predictions
-from train.tasks import Evaluator, Task, TaskData, register, union
+from train.tasks.base import Evaluator, Task, TaskData, union
 from vlbert.modeling import VLBertForReferringExpressions
 from vlbert.tokenization import build_caption_sequence, word_pieces
 
@@ -81,5 +81,5 @@ def _dataset(data: TaskData, options: Any, annotations: AnnotationFile, seed: in
     return ReferringExpressions(annotations, data.regions, data.tokenizer, data.max_length, seed=seed)
 
 
-register(Task("refexp", VLBertForReferringExpressions, _dataset, GroundingAccuracy,
-              "referring expressions (RefCOCO, RefCOCO+, RefCOCOg): the referred RoI", ".json"))
+TASK = Task("refexp", VLBertForReferringExpressions, _dataset, GroundingAccuracy,
+            "referring expressions (RefCOCO, RefCOCO+, RefCOCOg): the referred RoI", ".json")

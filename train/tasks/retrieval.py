@@ -20,7 +20,7 @@ from train.data.datasets import AnnotatedDataset, Sample, SampleGroup, pair_samp
 from train.data.files import DataError
 from train.data.regions import RegionBank, Regions
 from train.evaluation.retrieval import RetrievalRanks, chance_recalls, recalls, retrieval_ranks
-from train.tasks import Evaluator, Task, TaskData, filled, register, unscored
+from train.tasks.base import Evaluator, Task, TaskData, filled, unscored
 from vlbert.modeling import VLBertForImageTextMatching
 from vlbert.tokenization import word_pieces
 
@@ -204,6 +204,6 @@ def _dataset(data: TaskData, options: Any, annotations: AnnotationFile, seed: in
     return RetrievalCandidates(annotations, data.regions, data.tokenizer, data.max_length, seed=seed)
 
 
-register(Task("retrieval", VLBertForImageTextMatching, _dataset, RetrievalRecall,
-              "image–text retrieval: a matching score per pair with sampled and hard negatives; Recall@1/5/10",
-              ".json"))
+TASK = Task("retrieval", VLBertForImageTextMatching, _dataset, RetrievalRecall,
+            "image–text retrieval: a matching score per pair with sampled and hard negatives; Recall@1/5/10",
+            ".json")

@@ -1,42 +1,23 @@
 """Visual entailment (SNLI-VE, Xie et al. 2019): does the image (the premise) entail the hypothesis,
 contradict it, or neither? `[CLS] hypothesis [SEP] [IMG]… [END]`, three classes from the pooled
 [CLS], trained with cross-entropy and scored by accuracy; predictions as [{"pair_id", "label"}],
-which `vlbert evaluate snli-ve` scores. Its annotation items, one list per image (`vlbert data
-prepare snli-ve`): "snli_ve": [{"pair_id", "hypothesis", "label"}]; an unlabelled pair's label is null.
+which `vlbert evaluate snli-ve` scores. Its annotation items (`train.data.annotations.EntailmentPair`),
+one list per image (`vlbert data prepare snli-ve`): "snli_ve": [{"pair_id", "hypothesis", "label"}];
+an unlabelled pair's label is null.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from train.data.annotations import AnnotationFile, register_item_kind
+from train.data.annotations import ENTAILMENT_LABELS, AnnotationFile
 from train.data.datasets import AnnotatedDataset, Sample, pair_sample
-from train.evaluation.snli_ve import ENTAILMENT_LABELS, pair_scores, score_snli_ve, write_snli_ve_predictions
-from train.tasks import Evaluator, Task, TaskData, register, scored, union, unscored
+from train.evaluation.snli_ve import pair_scores, score_snli_ve, write_snli_ve_predictions
+from train.tasks.base import Evaluator, Task, TaskData, scored, union, unscored
 from vlbert.losses import IGNORE_INDEX
 from vlbert.modeling import VLBertForSequenceClassification
-
-
-@dataclass
-class EntailmentPair:
-    pair_id: str
-    hypothesis: str
-    label: str | None = None  # one of ENTAILMENT_LABELS; None where unlabelled
-
-
-def parse_pair(item: Any, record: Mapping[str, Any]) -> EntailmentPair:
-    pair_id, hypothesis, label = item["pair_id"], item["hypothesis"], item.get("label")
-    if not isinstance(pair_id, str) or not isinstance(hypothesis, str):
-        raise TypeError(f"an snli_ve pair needs a string pair_id and hypothesis, found {item!r}")
-    if label is not None and label not in ENTAILMENT_LABELS:
-        raise ValueError(f"pair {pair_id!r}: label {label!r} is not one of {', '.join(ENTAILMENT_LABELS)}")
-    return EntailmentPair(pair_id, hypothesis, label)
-
-
-register_item_kind("snli_ve", parse_pair, texts=lambda pairs: [pair.hypothesis for pair in pairs])
 
 
 class VisualEntailment(AnnotatedDataset):
@@ -90,6 +71,6 @@ def _dataset(data: TaskData, options: Any, annotations: AnnotationFile, seed: in
     return VisualEntailment(annotations, data.regions, data.tokenizer, data.max_length, seed=seed)
 
 
-register(Task("snli_ve", VLBertForSequenceClassification, _dataset, EntailmentAccuracy,
-              "SNLI-VE visual entailment: entailment, neutral or contradiction of a hypothesis by the image", ".json",
-              model_config=lambda data, options: {"num_labels": len(ENTAILMENT_LABELS)}))
+TASK = Task("snli_ve", VLBertForSequenceClassification, _dataset, EntailmentAccuracy,
+            "SNLI-VE visual entailment: entailment, neutral or contradiction of a hypothesis by the image", ".json",
+            model_config=lambda data, options: {"num_labels": len(ENTAILMENT_LABELS)})

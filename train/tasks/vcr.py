@@ -10,7 +10,7 @@ from train.data.annotations import AnnotationFile, Token
 from train.data.datasets import AnnotatedDataset, Sample
 from train.data.regions import RegionBank
 from train.evaluation.vcr import VcrPrediction, write_vcr_csv
-from train.tasks import Task, TaskData, register
+from train.tasks.base import Task, TaskData
 from train.tasks.choice import ChoiceAccuracy
 from vlbert.modeling import VLBertForMultipleChoice
 from vlbert.tokenization import Segment, build_choice_sequences
@@ -106,7 +106,7 @@ def _dataset(step: str):
     return dataset
 
 
-register(Task("vcr_q2a", VLBertForMultipleChoice, _dataset("q2a"), CommonsenseAccuracy,
-              "VCR Q→A: four answers to a question", ".csv"))
-register(Task("vcr_qa2r", VLBertForMultipleChoice, _dataset("qa2r"), CommonsenseAccuracy,
+TASKS = (Task("vcr_q2a", VLBertForMultipleChoice, _dataset("q2a"), CommonsenseAccuracy,
+              "VCR Q→A: four answers to a question", ".csv"),
+         Task("vcr_qa2r", VLBertForMultipleChoice, _dataset("qa2r"), CommonsenseAccuracy,
               "VCR QA→R: four rationales given the question and answer", ".csv"))

@@ -1,18 +1,37 @@
 """VQA: answer scores at a [MASK] after the question, trained on the official soft scores and
-scored by the official VQA evaluation."""
+scored by the official VQA evaluation; the answers scored are `options.answers` (an answers.txt of
+`vlbert data prepare vqa2`), or every training answer."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from train.data.annotations import AnnotationFile, AnswerVocabulary
 from train.data.datasets import AnnotatedDataset, Sample, published_id
 from train.data.regions import RegionBank
 from train.evaluation.vqa2 import VqaTruth, question_accuracy, score_vqa, write_vqa_predictions
-from train.tasks import Evaluator, Task, TaskData, register, union, unscored
+from train.tasks.base import Evaluator, Task, TaskData, union, unscored
 from vlbert.modeling import VLBertForQuestionAnswering
 from vlbert.tokenization import build_vqa_sequence, word_pieces
+from vlbert.typed_config import EXISTING_PATH
+
+
+@dataclass
+class VqaOptions:
+    SETTINGS: ClassVar[str] = "VQA options"
+
+    # The answer vocabulary: an answers.txt of `vlbert data prepare vqa2` (one answer a line, most
+    # frequent first); default: every training answer.
+    answers: str | None = field(default=None, metadata=EXISTING_PATH)
+
+
+def answer_vocabulary(data: TaskData, options: VqaOptions) -> AnswerVocabulary:
+    """The answers the head scores, read once for the run."""
+    if options.answers is None:
+        return data.shared("training answers", lambda: AnswerVocabulary.from_annotations(data.train))
+    return data.shared(("answers", options.answers), lambda: AnswerVocabulary.from_file(options.answers))
 
 
 class QuestionAnswering(AnnotatedDataset):
@@ -43,7 +62,7 @@ class AnswerAccuracy(Evaluator):
     merged = {"predicted": union}
 
     def __init__(self, data: TaskData, dataset: QuestionAnswering) -> None:
-        self.answers = data.answers
+        self.answers = dataset.answers
         self.truth: dict[int, VqaTruth] = {}
         for index in range(len(dataset)):
             _, question = dataset.item(index)
@@ -74,9 +93,11 @@ class AnswerAccuracy(Evaluator):
                 for qid, answer in self.predicted.items() if qid in self.truth}
 
 
-def _dataset(data: TaskData, options: Any, annotations: AnnotationFile, seed: int, training: bool):
-    return QuestionAnswering(annotations, data.regions, data.tokenizer, data.max_length, data.answers, seed=seed)
+def _dataset(data: TaskData, options: VqaOptions, annotations: AnnotationFile, seed: int, training: bool):
+    return QuestionAnswering(annotations, data.regions, data.tokenizer, data.max_length,
+                             answer_vocabulary(data, options), seed=seed)
 
 
-register(Task("vqa", VLBertForQuestionAnswering, _dataset, AnswerAccuracy, "VQA: answer scores at a [MASK]", ".json",
-              model_config=lambda data, options: {"num_answers": len(data.answers)}))
+TASK = Task("vqa", VLBertForQuestionAnswering, _dataset, AnswerAccuracy, "VQA: answer scores at a [MASK]", ".json",
+            options=VqaOptions, model_config=lambda data, options: {"num_answers": len(answer_vocabulary(data, options))},
+            read_inputs=answer_vocabulary)

@@ -12,11 +12,12 @@ dataset's name (`.../refcoco+`); the dataset folders hold:
 `refs(<split_by>).p` is a pickle, written by Python 2, of a list of refs, one per referred object:
 {"ref_id", "ann_id" (the object's annotation in instances.json), "image_id", "split", "category_id",
 "file_name" (not the image's file: ignored), "sent_ids", "sentences": [{"sent_id", "sent", "raw",
-"tokens"}]}. A pickle can run code when loaded; these are read by an unpickler that refuses every
-global, so only plain containers, strings and numbers load. A pickle can also share one object
-between places (its memo): refs that share their sentences, which would multiply the sentences
-(N refs sharing one N-sentence list make N² of them), are refused before any is built. Blank
-expressions are kept, as the toolkit and its evaluation keep them.
+"tokens"}]}. A pickle can run code when loaded; these are read by extract/pickles.py's loader with
+no global allowed, so only plain containers, strings and numbers load (Python 2 strings as UTF-8).
+A pickle can also share one object between places (its memo): refs that share their sentences,
+which would multiply the sentences (N refs sharing one N-sentence list make N² of them), are
+refused before any is built. Blank expressions are kept, as the toolkit and its evaluation keep
+them.
 
 The images are COCO train2014 (`--images` is the COCO images root, holding `train2014/`). A record
 per image: `refs` = [{"sent_id", "ref_id", "text" (the `sent`), "box": the referred object's box,
@@ -26,16 +27,14 @@ annotations in annotation id order, or with the `detections` option those of a d
 
 from __future__ import annotations
 
-import io
 import math
-import pickle
-import struct
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from extract.pickles import load_pickle
 from train.data.files import DataError, read_json, shown
 from train.data.prepare import Preparation, Source, SourceOption, SplitWriter
 
@@ -44,7 +43,6 @@ UNC_SPLITS = ("train", "val", "testA", "testB")  # testA: people only; testB: ot
 GOOGLE_SPLITS = ("train", "val", "test")
 Box = list[float]
 KIND_NAMES = {int: "an int", str: "a string", list: "a list"}
-LONG_BYTES = 1024  # 2,466 decimal digits: below the 4,300 Python converts to text, far above any id
 
 
 @dataclass(frozen=True)
@@ -143,60 +141,10 @@ def published_files(root: Path, dataset: str, split_by: str | None = None) -> Re
                       spec.partitions[split_by])
 
 
-class _PlainDataUnpickler(pickle._Unpickler):
-    """Loads lists, dicts, tuples, strings, bytes, numbers, booleans and None; a global (a class, a
-    function: the way a pickle runs code) is refused before it is looked up.
-
-    The memory it takes stays proportional to the file's size. It is built on pickle's Python
-    implementation, whose memo is a dict: the C one allocates an array as long as the largest memo
-    index a file names, so a few bytes can demand gigabytes (CPython gh-115952, fixed after 3.13); it
-    reads a refs file of 50,000 refs in about 7 s where the C one takes 4 s. A bytearray, whose size
-    the file states and which is allocated before it is read, is refused, and so is an integer
-    longer than Python converts to text (a LONG4 of more than LONG_BYTES bytes)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        qualified = f"{module}.{name}"
-        raise _RefusedGlobal(qualified if qualified.isprintable() else ascii(qualified))  # keeps the error one line
-
-    def _refuse_bytearray(self) -> None:
-        raise pickle.UnpicklingError("a bytearray is not plain data")
-
-    def _load_bounded_long4(self) -> None:
-        size, = struct.unpack("<i", self.read(4))
-        if not 0 <= size <= LONG_BYTES:
-            raise pickle.UnpicklingError(f"an integer of {size} bytes (at most {LONG_BYTES} are read)")
-        self.append(pickle.decode_long(self.read(size)))
-
-    dispatch = {**pickle._Unpickler.dispatch, pickle.BYTEARRAY8[0]: _refuse_bytearray,
-                pickle.LONG4[0]: _load_bounded_long4}
-
-
-class _RefusedGlobal(Exception):
-    pass
-
-
-def load_plain_pickle(path: Path) -> Any:
-    """The plain data in the pickle `path`; DataError when it names any global or is damaged. Python 2
-    byte strings are read as UTF-8 text: latin-1 would turn non-ASCII text into mojibake silently."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        return _PlainDataUnpickler(io.BytesIO(data), encoding="utf-8").load()
-    except _RefusedGlobal as exc:
-        raise DataError(f"{path}: refused to load {exc}: the file holds more than plain data") from None
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: holds a Python 2 byte string that is not UTF-8 text ({exc.reason})") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-            OverflowError, struct.error, RecursionError) as exc:
-        raise DataError(f"{path}: not a readable pickle ({type(exc).__name__}: {exc})") from None
-
-
 def read_refs(path: Path) -> list[Ref]:
     """The refs of a refs(<split_by>).p file; DataError naming the ref when one is malformed, shares
     its sentences with another, or a sent_id repeats, and for a file without refs."""
-    value = load_plain_pickle(path)
+    value = load_pickle(path, DataError)
     if not isinstance(value, list):
         raise DataError(f"{path}: expected a list of refs, found {type(value).__name__}")
     if not value:

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from train.data.annotations import ENTAILMENT_LABELS
 from train.data.files import DataError, iter_jsonl, shown
 from train.data.prepare import Preparation, Source
-from train.evaluation.snli_ve import ENTAILMENT_LABELS
 
 SPLITS = ("train", "dev", "test")
 PAIRS_FILE = "snli_ve_{split}.jsonl"

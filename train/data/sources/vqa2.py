@@ -38,7 +38,7 @@ from typing import Any
 from extract.images import is_utf8
 from train.data.files import DataError, read_json, shown
 from train.data.prepare import ANSWERS, Preparation, Source, SourceOption, SplitWriter
-from train.evaluation.vqa2 import normalize_answer
+from train.evaluation.vqa_answers import normalize_answer
 
 SPLITS = ("train2014", "val2014", "test2015", "test-dev2015")
 QUESTIONS = "v2_OpenEnded_mscoco_{split}_questions.json"
