@@ -106,6 +106,9 @@ class StepKind:
     layout: Callable[[dict[str, Any]], Layout] = _single_process
     # (params, folder, log): after every shard of a sharded step, a problem with the whole is an error
     close: Callable[[dict[str, Any], Path, Log], None] | None = None
+    # Seconds of one thread's work (a world, a vocabulary, a report): such a step runs beside the others
+    # with one thread and leaves the cores to the heavy steps that start with it.
+    light: bool = False
 
 
 def _parse(cls: type, params: dict[str, Any]) -> Any:
@@ -632,14 +635,15 @@ def _verify_report(params: dict[str, Any], folder: Path, known: Foreknown) -> li
 
 
 KINDS: dict[str, StepKind] = {
-    "world": StepKind(world, functools.partial(_parse, WorldParams), _field_names(WorldParams)),
-    "prepare": StepKind(prepare, _preparation, _prepare_fields, _verify_prepare),
+    "world": StepKind(world, functools.partial(_parse, WorldParams), _field_names(WorldParams), light=True),
+    "prepare": StepKind(prepare, _preparation, _prepare_fields, _verify_prepare, light=True),
     "extract": StepKind(extract, _extraction_options, lambda params: _field_names(_extraction_params())(params),
                         _verify_extract, layout=_extract_layout, close=_close_extract),
-    "vocabulary": StepKind(vocabulary, _vocabulary_params, _field_names(VocabularyParams), _verify_vocabulary),
+    "vocabulary": StepKind(vocabulary, _vocabulary_params, _field_names(VocabularyParams), _verify_vocabulary,
+                           light=True),
     "train": StepKind(train, functools.partial(_run_config, out=CHECKED_OUT),
                       _field_names(RunConfig, *TRAIN_EXTRAS, leaving_out=("out",)), _verify_train,
                       tuple(spec.name for spec in dataclasses.fields(StageConfig)), _run_outputs, _train_layout),
-    "evaluate": StepKind(evaluate, _evaluation, _evaluate_fields, _verify_evaluate),
-    "report": StepKind(report, report_params, _field_names(ReportParams), _verify_report),
+    "evaluate": StepKind(evaluate, _evaluation, _evaluate_fields, _verify_evaluate, light=True),
+    "report": StepKind(report, report_params, _field_names(ReportParams), _verify_report, light=True),
 }

@@ -38,6 +38,7 @@ from pipelines.execution import (
     ATTEMPT_VARIABLE, Step, StepSpec, new_attempt, recorded, run_here, run_spec, state, threads_for,
 )
 from pipelines.executors import StepsFailed, StepStatus, last_error, read_state, settled, updating_state
+from pipelines.steps import KINDS
 from vlbert.errors import UserError, error_line, exit_status
 
 Log = Callable[[str], None]
@@ -180,7 +181,8 @@ class Scheduler:
 
     def _launch(self) -> None:
         """Starts the ready launches that fit: a core per process, a GPU per process of a GPU step,
-        at most `jobs` at once; the free cores are then shared among those starting."""
+        at most `jobs` at once; the free cores are then shared among the heavy steps starting (a
+        light step, `StepKind.light`, runs with one thread beside them and counts for no core)."""
         free_cores = self.cores - sum(launched.cores for launched in self.running)
         free_gpus = [gpu for gpu in self.gpus if all(gpu not in launched.gpus for launched in self.running)]
         starting: list[tuple[Task, list[str]]] = []
@@ -189,15 +191,16 @@ class Scheduler:
                 break
             gpus = task.processes if task.step.layout.gpu and self.gpus else 0
             fits_alone = not self.running and not starting  # more than the machine has still runs, alone
-            if (task.processes > free_cores or gpus > len(free_gpus)) and not fits_alone:
+            cores = 0 if _light(task) else task.processes
+            if (cores > free_cores or gpus > len(free_gpus)) and not fits_alone:
                 continue
             starting.append((task, free_gpus[:gpus]))
             free_gpus = free_gpus[gpus:]
-            free_cores -= task.processes
+            free_cores -= cores
             self.ready.remove(task)
-        processes = sum(task.processes for task, _ in starting)
+        heavy = sum(task.processes for task, _ in starting if not _light(task))
         for task, gpus in starting:
-            offered = self.threads or 1 + max(free_cores, 0) // processes
+            offered = self.threads or (1 if _light(task) else 1 + max(free_cores, 0) // heavy)
             self._start(task, gpus, threads_for(task.step, offered))
 
     def _start(self, task: Task, gpus: list[str], threads: int) -> None:
@@ -212,7 +215,7 @@ class Scheduler:
         with step.log_file.open("ab") as log_file:
             process = subprocess.Popen(launch_command(spec, task), stdin=subprocess.DEVNULL, stdout=log_file,
                                        stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.running.append(Launched(task, process, task.processes * threads, gpus, threads))
+        self.running.append(Launched(task, process, 0 if _light(task) else task.processes * threads, gpus, threads))
         on = f", GPU {','.join(gpus)}" if gpus else ""
         self.board.event(f"[{task.name}] {step.kind} started: {task.processes} process(es), {threads} thread(s) each"
                          f"{on}; log {step.log_file}")
@@ -342,6 +345,10 @@ class Scheduler:
         error = StepsFailed("\n".join(lines))
         error.exit_status = next(iter(self.outcome.statuses.values()))
         raise error
+
+
+def _light(task: Task) -> bool:
+    return KINDS[task.step.kind].light
 
 
 def launch_command(spec: Path, task: Task) -> list[str]:
