@@ -27,6 +27,7 @@ SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin"  # the daemons live here, outside 
 APT_LOCK_WAIT = "DPkg::Lock::Timeout=300"  # another session may be installing at the same time
 MUNGE_KEY = Path("/etc/munge/munge.key")
 PARTITION = "debug"
+URGENT_PARTITION = "urgent"  # its jobs preempt the default partition's: SIGTERM, GraceTime, requeue
 # Two GPUs as gres backed by character devices that exist everywhere: Slurm hands them out to jobs
 # (gpus_per_node) and sets CUDA_VISIBLE_DEVICES, so GPU placement is tested on a CPU-only machine.
 FAKE_GPU_DEVICES = ("/dev/zero", "/dev/null")
@@ -37,12 +38,14 @@ LOG_TAIL_LINES = 25
 
 @dataclass(frozen=True)
 class SlurmCluster:
-    """A running cluster: its slurm.conf, its one node's partition and resources, and its folder
+    """A running cluster: its slurm.conf, its one node's partitions (the default one, and an urgent
+    one whose jobs preempt it) and resources, and its folder
     (daemon logs: slurmctld.log, slurmd.log, munge/munged.log, and each daemon's NAME.out)."""
 
     folder: Path
     conf: Path
     partition: str
+    urgent_partition: str
     cpus: int
     gpus: int
 
@@ -162,7 +165,13 @@ def write_config(folder: Path, munge_socket: Path, cpus: int) -> Path:
         "GresTypes=gpu",
         f"NodeName=localhost CPUs={cpus} RealMemory={node_memory_mb()} "
         f"Gres=gpu:{len(FAKE_GPU_DEVICES)} State=UNKNOWN",
-        f"PartitionName={PARTITION} Nodes=localhost Default=YES MaxTime=INFINITE State=UP",
+        # Preemption as on a shared cluster: a job of the urgent partition that needs the node sends
+        # SIGCONT and SIGTERM to the default partition's jobs (not their --signal: that needs
+        # SlurmctldParameters=preempt_send_user_signal), kills them GraceTime later, and requeues them.
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
+        f"PartitionName={PARTITION} Nodes=localhost Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=3",
+        f"PartitionName={URGENT_PARTITION} Nodes=localhost MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
         "",
     ]))
     return conf
@@ -198,9 +207,10 @@ def running_slurm():
                               folder / "slurmctld.log"))
         daemons.append(_start("slurmd", ["slurmd", "-D", "-f", str(conf), "-N", "localhost"], folder, env,
                               folder / "slurmd.log"))
-        wait_for_daemons(lambda: _node_state(env) == "idle", "the node to be idle in sinfo", daemons)
+        wait_for_daemons(lambda: _node_states(env) == {"idle"}, "the node to be idle in sinfo", daemons)
         os.environ["SLURM_CONF"] = str(conf)
-        yield SlurmCluster(folder=folder, conf=conf, partition=PARTITION, cpus=cpus, gpus=len(FAKE_GPU_DEVICES))
+        yield SlurmCluster(folder=folder, conf=conf, partition=PARTITION, urgent_partition=URGENT_PARTITION,
+                           cpus=cpus, gpus=len(FAKE_GPU_DEVICES))
     finally:
         if previous_conf is None:
             os.environ.pop("SLURM_CONF", None)
@@ -247,14 +257,16 @@ def wait_for_daemons(ready, what: str, daemons: list[Daemon]) -> None:
         time.sleep(0.2)
 
 
-def _node_state(env: dict) -> str:
+def _node_states(env: dict) -> set[str]:
+    """The node's state in each partition."""
     listing = _run(["sinfo", "--noheader", "--Node", "--format=%T"], env)
-    return listing.stdout.strip() if listing.returncode == 0 else ""
+    return set(listing.stdout.split()) if listing.returncode == 0 else set()
 
 
 def _cancel_all_jobs(env: dict) -> None:
     """Cancels what tests left queued or running, so that no job outlives its slurmd."""
-    _run(["scancel", f"--partition={PARTITION}"], env)
+    for partition in (PARTITION, URGENT_PARTITION):
+        _run(["scancel", f"--partition={partition}"], env)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while time.monotonic() < deadline:
         queue = _run(["squeue", "--noheader", "--states=PENDING,RUNNING,COMPLETING,CONFIGURING"], env)
