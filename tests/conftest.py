@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from pipelines.world.tiny import build_tiny_world
+from tests.helpers.slurm import running_slurm
 from tests.helpers.worlds import copy_world
 
 torch.set_num_threads(2)
@@ -27,6 +28,14 @@ def tiny_world(tmp_path_factory):
 def tiny_world_copy(tiny_world, tmp_path):
     """This test's own copy of the session's tiny world."""
     return copy_world(tiny_world, tmp_path / "tiny-world")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A running single-node Slurm (tests/helpers/slurm.py), with SLURM_CONF pointing at it while it
+    runs. Skipped only where slurm-wlm and munge are missing and cannot be installed here."""
+    with running_slurm() as cluster:
+        yield cluster
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,4 +7,5 @@
     end2end.py          batches and checks for the end-to-end stage's visual side
     store_damage.py     run as a process: damaged stores must give errors, never a signal
     distributed_run.py  run under torchrun: one training run split across processes
+    slurm.py            a real single-node Slurm (slurm-wlm, munge), started and stopped by pid
 """
