@@ -25,14 +25,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 from extract.progress import progress_summary
-from pipelines.execution import STATE_FOLDER, Step, StepSpec, run_spec, state
+from pipelines.execution import LOG_FILE, STATE_FOLDER, Step, StepSpec, run_spec, state
 from pipelines.executors import StepsFailed, StepStatus, last_error, read_state, settled, updating_state
-from vlbert.errors import UserError
+from vlbert.errors import UserError, error_line, exit_status
 from vlbert.typed_config import did_you_mean
 
 Log = Callable[[str], None]
@@ -42,7 +44,8 @@ WAIT_POLL_S = 5.0
 LIVE = {"PENDING": "queued", "CONFIGURING": "queued", "REQUEUED": "queued", "REQUEUE_HOLD": "queued",
         "RESIZING": "running", "RUNNING": "running", "COMPLETING": "running", "SUSPENDED": "running",
         "STOPPED": "running", "SIGNALING": "running"}
-LAYOUT_SETTINGS = ("nodes", "ntasks_per_node", "gpus_per_node", "dependency")
+# A step in one of these states will not be done by its jobs, and what that is called for a step reading it
+ENDED_UNDONE = {"failed": "failed", "cancelled": "was cancelled", "not run": "did not run"}
 
 
 class SlurmError(UserError):
@@ -74,11 +77,11 @@ def run(pipeline, log: Log, jobs: int | None = None, wait: bool = False) -> None
         jobs_of[step.name] = _submit(submitit, pipeline, step, after)
         log(f"[{step.name}] submitted: job {', '.join(jobs_of[step.name])}"
             + (f" (after {', '.join(after)})" if after else "") + f"; log {step.log_file}")
+    folders = {step.name: step.folder for step in pipeline.steps}
     with updating_state(pipeline.out) as records:
         records.clear()
-        records.update(executor="slurm", steps={name: {"jobs": ids, "log": str(step.log_file)}
-                                                for step in pipeline.steps for name, ids in jobs_of.items()
-                                                if name == step.name})
+        records.update(executor="slurm", steps={name: {"jobs": ids, "log": str(folders[name] / LOG_FILE)}
+                                                for name, ids in jobs_of.items()})
     if wait and jobs_of:
         _wait(pipeline, set(jobs_of), log)
 
@@ -155,6 +158,11 @@ class StepJob:
                 if stopped.signum == signal.SIGUSR2 and callable(requeue):
                     requeue(stopped.signum, None)
                 raise
+            except Exception as exc:  # noqa: BLE001 - said in the step's log as the command says it, then raised
+                if exit_status(exc) is None:
+                    traceback.print_exc()
+                print(f"Error: {error_line(exc)}", file=sys.stderr, flush=True)
+                raise
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         """Called by submitit when the job is to be requeued: the same call again, which resumes."""
@@ -177,8 +185,6 @@ class _appended_to:
         self.path = path
 
     def __enter__(self) -> None:
-        import sys
-
         sys.stdout.flush()
         sys.stderr.flush()
         self.saved = os.dup(1), os.dup(2)
@@ -189,8 +195,6 @@ class _appended_to:
         os.close(descriptor)
 
     def __exit__(self, *exc: Any) -> None:
-        import sys
-
         sys.stdout.flush()
         sys.stderr.flush()
         for target, saved in zip((1, 2), self.saved):
@@ -223,26 +227,32 @@ def _job_base(job: str) -> str:
 def status(pipeline) -> list[StepStatus]:
     recorded = read_state(pipeline.out).get("steps", {})
     live = _live_jobs()
-    rows = []
+    rows: dict[str, StepStatus] = {}
     for step in pipeline.steps:
         done = settled(step)
         jobs = recorded.get(step.name, {}).get("jobs", [])
-        if done is not None:
-            rows.append(StepStatus(step.name, "done", ", ".join(jobs), str(step.log_file)))
-            continue
+        named = ", ".join(jobs)
         states = [entry for job in jobs for entry in live.get(_job_base(job), [])]
-        if any(LIVE.get(job_state) == "running" for job_state, _ in states):
+        unrun = next((name for name in step.reads if rows[name].state in ENDED_UNDONE), None)
+        if done is not None:
+            rows[step.name] = StepStatus(step.name, "done", named, str(step.log_file))
+        elif any(LIVE.get(job_state) == "running" for job_state, _ in states):
             progress = progress_summary(sorted(step.folder.glob(".progress*.json")))
-            rows.append(StepStatus(step.name, "running", ", ".join(jobs), str(step.log_file), progress))
-        elif states:
-            reason = states[0][1]
+            rows[step.name] = StepStatus(step.name, "running", named, str(step.log_file), progress)
+        elif any(job_state in LIVE for job_state, _ in states):
+            reason = next(reason for job_state, reason in states if job_state in LIVE)
             detail = "a step it reads failed" if reason == "DependencyNeverSatisfied" else reason
-            rows.append(StepStatus(step.name, "queued", ", ".join(jobs), str(step.log_file), detail))
+            rows[step.name] = StepStatus(step.name, "queued", named, str(step.log_file), detail)
+        elif jobs and unrun is not None:
+            rows[step.name] = StepStatus(step.name, "not run", named,
+                                         detail=f"it reads {unrun}, which {ENDED_UNDONE[rows[unrun].state]}")
+        elif jobs and step.log_file.is_file():
+            rows[step.name] = StepStatus(step.name, "failed", named, str(step.log_file), last_error(step.log_file))
         elif jobs:
-            rows.append(StepStatus(step.name, "failed", ", ".join(jobs), str(step.log_file), last_error(step.log_file)))
+            rows[step.name] = StepStatus(step.name, "cancelled", named, detail="its job ended before it ran")
         else:
-            rows.append(StepStatus(step.name, "not started"))
-    return rows
+            rows[step.name] = StepStatus(step.name, "not started")
+    return list(rows.values())
 
 
 def cancel(pipeline, log: Log) -> None:
@@ -268,10 +278,13 @@ def _wait(pipeline, submitted: set[str], log: Log) -> None:
             if said.get(row.step) != row.state:
                 said[row.step] = row.state
                 log(f"[{row.step}] {row.state}" + (f": {row.detail}" if row.detail and row.state == "failed" else ""))
-        if all(row.state in ("done", "failed") for row in rows):
+        if all(row.state in ("done", *ENDED_UNDONE) for row in rows):
             break
         time.sleep(WAIT_POLL_S)
-    failed = [row for row in rows if row.state == "failed"]
+    failed = [row for row in rows if row.state in ("failed", "cancelled")]
+    unrun = [row for row in rows if row.state == "not run"]
     if failed:
-        raise StepsFailed(f"pipeline {pipeline.path}: {len(failed)} step(s) failed\n"
-                          + "\n".join(f"  {row.step}: {row.detail} (log: {row.log})" for row in failed))
+        raise StepsFailed(f"pipeline {pipeline.path}: {len(failed)} step(s) failed"
+                          + (f", {len(unrun)} not run" if unrun else "") + "\n"
+                          + "\n".join(f"  {row.step}: {row.detail} (log: {row.log})" for row in failed)
+                          + "".join(f"\n  {row.step}: not run, {row.detail}" for row in unrun))
