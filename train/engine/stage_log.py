@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
+from extract.atomic import write_atomically, writing
 from train.engine.run_folder import RunFolder, StageFolder
 
 
@@ -21,7 +22,7 @@ class StageLog:
     def __init__(self, run: RunFolder, folder: StageFolder, stage: str, start: int) -> None:
         """`stage`: the stage's name; `start`: the step it starts from."""
         self.stage = stage
-        path = run.metrics_file
+        self.path = path = run.metrics_file
         _drop_entries_after(path, stage, start)
         board = run.tensorboard(folder)
         self.board = SummaryWriter(str(board), purge_step=start + 1 if board.exists() else None)
@@ -38,11 +39,13 @@ class StageLog:
         self.board.add_scalar(f"{self.stage}/eval_{result['metric']}", result["value"], step)
 
     def _write(self, record: dict) -> None:
-        self.metrics.write(json.dumps(record) + "\n")
-        self.metrics.flush()
+        with writing(self.path):
+            self.metrics.write(json.dumps(record) + "\n")
+            self.metrics.flush()
 
     def close(self) -> None:
-        self.metrics.close()
+        with writing(self.path):
+            self.metrics.close()
         self.board.close()
 
     def __enter__(self) -> StageLog:
@@ -69,13 +72,14 @@ class MutedStageLog:
 
 
 def _drop_entries_after(path: Path, stage: str, start: int) -> None:
-    """Removes `stage`'s step lines past `start`, and its evaluation line, from the metrics file."""
+    """Removes `stage`'s step lines past `start`, and its evaluation line, from the metrics file, and
+    a last line that a full disk or a kill cut short."""
     if not path.is_file():
         return
     lines = path.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if not _stale(json.loads(line), stage, start)]
+    kept = [line for line in lines if line.endswith("\n") and not _stale(json.loads(line), stage, start)]
     if len(kept) < len(lines):
-        path.write_text("".join(kept))
+        write_atomically(path, "".join(kept))
 
 
 def _stale(record: dict, stage: str, start: int) -> bool:
