@@ -96,7 +96,7 @@ def _no_room(data: Path, exc: lmdb.Error) -> str | None:
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     size = data.stat().st_size if data.exists() else 0
     if limit != resource.RLIM_INFINITY and size + _ALMOST_FULL > limit:
-        return f"{NO_ROOM[errno.EFBIG]}: {size} bytes, the limit being {limit}"
+        return f"the file is too large: it reached the file size limit of this process (ulimit -f), {limit} bytes"
     disk = os.statvfs(data.parent)
     free = disk.f_bavail * disk.f_frsize
     if free < _ALMOST_FULL:
