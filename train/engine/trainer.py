@@ -301,7 +301,7 @@ class Trainer:
         parts.model.load_state_dict(load_file(checkpoint / "model.safetensors"))
         if parts.visual is not None:
             parts.visual.detector.load_state_dict(load_file(checkpoint / DETECTOR_WEIGHTS))
-        learning_rates = [group["lr"] for group in parts.optimizer.param_groups]  # this world's
+        learning_rates = list(parts.scheduler.base_lrs)  # this world's: base_lr × its total batch
         state = load_training_state(checkpoint, parts.optimizer, parts.scheduler, self.world.rank, self.world.size,
                                     self.device)
         if state.scaler is not None and parts.scaler.is_enabled():
