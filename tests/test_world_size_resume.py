@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,39 @@ def test_a_step_takes_the_next_samples_of_the_permutation_whatever_the_world_siz
     assert sorted(index for keys in step for _, _, index in keys) == sorted(sequence[6:10])
     assert two[0].position(1, position) == (1, 0)  # 1 sample left: the next epoch begins
     assert [epoch for keys in itertools.islice(two[0].keys_from(0, position), 2) for epoch in {k[1] for k in keys}] == [0, 1]
+
+
+# ---- the process's device and its process group ----------------------------------------------
+
+
+def test_a_single_process_on_a_gpu_makes_it_the_current_device(world, monkeypatch):
+    """Without a launcher too: else CUDA puts the context and pinned memory's on cuda:0."""
+    import train.engine.trainer as trainer_module
+
+    chosen = []
+    monkeypatch.setattr(trainer_module, "check_device", lambda name: torch.device("cuda:1"))
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    Trainer(run_config(world, "on-gpu-1", [STAGE], device="cuda:1"))
+    assert chosen == [torch.device("cuda:1")]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_process_group_a_run_started_is_destroyed_after_it_even_on_an_error(monkeypatch, fails):
+    import torch.distributed as dist
+
+    from train.engine.distributed import process_group
+
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kwargs: calls.append(f"init {backend}"))
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: calls.append("destroy"))
+    with pytest.raises(RuntimeError) if fails else nullcontext():
+        with process_group(World(0, 2), torch.device("cpu")):
+            calls.append("train")
+            if fails:
+                raise RuntimeError("a rank failed")
+    assert calls == ["init gloo", "train", "destroy"]
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # started by the caller: left to it
+    with process_group(World(0, 2), torch.device("cpu")):
+        pass
+    assert calls == ["init gloo", "train", "destroy"]
