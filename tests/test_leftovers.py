@@ -86,3 +86,15 @@ def test_a_failed_shard_creation_leaves_no_temporary(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         FeatureStoreWriter(tmp_path / "store", meta())
     assert [path.name for path in (tmp_path / "store" / "shards").iterdir()] == ["shard-00000-of-00001.writer.lock"]
+
+
+def test_a_metrics_line_cut_short_by_a_full_disk_or_a_kill_is_dropped_on_resume(world, monkeypatch):
+    interrupt_optimiser_step(monkeypatch, call=3)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(run_config(world, "torn", [VQA])).fit()
+    monkeypatch.undo()
+    folder = RunFolder(world / "torn")
+    with folder.metrics_file.open("a") as metrics:
+        metrics.write('{"stage": "vqa", "step": 3, "lr"')
+    Trainer(run_config(world, "torn", [VQA])).fit(resume=True)
+    assert [record.get("step") for record in folder.metrics()] == [1, 2, 3, None]  # None: the evaluation

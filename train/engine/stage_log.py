@@ -24,7 +24,7 @@ class StageLog:
         self.stage = stage
         self.path = path = run.metrics_file
         _drop_entries_after(path, stage, start)
-        board = run.tensorboard(folder)
+        self.board_folder = board = run.tensorboard(folder)
         self.board = SummaryWriter(str(board), purge_step=start + 1 if board.exists() else None)
         self.metrics = path.open("a")
 
@@ -32,21 +32,29 @@ class StageLog:
         skipped = {"damaged_skipped": damaged_skipped} if damaged_skipped else {}
         self._write({"stage": self.stage, "step": step, "lr": lr, **losses, **skipped})
         for name, value in losses.items():
-            self.board.add_scalar(f"{self.stage}/{name}", value, step)
+            self._scalar(f"{self.stage}/{name}", value, step)
 
     def evaluation(self, result: dict, step: int) -> None:
         self._write({"stage": self.stage, "eval": result})
-        self.board.add_scalar(f"{self.stage}/eval_{result['metric']}", result["value"], step)
+        self._scalar(f"{self.stage}/eval_{result['metric']}", result["value"], step)
 
     def _write(self, record: dict) -> None:
         with writing(self.path):
             self.metrics.write(json.dumps(record) + "\n")
             self.metrics.flush()
 
+    def _scalar(self, name: str, value: float, step: int) -> None:
+        """A TensorBoard scalar; its writer thread's errors (a full disk) come up here, or at close."""
+        with writing(self.board_folder):
+            self.board.add_scalar(name, value, step)
+
     def close(self) -> None:
-        with writing(self.path):
-            self.metrics.close()
-        self.board.close()
+        try:
+            with writing(self.path):
+                self.metrics.close()
+        finally:
+            with writing(self.board_folder):
+                self.board.close()
 
     def __enter__(self) -> StageLog:
         return self
