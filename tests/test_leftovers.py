@@ -33,12 +33,17 @@ def plant(path: Path, folder: bool = False) -> Path:
     return path
 
 
-def test_a_resumed_run_sweeps_what_killed_writes_left_and_keeps_what_others_wrote(world, monkeypatch):
-    interrupt_optimiser_step(monkeypatch, call=2)
+def interrupted(world: Path, out: str, monkeypatch, call: int) -> RunFolder:
+    """The run `out`, interrupted before its `call`-th optimiser step (checkpoints every step)."""
+    interrupt_optimiser_step(monkeypatch, call=call)
     with pytest.raises(KeyboardInterrupt):
-        Trainer(run_config(world, "killed", [VQA])).fit()
+        Trainer(run_config(world, out, [VQA])).fit()
     monkeypatch.undo()
-    folder = RunFolder(world / "killed")
+    return RunFolder(world / out)
+
+
+def test_a_resumed_run_sweeps_what_killed_writes_left_and_keeps_what_others_wrote(world, monkeypatch):
+    folder = interrupted(world, "killed", monkeypatch, call=2)
     stage = folder.stage(0, "vqa")
     left = [plant(folder.root / f".run.json.{DEAD}.tmp"),
             plant(stage.path / "checkpoint-2.tmp", folder=True), plant(stage.final_staging, folder=True),
@@ -89,11 +94,7 @@ def test_a_failed_shard_creation_leaves_no_temporary(tmp_path, monkeypatch):
 
 
 def test_a_metrics_line_cut_short_by_a_full_disk_or_a_kill_is_dropped_on_resume(world, monkeypatch):
-    interrupt_optimiser_step(monkeypatch, call=3)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(run_config(world, "torn", [VQA])).fit()
-    monkeypatch.undo()
-    folder = RunFolder(world / "torn")
+    folder = interrupted(world, "torn", monkeypatch, call=3)
     with folder.metrics_file.open("a") as metrics:
         metrics.write('{"stage": "vqa", "step": 3, "lr"')
     Trainer(run_config(world, "torn", [VQA])).fit(resume=True)
