@@ -1,12 +1,13 @@
 """Writing a file whole or not at all: a crash (kill -9, a full disk) leaves the old file or the new
 one, never a part. The one helper for every whole-file write of the project (store meta, run
 configs, evaluations, predictions, summaries, reports); `writing` names the file in any error of a
-write; `temporaries` finds what a killed writer left behind, for the next writer to sweep."""
+write; `temporaries` finds what a killed writer left behind, for the next writer to `remove`."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -57,3 +58,13 @@ def temporaries(folder: Path) -> list[Path]:
     """The temporaries that writers killed in `folder` left (`.<name>.<pid>.tmp`). Only a writer that
     excludes every other writer of these files (by a lock it holds) may remove them."""
     return sorted(path for path in folder.glob(".*.tmp") if _TEMPORARY.fullmatch(path.name))
+
+
+def remove(paths: list[Path]) -> None:
+    """Removes leftovers (files, or folders written whole before a rename) that `temporaries` and its
+    kind found, under the lock that every writer of them holds."""
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)

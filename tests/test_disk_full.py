@@ -69,8 +69,7 @@ def test_a_checkpoint_past_the_size_limit_is_one_line_naming_it_and_leaves_nothi
     done = vlbert("train", str(config), file_size_limit=100_000)
     stage = RunFolder(world / "no-room-checkpoint").stage(0, "vqa")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert error_lines(done) == [f"Error: {stage.checkpoint(1).with_name('checkpoint-1.tmp')}: {TOO_LARGE} "
-                                 "(File too large)"]
+    assert error_lines(done) == [f"Error: {stage.checkpoint(1)}: {TOO_LARGE} (File too large)"]
     assert stage.checkpoints() == [] and not stage.done and not stage.temporaries()
     resumed = vlbert("train", str(config), "--resume")  # with room again, the run completes
     assert resumed.returncode == 0, resumed.stderr
@@ -112,7 +111,7 @@ def test_a_full_disk_while_a_checkpoint_is_written_is_one_line_naming_it(world, 
     done = vlbert("train", str(config))
     stage = RunFolder(out).stage(0, "vqa")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert error_lines(done) == [f"Error: {stage.path / 'checkpoint-1.tmp'}: the disk is full (No space left on device)"]
+    assert error_lines(done) == [f"Error: {stage.checkpoint(1)}: the disk is full (No space left on device)"]
     assert stage.checkpoints() == [] and not stage.temporaries()
 
 
@@ -159,6 +158,6 @@ def test_a_full_disk_while_the_final_model_is_written_stops_in_one_line_and_leav
     with pytest.raises(OSError) as failed:
         trainer.fit()
     stage = RunFolder(world / "no-room-final").stage(0, "vqa")
-    assert error_line(failed.value) == f"{stage.final_staging}: the disk is full (No space left on device)"
+    assert error_line(failed.value) == f"{stage.final}: the disk is full (No space left on device)"
     assert not stage.done and not stage.temporaries() and [p.name for p in stage.checkpoints()] == ["checkpoint-2"]
     shutil.rmtree(world / "no-room-final")

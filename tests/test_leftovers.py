@@ -45,7 +45,7 @@ def interrupted(world: Path, out: str, monkeypatch, call: int) -> RunFolder:
 def test_a_resumed_run_sweeps_what_killed_writes_left_and_keeps_what_others_wrote(world, monkeypatch):
     folder = interrupted(world, "killed", monkeypatch, call=2)
     stage = folder.stage(0, "vqa")
-    left = [plant(folder.root / f".run.json.{DEAD}.tmp"),
+    left = [plant(folder.root / f".run.json.{DEAD}.tmp"), plant(folder.root / f".metrics.jsonl.{DEAD}.tmp"),
             plant(stage.path / "checkpoint-2.tmp", folder=True), plant(stage.final_staging, folder=True),
             plant(stage.path / f".eval.json.{DEAD}.tmp"), plant(stage.path / "item_scores" / f".val.json.{DEAD}.tmp"),
             plant(stage.predictions_folder / f".val.json.{DEAD}.tmp")]

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import lmdb
 
-from extract.atomic import temporaries, write_atomically
+from extract.atomic import remove, temporaries, write_atomically
 from extract.locks import lock_holder, take_lock
 from extract.store.layout import (
     FAILURES, FAILURES_DB, META, META_LOCK, RECORDS_DB, SHARDS, acquire_shard, check_shard, failure_key, failures_in,
@@ -50,7 +50,7 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     path = root / META
     with _held(root / META_LOCK):
-        _sweep([tmp for tmp in temporaries(root) if tmp.name.startswith(f".{META}.")])
+        remove([tmp for tmp in temporaries(root) if tmp.name.startswith(f".{META}.")])
         if not path.exists():
             write_atomically(path, json.dumps(meta, indent=2) + "\n")
         recorded = _with_entries_added_later(read_meta(root), meta)
@@ -71,13 +71,6 @@ def _held(path: Path) -> Iterator[None]:
     with path.open("a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
-
-
-def _sweep(paths: list[Path]) -> None:
-    """Removes what killed writers left (files or shard folders). Called under the lock that every
-    writer of those paths holds, so none of them is being written."""
-    for path in paths:
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def _with_entries_added_later(recorded: dict[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,7 +102,7 @@ class FeatureStoreWriter:
         if self._lock is None:
             raise StoreError(f"{self.path}: another process is writing this shard "
                              f"({lock_holder(writer_lock_path(self.path))})")
-        _sweep([path for path in temporaries(self.root / SHARDS) if path.name.startswith(f".{self.path.name}.")])
+        remove([path for path in temporaries(self.root / SHARDS) if path.name.startswith(f".{self.path.name}.")])
         if self.path.exists():
             check_shard(self.path)
         else:
@@ -167,7 +160,7 @@ class FeatureStoreWriter:
         with an older one.
         """
         with _held(self.root / SHARDS / ".failures.lock"):
-            _sweep([path for path in temporaries(self.root) if path.name.startswith(f".{FAILURES}.")])
+            remove([path for path in temporaries(self.root) if path.name.startswith(f".{FAILURES}.")])
             others: list[Path] = []
             try:
                 envs = [self.env]

@@ -39,7 +39,7 @@ def save_checkpoint(directory: Path, model, optimizer: torch.optim.Optimizer, sc
     for rank, states in enumerate(random_states):
         tensors.update({f"rng.{rank}.{kind}": state for kind, state in states.items()})
     try:
-        with writing(tmp):  # a full disk names the checkpoint
+        with writing(directory):  # a full disk names the checkpoint
             model.save_pretrained(tmp)
             for name, extra_tensors in (extra or {}).items():
                 save_file(extra_tensors, tmp / name)

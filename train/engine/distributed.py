@@ -38,23 +38,17 @@ class World:
         return self.size > 1
 
 
-def start_process_group(device: torch.device) -> bool:
-    """NCCL bound to this rank's GPU (the current device already: `extract.device.use_device`) on
-    CUDA, gloo on the CPU; whether this call started it (False: it was running)."""
-    if dist.is_initialized():
-        return False
-    if device.type == "cuda":
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        dist.init_process_group("gloo")
-    return True
-
-
 @contextmanager
 def process_group(world: World, device: torch.device) -> Iterator[None]:
-    """The process group of a distributed `world` for the block, ended after it (also on an error),
-    unless it was running before."""
-    started = world.distributed and start_process_group(device)
+    """The process group of a distributed `world` for the block: NCCL bound to this rank's GPU (the
+    current device already: `extract.device.use_device`) on CUDA, gloo on the CPU; ended after the
+    block, also on an error, unless it was running before."""
+    started = world.distributed and not dist.is_initialized()
+    if started:
+        if device.type == "cuda":
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
     try:
         yield
     finally:

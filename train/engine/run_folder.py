@@ -145,9 +145,11 @@ class RunFolder:
         return self.root / _LOCK
 
     def temporaries(self) -> list[Path]:
-        """What writes killed in this run folder left (`StageFolder.temporaries`, and run.json's)."""
+        """What writes killed in this run folder left (`StageFolder.temporaries`, run.json's and
+        metrics.jsonl's); a pipeline's files here are not the trainer's."""
         stages = [StageFolder(path) for path in sorted((self.root / _STAGES).glob("*")) if path.is_dir()]
-        return [path for path in temporaries(self.root) if path.name.startswith(f".{_RUN_FILE}.")] \
+        own = tuple(f".{name}." for name in (_RUN_FILE, _METRICS))
+        return [path for path in temporaries(self.root) if path.name.startswith(own)] \
             + [path for stage in stages for path in stage.temporaries()]
 
     @property

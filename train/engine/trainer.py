@@ -1,6 +1,7 @@
 """Runs the stages of a training run from the FeatureStore: data, optimisation, checkpoints, evaluation.
 
-The run folder `run.out` (its layout: `train.engine.run_folder`) holds this run or none.
+The run folder `run.out` (its layout: `train.engine.run_folder`) holds this run or none, and one
+process trains in it at a time (it holds the folder's lock).
 Before anything trains, the config's paths, the device, every stage's precision on it, and the
 store's arrays for every stage are checked. Resuming finds the first unfinished stage and its
 latest checkpoint (or starts it again at step 0, and says which); data order and dropout continue
@@ -26,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from extract.atomic import writing
+from extract.atomic import remove, writing
 from extract.device import check_device, rank_device, use_device
 from extract.locks import lock_holder, take_lock
 from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision
@@ -48,8 +49,8 @@ from train.engine.run_folder import RunFolder, StageFolder
 from train.engine.stage_log import MutedStageLog, StageLog
 from train.tasks import TASKS, TaskData
 from vlbert import VLBertConfig
-from vlbert.modeling import CONFIG_NAME
 from vlbert.errors import FAILED, UserError
+from vlbert.modeling import CONFIG_NAME
 from vlbert.tokenization import check_vocabulary_size, load_tokenizer
 
 DETECTOR_WEIGHTS = "detector.safetensors"
@@ -253,8 +254,7 @@ class Trainer:
     def _sweep_temporaries(self) -> None:
         """Under the run folder's lock no other process writes here: every temporary is a dead one's."""
         left = self.folder.temporaries()
-        for path in left:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        remove(left)
         if left:
             self.log(f"removed what an interrupted write left in {self.folder.root}: "
                      + ", ".join(str(path.relative_to(self.folder.root)) for path in left))
@@ -542,7 +542,7 @@ class Trainer:
     def _save_final(self, stage_dir: StageFolder, parts: StageParts, result: dict) -> None:
         tmp = stage_dir.final_staging
         try:
-            with writing(tmp):
+            with writing(stage_dir.final):
                 parts.model.save_pretrained(tmp)
                 if parts.visual is not None:
                     save_file(_detector_state(parts.visual), tmp / DETECTOR_WEIGHTS)
