@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,3 +88,27 @@ def test_a_failed_run_releases_the_lock(world, monkeypatch):
     lock = take_lock(RunFolder(world / "interrupted").lock_file)
     assert lock is not None
     lock.close()
+
+
+def test_a_forked_worker_does_not_keep_the_lock_after_its_parent_lets_it_go(tmp_path):
+    """The lock belongs to the open file, which a fork shares: a DataLoader worker still alive after
+    a failed stage (its iterator kept by the traceback) would otherwise hold the run folder."""
+    path = tmp_path / "train.lock"
+    lock = take_lock(path)
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the worker: lives on after its parent released the lock
+        os.close(reader)
+        os.write(writer, b"x")
+        time.sleep(30)
+        os._exit(0)
+    try:
+        os.close(writer)
+        os.read(reader, 1)
+        lock.close()
+        again = take_lock(path)
+        assert again is not None
+        again.close()
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
