@@ -115,6 +115,18 @@ def test_a_full_disk_while_a_checkpoint_is_written_is_one_line_naming_it(world, 
     assert stage.checkpoints() == [] and not stage.temporaries()
 
 
+def test_a_full_disk_while_a_store_commits_is_one_line_naming_the_data_file(world, small_tmpfs):
+    """LMDB reports the write that stopped part-way as an I/O error; the disk's free space names it."""
+    store = small_tmpfs / "store"
+    done = vlbert("extract", "--images", str(world / "world" / "images"), "--out", str(store), "--detector", "tiny",
+                  "--batch-size", "4", "--mask-variants", "2")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    [line] = error_lines(done)
+    data = store / "shards" / "shard-00000-of-00001" / "data.mdb"
+    assert line.startswith(f"Error: {data}: the disk is full: ") and line.endswith(
+        " KiB free (LMDB error: mdb_txn_commit: Input/output error)"), line
+
+
 # ---- the pieces, in process -------------------------------------------------------------------
 
 

@@ -136,9 +136,10 @@ class RunFolder:
     def _recorded(self) -> dict[str, Any]:
         return json.loads(self.config_file.read_text())
 
-    def write_config(self, config: dict[str, Any], world: dict[str, Any]) -> None:
+    def write_config(self, config: dict[str, Any], world: dict[str, Any] | None = None) -> None:
+        """run.json: `config`, and `world` (see `world()`) when given."""
         self.root.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.config_file, json.dumps({**config, _WORLD: world}, indent=1))
+        write_atomically(self.config_file, json.dumps({**config, **({_WORLD: world} if world else {})}, indent=1))
 
     @property
     def lock_file(self) -> Path:
