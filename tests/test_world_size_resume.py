@@ -20,16 +20,13 @@ from extract.modeling.precision import PRECISIONS
 from tests.helpers.resumable_run import STAGE
 from tests.helpers.worlds import copy_world, run_config
 from tests.test_run_lock import hold_lock
-from train.data.annotations import AnnotationFile
-from train.data.regions import RegionBank
 from train.engine.batches import EpochBatches
 from train.engine.distributed import World
 from train.engine.evaluate import evaluate
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
-from train.tasks import TASKS, TaskData
+from train.tasks import TASKS
 from vlbert.modeling import VLBertForImageTextMatching
-from vlbert.tokenization import load_tokenizer
 
 ROOT = Path(__file__).parents[1]
 
@@ -61,14 +58,11 @@ def uninterrupted(world) -> dict[int, float]:
 
 
 def single_process_evaluation(world: Path, final: Path) -> tuple[dict, dict]:
-    tokenizer = load_tokenizer(world / "vocab")
-    bank = RegionBank(str(world / "cache"))
-    data = TaskData(bank, tokenizer, 48, AnnotationFile(world / "world" / "train.jsonl", keep=bank.__contains__))
-    split = AnnotationFile(world / "world" / "val.jsonl", keep=bank.__contains__)
-    dataset = TASKS["retrieval"].dataset(data, STAGE.options, split, 0, False)
-    evaluator = TASKS["retrieval"].evaluator(data, dataset)
+    trainer = Trainer(run_config(world, "evaluation", [STAGE]))  # its data, tokenizer and split
+    dataset = TASKS["retrieval"].dataset(trainer.data, STAGE.options, trainer.eval_annotations, 0, False)
+    evaluator = TASKS["retrieval"].evaluator(trainer.data, dataset)
     result = evaluate(evaluator, VLBertForImageTextMatching.from_pretrained(final).eval(), None, dataset, 1,
-                      torch.device("cpu"), tokenizer.pad_token_id, lambda batch: None, PRECISIONS["fp32"])
+                      torch.device("cpu"), trainer.tokenizer.pad_token_id, lambda batch: None, PRECISIONS["fp32"])
     return result, evaluator.item_scores()
 
 
