@@ -1,10 +1,12 @@
-"""One writer per output: the lock of a store's shard and of a training run's folder.
+"""Exclusive locks on outputs: one writer of a store's shard and of a training run's folder
+(`take_lock`), and short sections that one process at a time runs (`holding`).
 
 An exclusive flock on a lock file beside what it guards: the kernel releases it when its holder
-exits, however it exits (kill -9 included), so a requeued job takes it again. The holder writes
-its pid and host into the file, so that a writer it refuses can say who holds it. A forked child
-(a DataLoader worker) closes its copies at once: the lock belongs to the open file, so a worker that
-outlived its parent's release would otherwise go on holding it.
+exits, however it exits (kill -9 included), so a requeued job takes it again. The holder of a
+writer's lock writes its pid and host into the file, so that a writer it refuses can say who holds
+it. A forked child (a DataLoader or decoding worker) closes its copies of the held lock files at
+once: the lock belongs to the open file, so a worker forked while its parent held one would go on
+holding it after the parent let it go, and the parent's next wait for it would never end.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import fcntl
 import os
 import socket
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 _HELD: weakref.WeakSet = weakref.WeakSet()  # the lock files this process holds
 
@@ -45,6 +48,15 @@ def take_lock(path: Path) -> BinaryIO | None:
     file.flush()
     _HELD.add(file)
     return file
+
+
+@contextmanager
+def holding(path: Path) -> Iterator[None]:
+    """The exclusive lock at `path` for the block, waiting while another process holds it."""
+    with path.open("a+b") as file:
+        _HELD.add(file)
+        fcntl.flock(file, fcntl.LOCK_EX)
+        yield
 
 
 def lock_holder(path: Path) -> str:

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from extract.locks import lock_holder, take_lock
+from extract.locks import holding, lock_holder, take_lock
 from pipelines.cli import main
 from tests.helpers.worlds import copy_world, run_config
 from train.engine.config import StageConfig
@@ -90,22 +91,27 @@ def test_a_failed_run_releases_the_lock(world, monkeypatch):
     lock.close()
 
 
-def test_a_forked_worker_does_not_keep_the_lock_after_its_parent_lets_it_go(tmp_path):
-    """The lock belongs to the open file, which a fork shares: a DataLoader worker still alive after
-    a failed stage (its iterator kept by the traceback) would otherwise hold the run folder."""
+@pytest.mark.parametrize("kind", ["a writer's lock", "a section's lock"])
+def test_a_forked_worker_does_not_keep_a_lock_after_its_parent_lets_it_go(tmp_path, kind):
+    """A lock belongs to the open file, which a fork shares: a worker forked while its parent held
+    one (a DataLoader worker alive after a failed stage, a decoding worker started while the store's
+    failures were rendered) would otherwise hold it on, and the parent's next wait would never end."""
     path = tmp_path / "train.lock"
-    lock = take_lock(path)
-    reader, writer = os.pipe()
-    child = os.fork()
-    if child == 0:  # the worker: lives on after its parent released the lock
-        os.close(reader)
-        os.write(writer, b"x")
-        time.sleep(30)
-        os._exit(0)
-    try:
+    with ExitStack() as held:
+        if kind == "a writer's lock":
+            held.callback(take_lock(path).close)
+        else:
+            held.enter_context(holding(path))
+        reader, writer = os.pipe()
+        child = os.fork()
+        if child == 0:  # the worker: lives on after its parent released the lock
+            os.close(reader)
+            os.write(writer, b"x")
+            time.sleep(30)
+            os._exit(0)
         os.close(writer)
         os.read(reader, 1)
-        lock.close()
+    try:
         again = take_lock(path)
         assert again is not None
         again.close()

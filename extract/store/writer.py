@@ -3,21 +3,19 @@ and a commit thread that takes the writes off the caller's critical path."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import queue
 import shutil
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import lmdb
 
 from extract.atomic import remove, temporaries, write_atomically
-from extract.locks import lock_holder, take_lock
+from extract.locks import holding, lock_holder, take_lock
 from extract.store.layout import (
     FAILURES, FAILURES_DB, META, META_LOCK, RECORDS_DB, SHARDS, acquire_shard, check_shard, failure_key, failures_in,
     lmdb_errors, open_shard, read_meta, release_shard, shard_dirs, shard_name, writer_lock_path,
@@ -49,7 +47,7 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     """
     root.mkdir(parents=True, exist_ok=True)
     path = root / META
-    with _held(root / META_LOCK):
+    with holding(root / META_LOCK):
         remove([tmp for tmp in temporaries(root) if tmp.name.startswith(f".{META}.")])
         if not path.exists():
             write_atomically(path, json.dumps(meta, indent=2) + "\n")
@@ -63,14 +61,6 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
             recorded["schema_version"] = SCHEMA_VERSION
             write_atomically(path, json.dumps(recorded, indent=2) + "\n")
     return recorded
-
-
-@contextmanager
-def _held(path: Path) -> Iterator[None]:
-    """An exclusive lock at `path` for the block, waiting for another holder."""
-    with path.open("a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _with_entries_added_later(recorded: dict[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,7 +149,7 @@ class FeatureStoreWriter:
         Under an exclusive lock, so concurrent shard writers cannot overwrite a newer rendering
         with an older one.
         """
-        with _held(self.root / SHARDS / ".failures.lock"):
+        with holding(self.root / SHARDS / ".failures.lock"):
             remove([path for path in temporaries(self.root) if path.name.startswith(f".{FAILURES}.")])
             others: list[Path] = []
             try:
