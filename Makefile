@@ -21,10 +21,13 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 # On a GPU host: the project installed against the host's own torch (no pinned .venv), then the
-# cuda tests and every GPU figure (bench/gpu_report.py), in about 10 minutes on one GPU.
+# cuda tests and every GPU figure (bench/gpu_report.py), in about 10 minutes on one GPU. It needs no
+# package index: the host's setuptools builds the project (--no-build-isolation) and nothing is
+# fetched (--no-deps); the report names the dependencies the host lacks (docs/benchmarks.md says how
+# to carry their wheels).
 GPU_PYTHON ?= python3
 gpu:
-	$(GPU_PYTHON) -m pip install --quiet -e '.[test]'
+	$(GPU_PYTHON) -m pip install --quiet --no-build-isolation --no-deps -e .
 	$(GPU_PYTHON) bench/gpu_report.py
 
 clean:

@@ -4,16 +4,24 @@ driver and library versions, the `cuda` tests, and every GPU figure of the bench
     make gpu                     # installs the project against the host's own torch, then runs this
     python bench/gpu_report.py   # the same, once the project is installed
 
+It first names the project's dependencies (the `test` extra's included) that the host lacks, and
+stops there if any is missing: a GPU host without network needs their wheels carried to it.
+
 It runs against whatever torch the interpreter has (no pinned virtual environment): the point is
 to learn how this code does on that host. Each part runs in a subprocess under its own time limit
-(a part that runs out is reported as such and the next one starts); every figure is printed as the
-benchmark prints it, with the command that measured it.
+(a part that runs out is reported as such, is stopped with every process it started, and the next
+one starts); the limits sum to 9 minutes, so the report ends within a 10-minute slot. Every figure is
+printed as the benchmark prints it, with the command that measured it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import os
+import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -21,13 +29,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# (what it measures, command, seconds it may take)
+# (what it measures, command, seconds it may take); the seconds sum to at most 540.
 PARTS = [
-    ("the cuda tests", [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider"], 240),
+    ("the cuda tests", [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider"], 220),
     ("extraction: BUTD-size detector, detection mode, images/s, GPU utilisation, share of the FLOP floor, "
      "selection ms per image",
      [sys.executable, "bench/bench_extract.py", "--device", "cuda", "--detectors", "butd-vg", "--precisions",
-      "fp32,tf32,bf16", "--modes", "detect", "--variants", "0", "--images", "48", "--batch-size", "8"], 180),
+      "fp32,tf32,bf16", "--modes", "detect", "--variants", "0", "--images", "48", "--batch-size", "8"], 170),
     ("training: VL-BERT-base, batch 32, samples/s and the share of time waiting for data, fp32 beside bf16",
      [sys.executable, "bench/bench_train.py", "--device", "cuda", "--model", "base", "--batch-size", "32",
       "--precisions", "fp32,bf16", "--workers", "4", "--steps", "40", "--repeats", "1"], 150),
@@ -55,16 +63,47 @@ def versions() -> list[str]:
     return lines
 
 
+def missing_dependencies(project: str = "vlbert-pipeline") -> list[str]:
+    """The requirements of `project` (its `test` extra's too) that this interpreter has not installed;
+    [project] when the project itself is not installed."""
+    try:
+        requirements = importlib.metadata.requires(project) or []
+    except importlib.metadata.PackageNotFoundError:
+        return [project]
+    missing = []
+    for requirement in requirements:
+        name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+    return missing
+
+
 def run_part(title: str, command: list[str], limit: float) -> bool:
     print(f"\n== {title}\n$ {shlex.join(command)}", flush=True)
     start = time.perf_counter()
+    # A process group of its own: on a timeout (or an interrupt) the part's DataLoader workers and
+    # pytest's children stop with it, instead of holding the GPU after the report moved on.
+    part = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
     try:
-        done = subprocess.run(command, cwd=ROOT, timeout=limit)
+        status = part.wait(timeout=limit)
     except subprocess.TimeoutExpired:
         print(f"-- stopped after {limit:.0f} s (its time limit): no figure from this part", flush=True)
         return False
-    print(f"-- {time.perf_counter() - start:.0f} s, exit status {done.returncode}", flush=True)
-    return done.returncode == 0
+    finally:
+        _stop_group(part)
+    print(f"-- {time.perf_counter() - start:.0f} s, exit status {status}", flush=True)
+    return status == 0
+
+
+def _stop_group(part: subprocess.Popen) -> None:
+    """Kills what is left of the part's process group (its leader, if running, and every descendant)."""
+    try:
+        os.killpg(part.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the group is gone: every process of it has exited
+    part.wait()
 
 
 def main() -> int:
@@ -75,6 +114,11 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
+        return 1
+    missing = missing_dependencies()
+    if missing:
+        print(f"missing on this host: {', '.join(missing)}; install their wheels (pip install --no-index "
+              "--find-links WHEELS ...; docs/benchmarks.md, \"On a GPU host\") and run this again", flush=True)
         return 1
     skipped = {int(part) for part in args.skip.split(",") if part}
     results = [run_part(*part) for number, part in enumerate(PARTS, 1) if number not in skipped]

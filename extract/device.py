@@ -47,6 +47,15 @@ def check_device(name: str | torch.device) -> torch.device:
     return device
 
 
+def use_device(device: torch.device) -> torch.device:
+    """Makes a CUDA `device` this process's current device, launcher or not: what CUDA puts on the
+    current device (the context, pinned host memory's, library handles, NCCL's) then lands on it,
+    not on cuda:0, which another process may be using."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
 def rank_device(device: str, env: Mapping[str, str]) -> str:
     """The device of this process under a launcher that starts several per node (torchrun sets
     LOCAL_RANK and LOCAL_WORLD_SIZE): a bare 'cuda' becomes cuda:LOCAL_RANK. Extraction jobs and

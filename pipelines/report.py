@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from extract.atomic import write_atomically
 from pipelines import STEP_FILE
 from train.data.files import DataError
 from train.engine.run_folder import RunFolder
@@ -166,12 +167,12 @@ def write_report(run_dirs: list[str], out: Path, compare: list[tuple[str, str]] 
     out.mkdir(parents=True, exist_ok=True)
     report_json = out / "report.json"
     document = {"resamples": resamples, "runs": rows, "comparisons": [_comparison_record(c) for c in comparisons]}
-    report_json.write_text(json.dumps(document, indent=1) + "\n")
+    write_atomically(report_json, json.dumps(document, indent=1) + "\n")
     text = "# Runs side by side\n\n" + "\n".join(_runs_table(rows)) + "\n\n" + RUNS_NOTE
     if comparisons:
         text += "\n## Comparisons\n\n" + "\n".join(_comparisons_table(comparisons)) + "\n\n" + COMPARISONS_NOTE
     report_md = out / "report.md"
-    report_md.write_text(text)
+    write_atomically(report_md, text)
     curves = out / "loss_curves.png"
     _plot_losses([run for d in run_dirs for run in run_folders(Path(d))], curves)
     return [report_json, report_md, curves]

@@ -587,11 +587,12 @@ def _verify_evaluate(params: dict[str, Any], folder: Path, known: Foreknown) -> 
 
 def evaluate(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     """Predictions scored as `vlbert evaluate` scores them, into scores.json."""
+    from extract.atomic import write_atomically
     from train.evaluation.benchmarks import BENCHMARKS
 
     chosen = _evaluation(params)
     scores = BENCHMARKS[chosen.benchmark].score(dataclasses.asdict(chosen), folder)
-    (folder / "scores.json").write_text(json.dumps(scores, indent=1))
+    write_atomically(folder / "scores.json", json.dumps(scores, indent=1))
     log(f"{chosen.benchmark}: {json.dumps(scores)}")
 
 

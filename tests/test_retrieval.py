@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from train.data.collate import model_inputs
 from train.evaluation.retrieval import chance_recalls, recalls, retrieval_ranks
-from train.tasks.retrieval import RetrievalCandidates, RetrievalPairs, caption_similarity
+from train.tasks.retrieval import RetrievalCandidates, RetrievalPairs, RetrievalRecall, caption_similarity
 from pipelines.world.tiny import TINY_MODEL
 from tests.helpers.worlds import copy_world, run_config
 from vlbert import VLBertConfig
@@ -70,6 +71,25 @@ def test_chance_recall_is_that_of_a_random_ranking() -> None:
     rng = np.random.default_rng(0)
     draws = [recalls(retrieval_ranks(rng.random((3, 5)), CAPTION_IMAGE))["i2t_r1"] for _ in range(4000)]
     assert abs(np.mean(draws) - 1 / 3) < 0.02
+
+
+def test_a_ranks_evaluation_state_carries_the_rows_it_scored_not_the_whole_matrix():
+    """Ranks score contiguous runs of (image, caption) pairs, image by image: rank 0 receives each
+    rank's rows (one row shared at a boundary), and merging them gives the whole matrix."""
+    candidates = SimpleNamespace(images=[None] * 3, captions=[None] * 5, caption_image=CAPTION_IMAGE)
+    pairs = [(image, caption) for image in range(3) for caption in range(5)]
+    shards = []
+    for part in (pairs[:7], pairs[7:]):  # image 1's row is split between the two
+        evaluator = RetrievalRecall(None, candidates)
+        for image, caption in part:
+            evaluator.scores[image, caption] = SCORES[image, caption]
+        evaluator.pairs = len(part)
+        shards.append(evaluator.state())
+    assert [(first, rows.shape) for first, rows in (state["rows"] for state in shards)] == [(0, (2, 5)), (1, (2, 5))]
+    assert "scores" not in shards[0]
+    merged = RetrievalRecall(None, candidates)
+    merged.merge(shards)
+    assert np.array_equal(merged.scores, SCORES.astype(np.float32)) and merged.pairs == 15
 
 
 # ---- datasets on the tiny world ------------------------------------------------------------

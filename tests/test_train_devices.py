@@ -20,7 +20,7 @@ from train.data.collate import collate, to_device
 from train.tasks.pretrain import TextOnlyCorpus
 from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
-from train.engine.batches import EpochBatches, stage_batches
+from train.engine.batches import EpochBatches, StageStreams
 from train.engine.checkpoint import load_training_state, random_state, save_checkpoint
 from train.engine.config import RunConfigError, StageConfig, run_differences
 from train.engine.distributed import World
@@ -115,7 +115,7 @@ def test_each_ranks_random_state_is_restored_when_the_world_matches_and_not_othe
     assert torch.equal(torch.get_rng_state(), untouched) and smaller.step == 1
     assert smaller.random_state_note == (f"{tmp_path / 'saved'} was written by 2 process(es), this run has 1: "
                                          "random states start afresh, so dropout draws differ from an "
-                                         "uninterrupted run (data order does not)")
+                                         "uninterrupted run")
 
 
 def test_a_checkpoint_from_before_per_rank_random_states_still_resumes(tmp_path):
@@ -177,7 +177,7 @@ def test_precision_is_recorded_in_run_and_eval_json_and_a_resume_in_another_is_r
     out = world / "precision"
     assert json.loads(RunFolder(out).config_file.read_text())["stages"][0]["precision"] == "fp32"
     assert json.loads(RunFolder(out).stage(0, "vqa").evaluation_file.read_text())["precision"] == "fp32"
-    assert run_differences(json.loads(RunFolder(out).config_file.read_text()), replace(run, stages=[replace(VQA, precision="bf16")])) \
+    assert run_differences(RunFolder(out).config(), replace(run, stages=[replace(VQA, precision="bf16")])) \
         == ['stages[0].precision: the run folder has "fp32", this config has "bf16"']
 
 
@@ -234,8 +234,8 @@ def _training_streams(world):
 
 def test_batches_collated_by_workers_equal_those_made_in_one_process(world):
     streams, tokenizer = _training_streams(world)
-    in_process = stage_batches(streams, 5, 0, tokenizer.pad_token_id, pin_memory=False)
-    by_workers = stage_batches(streams, 5, 2, tokenizer.pad_token_id, pin_memory=False)
+    in_process = StageStreams.at(streams, 5).batches(0, tokenizer.pad_token_id, pin_memory=False)
+    by_workers = StageStreams.at(streams, 5).batches(2, tokenizer.pad_token_id, pin_memory=False)
     for _ in range(6):  # across an epoch's end
         one, other = next(in_process), next(by_workers)
         assert one.usable == other.usable == 6 and one.with_images == 3 and not one.damaged
@@ -249,9 +249,9 @@ def test_batches_collated_by_workers_equal_those_made_in_one_process(world):
 def test_stage_batches_start_where_a_resumed_stage_left_off(world):
     """Batch b of a stage is the same whether the stage starts at 0 or resumes at b."""
     streams, tokenizer = _training_streams(world)
-    from_start = stage_batches(streams, 0, 0, tokenizer.pad_token_id, pin_memory=False)
+    from_start = StageStreams.at(streams, 0).batches(0, tokenizer.pad_token_id, pin_memory=False)
     batches = [next(from_start) for _ in range(5)]
-    resumed = next(stage_batches(streams, 4, 0, tokenizer.pad_token_id, pin_memory=False))
+    resumed = next(StageStreams.at(streams, 4).batches(0, tokenizer.pad_token_id, pin_memory=False))
     assert torch.equal(resumed.inputs["input_ids"], batches[4].inputs["input_ids"])
 
 

@@ -9,6 +9,8 @@ every package may raise its errors without loading torch.
 
 from __future__ import annotations
 
+import errno
+
 USAGE = 2
 FAILED = 1
 
@@ -28,8 +30,19 @@ def exit_status(exc: BaseException) -> int | None:
     return getattr(exc, "exit_status", None)
 
 
+# The write errors that mean no room was left, as the error line names them.
+NO_ROOM = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file is too large (for the file system, or for the file size limit of the process: ulimit -f)",
+}
+
+
 def error_line(exc: BaseException) -> str:
-    """The one line that reports `exc` to the user."""
-    if isinstance(exc, OSError) and exc.filename is not None:
-        return f"{exc.filename}: {exc.strerror or exc}"
-    return str(exc)
+    """The one line that reports `exc` to the user; a full disk is named as such, with the file."""
+    if not isinstance(exc, OSError):
+        return str(exc)
+    where = f"{exc.filename}: " if exc.filename is not None else ""
+    if exc.errno in NO_ROOM:
+        return f"{where}{NO_ROOM[exc.errno]} ({exc.strerror})"
+    return f"{where}{exc.strerror or exc}" if where else str(exc)

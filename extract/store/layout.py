@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import resource
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -14,12 +16,17 @@ import lmdb
 
 from extract.store.lmdb_file import DamagedFileError, check_data_file
 from extract.store.schema import MAX_KEY_BYTES, StoreError, check_meta
+from vlbert.errors import NO_ROOM
 
 META = "meta.json"
+META_LOCK = ".meta.lock"  # held while meta.json is created or updated
 FAILURES = "failures.jsonl"
 SHARDS = "shards"
 RECORDS_DB = b"records"
 FAILURES_DB = b"failures"
+# Free bytes (or bytes below the file size limit) under which a failed write counts as no room:
+# LMDB writes up to 64 pages at once.
+_ALMOST_FULL = 1 << 20
 
 
 def shard_name(index: int, count: int) -> str:
@@ -67,11 +74,34 @@ def check_shard(shard: Path) -> None:
 
 @contextmanager
 def lmdb_errors(shard: Path) -> Iterator[None]:
-    """LMDB's errors as one-line StoreErrors that name the shard's data file."""
+    """LMDB's errors as one-line StoreErrors that name the shard's data file, and a full disk as such."""
     try:
         yield
     except lmdb.Error as exc:
+        no_room = _no_room(data_file(shard), exc)
+        if no_room is not None:
+            raise StoreError(f"{data_file(shard)}: {no_room} (LMDB error: {exc})") from None
         raise StoreError(f"{data_file(shard)}: LMDB error: {exc}") from None
+
+
+def _no_room(data: Path, exc: lmdb.Error) -> str | None:
+    """What ran out, when `exc` is a write that found no room. LMDB reports a write that stopped
+    part-way as an I/O error (EIO), which is what a full disk or a file at the process's size limit
+    (ulimit -f) gives; the disk's free space and the file's size tell which."""
+    code = getattr(exc, "code", 0)
+    if code in NO_ROOM:
+        return NO_ROOM[code]
+    if code != errno.EIO:
+        return None
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    size = data.stat().st_size if data.exists() else 0
+    if limit != resource.RLIM_INFINITY and size + _ALMOST_FULL > limit:
+        return f"the file is too large: it reached the file size limit of this process (ulimit -f), {limit} bytes"
+    disk = os.statvfs(data.parent)
+    free = disk.f_bavail * disk.f_frsize
+    if free < _ALMOST_FULL:
+        return f"{NO_ROOM[errno.ENOSPC]}: {free // 1024} KiB free"
+    return None
 
 
 def open_shard(path: Path, *, readonly: bool, lock: bool = True, map_size: int = 1 << 20) -> lmdb.Environment:

@@ -3,10 +3,10 @@ and a commit thread that takes the writes off the caller's critical path."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import queue
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -14,9 +14,10 @@ from typing import Any, Callable, Mapping
 
 import lmdb
 
-from extract.atomic import write_atomically
+from extract.atomic import remove, temporaries, write_atomically
+from extract.locks import holding, lock_holder, take_lock
 from extract.store.layout import (
-    FAILURES, FAILURES_DB, META, RECORDS_DB, SHARDS, acquire_shard, check_shard, failure_key, failures_in,
+    FAILURES, FAILURES_DB, META, META_LOCK, RECORDS_DB, SHARDS, acquire_shard, check_shard, failure_key, failures_in,
     lmdb_errors, open_shard, read_meta, release_shard, shard_dirs, shard_name, writer_lock_path,
 )
 from extract.store.records import encode_record
@@ -39,30 +40,26 @@ ENTRIES_ADDED_LATER = ((("detector", "precision"), "fp32"), (("detector", "confi
 def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     """Creates meta.json, or checks that the existing one records the same run parameters.
 
-    Creation is a link of a finished temporary file, so concurrent shard writers never see a
-    partial meta.json and exactly one of them creates it. A store of an older schema version
-    takes this version's records from now on, so its meta.json says this version.
+    Under the store's meta lock, so that of concurrent shard writers exactly one creates it (whole:
+    none sees a partial meta.json), and temporaries that killed writers left are swept. A store of
+    an older schema version takes this version's records from now on, so its meta.json says this
+    version.
     """
     root.mkdir(parents=True, exist_ok=True)
     path = root / META
-    if not path.exists():
-        tmp = root / f".{META}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(meta, indent=2) + "\n")
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    recorded = _with_entries_added_later(read_meta(root), meta)
-    problems = meta_mismatches(recorded, meta)
-    if problems:
-        raise StoreMismatchError(
-            f"{root} was written with other settings; refusing to mix records "
-            f"(use a new --out, or the original settings):\n  " + "\n  ".join(problems))
-    if recorded["schema_version"] != SCHEMA_VERSION:
-        recorded["schema_version"] = SCHEMA_VERSION
-        write_atomically(path, json.dumps(recorded, indent=2) + "\n")
+    with holding(root / META_LOCK):
+        remove([tmp for tmp in temporaries(root) if tmp.name.startswith(f".{META}.")])
+        if not path.exists():
+            write_atomically(path, json.dumps(meta, indent=2) + "\n")
+        recorded = _with_entries_added_later(read_meta(root), meta)
+        problems = meta_mismatches(recorded, meta)
+        if problems:
+            raise StoreMismatchError(
+                f"{root} was written with other settings; refusing to mix records "
+                f"(use a new --out, or the original settings):\n  " + "\n  ".join(problems))
+        if recorded["schema_version"] != SCHEMA_VERSION:
+            recorded["schema_version"] = SCHEMA_VERSION
+            write_atomically(path, json.dumps(recorded, indent=2) + "\n")
     return recorded
 
 
@@ -91,12 +88,11 @@ class FeatureStoreWriter:
         self.meta = ensure_meta(self.root, meta)
         (self.root / SHARDS).mkdir(exist_ok=True)
         self.path = self.root / SHARDS / shard_name(*shard)
-        self._lock = writer_lock_path(self.path).open("a+b")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            raise StoreError(f"{self.path}: another process is writing this shard") from None
+        self._lock = take_lock(writer_lock_path(self.path))
+        if self._lock is None:
+            raise StoreError(f"{self.path}: another process is writing this shard "
+                             f"({lock_holder(writer_lock_path(self.path))})")
+        remove([path for path in temporaries(self.root / SHARDS) if path.name.startswith(f".{self.path.name}.")])
         if self.path.exists():
             check_shard(self.path)
         else:
@@ -153,8 +149,8 @@ class FeatureStoreWriter:
         Under an exclusive lock, so concurrent shard writers cannot overwrite a newer rendering
         with an older one.
         """
-        with (self.root / SHARDS / ".failures.lock").open("a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with holding(self.root / SHARDS / ".failures.lock"):
+            remove([path for path in temporaries(self.root) if path.name.startswith(f".{FAILURES}.")])
             others: list[Path] = []
             try:
                 envs = [self.env]
@@ -230,8 +226,13 @@ def _create_shard(path: Path) -> None:
     """Creates the environment and its databases elsewhere and renames it into place, so readers
     never meet a shard without its databases."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    env = open_shard(tmp, readonly=False)
-    env.open_db(RECORDS_DB)
-    env.open_db(FAILURES_DB)
-    env.close()
-    os.rename(tmp, path)
+    try:
+        env = open_shard(tmp, readonly=False)
+        with lmdb_errors(tmp):
+            env.open_db(RECORDS_DB)
+            env.open_db(FAILURES_DB)
+            env.close()
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -23,28 +23,45 @@ from train.data.datasets import DamagedSample, Sample
 from train.engine.distributed import World
 
 
+Position = tuple[int, int]  # (epoch, samples of the epoch's permutation that earlier batches took)
+
+
 class EpochBatches:
-    """Index batches for one process: a seeded permutation per epoch, sliced per rank, drop-last."""
+    """Index batches for one process: a seeded permutation per epoch, drop-last. The ranks take
+    turns through it, so that a step of every rank takes the next `batch_size × world size` samples
+    of the permutation whatever the world size: a run resumed by another number of processes
+    continues from its `position` in the same order."""
 
     def __init__(self, size: int, batch_size: int, seed: int, world: World) -> None:
         self.rank, self.world_size = world.rank, world.size
         self.size, self.batch_size, self.seed = size, batch_size, seed
-        self.per_epoch = size // (batch_size * self.world_size)
+        self.total = batch_size * self.world_size  # samples per batch of all ranks together
+        self.per_epoch = size // self.total
         if self.per_epoch == 0:
             raise ValueError(f"{size} samples cannot fill one batch of {batch_size} on {self.world_size} process(es)")
 
-    def epochs_from(self, batch: int) -> Iterator[tuple[int, list[list[int]]]]:
-        """(epoch, its remaining index batches) from the stage's `batch`-th batch on, forever."""
-        epoch, offset = divmod(batch, self.per_epoch)
+    def position(self, batch: int, start: Position = (0, 0)) -> Position:
+        """Where the `batch`-th batch after `start` begins."""
+        epoch, drawn = start
+        left = (self.size - drawn) // self.total  # whole batches left in start's epoch
+        if batch < left:
+            return epoch, drawn + batch * self.total
+        later, index = divmod(batch - left, self.per_epoch)
+        return epoch + 1 + later, index * self.total
+
+    def epochs_from(self, start: Position) -> Iterator[tuple[int, list[list[int]]]]:
+        """(epoch, its remaining index batches) from `start` on, forever."""
+        epoch, drawn = start
         while True:
             order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100003 + epoch))
-            mine = order[self.rank :: self.world_size].tolist()
-            yield epoch, [mine[b * self.batch_size : (b + 1) * self.batch_size] for b in range(offset, self.per_epoch)]
-            epoch, offset = epoch + 1, 0
+            mine = order[drawn + self.rank :: self.world_size].tolist()
+            batches = (self.size - drawn) // self.total
+            yield epoch, [mine[b * self.batch_size : (b + 1) * self.batch_size] for b in range(batches)]
+            epoch, drawn = epoch + 1, 0
 
-    def keys_from(self, stream: int, batch: int) -> Iterator[list[tuple[int, int, int]]]:
-        """The (stream, epoch, index) keys of each batch from the `batch`-th on."""
-        for epoch, batches in self.epochs_from(batch):
+    def keys_from(self, stream: int, start: Position) -> Iterator[list[tuple[int, int, int]]]:
+        """The (stream, epoch, index) keys of each batch from `start` on."""
+        for epoch, batches in self.epochs_from(start):
             for indices in batches:
                 yield [(stream, epoch, index) for index in indices]
 
@@ -98,17 +115,38 @@ class Collate:
         return Batch(inputs, damaged, len(usable), len(samples) - text_only, kept)
 
 
-def stage_batches(streams: Sequence[tuple[Dataset, EpochBatches]], batch: int, workers: int, pad_token_id: int,
-                  pin_memory: bool) -> Iterator[Batch]:
-    """Micro-batches from the stage's `batch`-th on, each one batch of every stream, forever; its
-    workers live as long as the iterator (the whole stage)."""
-    keys = [order.keys_from(stream, batch) for stream, (_, order) in enumerate(streams)]
-    sampler = (sum((next(stream_keys) for stream_keys in keys), []) for _ in iter(int, 1))
-    # A generator of its own: the DataLoader would otherwise draw its workers' base seed from the
-    # global RNG, which would shift dropout after a resume.
-    return iter(DataLoader(Streams([dataset for dataset, _ in streams]), batch_sampler=sampler,
-                           collate_fn=Collate(pad_token_id), num_workers=workers, pin_memory=pin_memory,
-                           generator=torch.Generator().manual_seed(batch)))
+@dataclass
+class StageStreams:
+    """A stage's sample streams (the task's dataset first) with their orders, and where in each order
+    the stage's micro-batch `batch` begins."""
+
+    streams: list[tuple[Dataset, EpochBatches]]
+    batch: int
+    starts: list[Position]
+
+    @classmethod
+    def at(cls, streams: list[tuple[Dataset, EpochBatches]], batch: int,
+           starts: Sequence[Sequence[int]] | None = None) -> StageStreams:
+        """From micro-batch `batch`; at `starts` (a checkpoint's `positions`), or else where this
+        world's `batch`-th batch begins."""
+        if starts is None:
+            return cls(streams, batch, [order.position(batch) for _, order in streams])
+        return cls(streams, batch, [(int(epoch), int(drawn)) for epoch, drawn in starts])
+
+    def positions(self, batch: int) -> list[list[int]]:
+        """Where each stream's micro-batch `batch` (of the stage) begins, for a checkpoint."""
+        return [list(order.position(batch - self.batch, start)) for (_, order), start in zip(self.streams, self.starts)]
+
+    def batches(self, workers: int, pad_token_id: int, pin_memory: bool) -> Iterator[Batch]:
+        """Micro-batches from the stage's `batch`-th on, each one batch of every stream, forever; its
+        workers live as long as the iterator (the whole stage)."""
+        keys = [order.keys_from(stream, start) for stream, ((_, order), start) in enumerate(zip(self.streams, self.starts))]
+        sampler = (sum((next(stream_keys) for stream_keys in keys), []) for _ in iter(int, 1))
+        # A generator of its own: the DataLoader would otherwise draw its workers' base seed from the
+        # global RNG, which would shift dropout after a resume.
+        return iter(DataLoader(Streams([dataset for dataset, _ in self.streams]), batch_sampler=sampler,
+                               collate_fn=Collate(pad_token_id), num_workers=workers, pin_memory=pin_memory,
+                               generator=torch.Generator().manual_seed(self.batch)))
 
 
 def evaluation_batches(dataset: Dataset, batch_size: int, workers: int, pad_token_id: int,

@@ -1,7 +1,8 @@
 """Training checkpoints in safetensors: model weights, optimizer, scheduler and each rank's RNG state.
 
 A checkpoint is a directory written under a temporary name and renamed into place, so a crash
-never leaves a half-written one that a resume would pick up. A stage writes one every N steps,
+never leaves a half-written one that a resume would pick up; a failed write removes it (a killed
+one leaves it for the next run to sweep: `RunFolder.temporaries`). A stage writes one every N steps,
 every M minutes of wall time, or both (`CheckpointSchedule`), and keeps the newest few.
 """
 
@@ -17,6 +18,7 @@ from time import monotonic
 import torch
 from safetensors.torch import load_file, save_file
 
+from extract.atomic import writing
 from train.engine.run_folder import StageFolder
 
 STATE_TENSORS = "training_state.safetensors"
@@ -32,19 +34,24 @@ def save_checkpoint(directory: Path, model, optimizer: torch.optim.Optimizer, sc
     `scaler`: the fp16 gradient scaler's state."""
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    for name, extra_tensors in (extra or {}).items():
-        save_file(extra_tensors, tmp / name)
     tensors, scalars = _optimizer_state(optimizer)
     random_states = random_states or [random_state(None)]
     for rank, states in enumerate(random_states):
         tensors.update({f"rng.{rank}.{kind}": state for kind, state in states.items()})
-    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / STATE_TENSORS)
-    (tmp / STATE_JSON).write_text(json.dumps({"step": step, "progress": progress or {}, "optimizer": scalars,
-                                              "scheduler": scheduler.state_dict(), "world_size": len(random_states),
-                                              "scaler": scaler}, indent=1))
-    shutil.rmtree(directory, ignore_errors=True)
-    os.replace(tmp, directory)
+    try:
+        with writing(directory):  # a full disk names the checkpoint
+            model.save_pretrained(tmp)
+            for name, extra_tensors in (extra or {}).items():
+                save_file(extra_tensors, tmp / name)
+            save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / STATE_TENSORS)
+            (tmp / STATE_JSON).write_text(json.dumps({
+                "step": step, "progress": progress or {}, "optimizer": scalars, "scheduler": scheduler.state_dict(),
+                "world_size": len(random_states), "scaler": scaler}, indent=1))
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # what was written of it frees the disk
+        raise
 
 
 @dataclass
@@ -52,6 +59,7 @@ class TrainingState:
     step: int
     progress: dict  # the counters `save_checkpoint` was given
     scaler: dict | None  # the fp16 gradient scaler's state
+    world_size: int  # the number of processes that saved it
     random_state_note: str | None  # why this rank's random state was not restored, or None
 
 
@@ -75,8 +83,8 @@ def load_training_state(directory: Path, optimizer: torch.optim.Optimizer, sched
         restore_random_state(saved_ranks[rank], device)
     else:
         note = (f"{directory} was written by {len(saved_ranks)} process(es), this run has {world_size}: random "
-                "states start afresh, so dropout draws differ from an uninterrupted run (data order does not)")
-    return TrainingState(int(meta["step"]), meta.get("progress", {}), meta.get("scaler"), note)
+                "states start afresh, so dropout draws differ from an uninterrupted run")
+    return TrainingState(int(meta["step"]), meta.get("progress", {}), meta.get("scaler"), len(saved_ranks), note)
 
 
 def random_state(device: torch.device | None) -> dict[str, torch.Tensor]:

@@ -4,14 +4,15 @@ collectives the trainer needs (agreeing on a flag, gathering objects to rank 0).
 Under torchrun every process reads RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; a plain
 `python` run is rank 0 of 1. Each rank trains on its own GPU, cuda:LOCAL_RANK
 (`extract.device.rank_device`): without that, every rank would put its model on cuda:0 and NCCL
-refuses two ranks on one GPU.
+refuses two ranks on one GPU. The process group lives as long as the run (`process_group`).
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -37,15 +38,31 @@ class World:
         return self.size > 1
 
 
-def start_process_group(device: torch.device) -> None:
-    """NCCL bound to this rank's GPU on CUDA, gloo on the CPU; once per process."""
-    if dist.is_initialized():
-        return
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        dist.init_process_group("gloo")
+@contextmanager
+def process_group(world: World, device: torch.device) -> Iterator[None]:
+    """The process group of a distributed `world` for the block: NCCL bound to this rank's GPU (the
+    current device already: `extract.device.use_device`) on CUDA, gloo on the CPU; ended after the
+    block, also on an error, unless it was running before."""
+    started = world.distributed and not dist.is_initialized()
+    if started:
+        if device.type == "cuda":
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
+    try:
+        yield
+    finally:
+        if started:
+            dist.destroy_process_group()
+
+
+def from_rank_zero(value: Any, world: World) -> Any:
+    """Rank 0's `value` on every rank."""
+    if not world.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def any_rank(flag: bool, world: World, device: torch.device) -> bool:

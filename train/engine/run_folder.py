@@ -1,7 +1,9 @@
 """A training run's folder: the one module that names what a run writes there, for the trainer that
 writes it and for the reports, pipeline steps, benches and tests that read it.
 
-    run.json                        the resolved run config; another config is refused in this folder
+    run.json                        the resolved run config (another config is refused in this folder),
+                                    and under "world" its number of processes and every change of it
+    train.lock                      held by the process that trains the run (its pid and host inside)
     metrics.jsonl                   one JSON object per optimiser step and per evaluation
     tensorboard/<i>-<name>/         the stage's TensorBoard scalars
     stages/<i>-<name>/checkpoint-<step>/   model (save_pretrained), optimizer, scheduler, RNG state
@@ -14,7 +16,8 @@ writes it and for the reports, pipeline steps, benches and tests that read it.
     seed-<s>/                       a pipeline train step with `seeds`: one run folder per seed
 
 Every file is written whole or not at all (`extract.atomic.write_atomically`); model folders are
-written beside their name and renamed into it.
+written beside their name and renamed into it. What a killed writer left of them (`temporaries`)
+the next holder of the lock sweeps.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import write_atomically
+from extract.atomic import temporaries, write_atomically
 
 _RUN_FILE = "run.json"
+_WORLD = "world"  # run.json's record of the processes, beside the config's fields
+_LOCK = "train.lock"
 _METRICS = "metrics.jsonl"
 _TENSORBOARD = "tensorboard"
 _STAGES = "stages"
@@ -86,6 +91,13 @@ class StageFolder:
     def checkpoint(self, step: int) -> Path:
         return self.path / f"checkpoint-{step}"
 
+    def temporaries(self) -> list[Path]:
+        """What writes killed in this stage's folder left: the final model, checkpoints and files being
+        written under temporary names."""
+        folders = [self.path, self.path / "item_scores", self.predictions_folder]
+        return [*self.path.glob("checkpoint-*.tmp"), *self.path.glob(self.final_staging.name),
+                *(path for folder in folders for path in temporaries(folder))]
+
     def checkpoints(self) -> list[Path]:
         """The stage's complete checkpoints, oldest first (one being written ends in .tmp)."""
         steps = sorted((int(match.group(1)), path) for path in self.path.glob("checkpoint-*")
@@ -114,11 +126,32 @@ class RunFolder:
 
     def config(self) -> dict[str, Any]:
         """The run config recorded in run.json."""
+        return {k: v for k, v in self._recorded().items() if k != _WORLD}
+
+    def world(self) -> dict[str, Any]:
+        """run.json's record of the processes: {"size": the latest session's, "changes": [{"stage",
+        "step", "from", "to", "learning_rate_scale"}, ...]}; {} for a run from before the record."""
+        return self._recorded().get(_WORLD, {})
+
+    def _recorded(self) -> dict[str, Any]:
         return json.loads(self.config_file.read_text())
 
-    def write_config(self, config: dict[str, Any]) -> None:
+    def write_config(self, config: dict[str, Any], world: dict[str, Any] | None = None) -> None:
+        """run.json: `config`, and `world` (see `world()`) when given."""
         self.root.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.config_file, json.dumps(config, indent=1))
+        write_atomically(self.config_file, json.dumps({**config, **({_WORLD: world} if world else {})}, indent=1))
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / _LOCK
+
+    def temporaries(self) -> list[Path]:
+        """What writes killed in this run folder left (`StageFolder.temporaries`, run.json's and
+        metrics.jsonl's); a pipeline's files here are not the trainer's."""
+        stages = [StageFolder(path) for path in sorted((self.root / _STAGES).glob("*")) if path.is_dir()]
+        own = tuple(f".{name}." for name in (_RUN_FILE, _METRICS))
+        return [path for path in temporaries(self.root) if path.name.startswith(own)] \
+            + [path for stage in stages for path in stage.temporaries()]
 
     @property
     def metrics_file(self) -> Path:

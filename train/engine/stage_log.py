@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
+from extract.atomic import write_atomically, writing
 from train.engine.run_folder import RunFolder, StageFolder
 
 
@@ -21,9 +22,9 @@ class StageLog:
     def __init__(self, run: RunFolder, folder: StageFolder, stage: str, start: int) -> None:
         """`stage`: the stage's name; `start`: the step it starts from."""
         self.stage = stage
-        path = run.metrics_file
+        self.path = path = run.metrics_file
         _drop_entries_after(path, stage, start)
-        board = run.tensorboard(folder)
+        self.board_folder = board = run.tensorboard(folder)
         self.board = SummaryWriter(str(board), purge_step=start + 1 if board.exists() else None)
         self.metrics = path.open("a")
 
@@ -31,19 +32,29 @@ class StageLog:
         skipped = {"damaged_skipped": damaged_skipped} if damaged_skipped else {}
         self._write({"stage": self.stage, "step": step, "lr": lr, **losses, **skipped})
         for name, value in losses.items():
-            self.board.add_scalar(f"{self.stage}/{name}", value, step)
+            self._scalar(f"{self.stage}/{name}", value, step)
 
     def evaluation(self, result: dict, step: int) -> None:
         self._write({"stage": self.stage, "eval": result})
-        self.board.add_scalar(f"{self.stage}/eval_{result['metric']}", result["value"], step)
+        self._scalar(f"{self.stage}/eval_{result['metric']}", result["value"], step)
 
     def _write(self, record: dict) -> None:
-        self.metrics.write(json.dumps(record) + "\n")
-        self.metrics.flush()
+        with writing(self.path):
+            self.metrics.write(json.dumps(record) + "\n")
+            self.metrics.flush()
+
+    def _scalar(self, name: str, value: float, step: int) -> None:
+        """A TensorBoard scalar; its writer thread's errors (a full disk) come up here, or at close."""
+        with writing(self.board_folder):
+            self.board.add_scalar(name, value, step)
 
     def close(self) -> None:
-        self.metrics.close()
-        self.board.close()
+        try:
+            with writing(self.path):
+                self.metrics.close()
+        finally:
+            with writing(self.board_folder):
+                self.board.close()
 
     def __enter__(self) -> StageLog:
         return self
@@ -69,13 +80,14 @@ class MutedStageLog:
 
 
 def _drop_entries_after(path: Path, stage: str, start: int) -> None:
-    """Removes `stage`'s step lines past `start`, and its evaluation line, from the metrics file."""
+    """Removes `stage`'s step lines past `start`, and its evaluation line, from the metrics file, and
+    a last line that a full disk or a kill cut short."""
     if not path.is_file():
         return
     lines = path.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if not _stale(json.loads(line), stage, start)]
+    kept = [line for line in lines if line.endswith("\n") and not _stale(json.loads(line), stage, start)]
     if len(kept) < len(lines):
-        path.write_text("".join(kept))
+        write_atomically(path, "".join(kept))
 
 
 def _stale(record: dict, stage: str, start: int) -> bool:

@@ -1,6 +1,7 @@
 """Runs the stages of a training run from the FeatureStore: data, optimisation, checkpoints, evaluation.
 
-The run folder `run.out` (its layout: `train.engine.run_folder`) holds this run or none.
+The run folder `run.out` (its layout: `train.engine.run_folder`) holds this run or none, and one
+process trains in it at a time (it holds the folder's lock).
 Before anything trains, the config's paths, the device, every stage's precision on it, and the
 store's arrays for every stage are checked. Resuming finds the first unfinished stage and its
 latest checkpoint (or starts it again at step 0, and says which); data order and dropout continue
@@ -12,10 +13,11 @@ of each split, and saves its random state into rank 0's checkpoints.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -25,7 +27,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from extract.device import check_device, rank_device
+from extract.atomic import remove, writing
+from extract.device import check_device, rank_device, use_device
+from extract.locks import lock_holder, take_lock
 from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision
 from extract.progress import progress_bar
 from train.data.annotations import AnnotationFile
@@ -33,11 +37,11 @@ from train.data.files import read_json
 from train.data.regions import RegionBank
 from train.end2end import EndToEndVisual, with_appearance
 from train.data.collate import pixel_entries, to_device
-from train.engine.batches import Batch, EpochBatches, stage_batches
+from train.engine.batches import Batch, EpochBatches, StageStreams
 from train.engine.checkpoint import CheckpointSchedule, load_training_state, prune_checkpoints, random_state, save_checkpoint
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
 from train.engine.damaged import DamagedRecords
-from train.engine.distributed import World, any_rank, barrier, gathered, start_process_group
+from train.engine.distributed import World, any_rank, barrier, from_rank_zero, gathered, process_group
 from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.run_folder import RunFolder, StageFolder
@@ -45,8 +49,19 @@ from train.engine.stage_log import MutedStageLog, StageLog
 from train.tasks import TASKS
 from train.tasks.base import TaskData
 from vlbert import VLBertConfig
+from vlbert.errors import FAILED, UserError
 from vlbert.modeling import CONFIG_NAME, DETECTOR_WEIGHTS, WEIGHTS_NAME
 from vlbert.tokenization import check_vocabulary_size, load_tokenizer
+
+
+class RunFolderBusyError(UserError):
+    """Another live process trains the run in this folder (it holds the folder's lock)."""
+
+
+class NonFiniteLossError(UserError):
+    """A stage's loss became NaN or infinite: the stage stopped, saving nothing after it."""
+
+    exit_status = FAILED
 
 
 @dataclass
@@ -103,7 +118,7 @@ class Trainer:
         run.check_paths()
         # This rank's GPU under a launcher (cuda:LOCAL_RANK), then checked: one line for a typo or a
         # GPU this machine lacks.
-        self.device = check_device(rank_device(run.device, os.environ))
+        self.device = use_device(check_device(rank_device(run.device, os.environ)))
         for stage in run.stages:
             precision(stage.precision, TRAINING_PRECISIONS).check(self.device)
         self.folder = RunFolder(run.out_dir)
@@ -123,9 +138,12 @@ class Trainer:
         """Runs (or, with `resume`, continues) every stage not done yet; returns each stage's evaluation.
 
         `out` must hold this run or none: a recorded config that differs beyond RESULT_NEUTRAL_FIELDS is
-        refused (RunMismatchError) unless `restart`, which removes the previous run's outputs first."""
-        if self.world.distributed:
-            start_process_group(self.device)
+        refused (RunMismatchError) unless `restart`, which removes the previous run's outputs first.
+        One process at a time trains in `out`: another is refused (RunFolderBusyError)."""
+        with process_group(self.world, self.device), self._run_folder_lock():
+            return self._fit(resume, restart)
+
+    def _fit(self, resume: bool, restart: bool) -> list[dict]:
         self._claim_run_folder(restart)
         results = []
         previous: Path | None = Path(self.run.init_from) if self.run.init_from else None
@@ -195,9 +213,29 @@ class Trainer:
         return ("VL-BERT-base (no `model:` given), every weight random; `model:` picks a size (base, large, tiny) "
                 "or fields, `bert:` or `init_from:` starts from a checkpoint")
 
+    @contextmanager
+    def _run_folder_lock(self) -> Iterator[None]:
+        """Rank 0 holds the run folder's lock for the block; every rank stops when another process
+        holds it. The kernel releases it when rank 0 dies, so a requeued run takes it again."""
+        lock = None
+        if self.world.rank == 0:
+            self.folder.root.mkdir(parents=True, exist_ok=True)
+            lock = take_lock(self.folder.lock_file)
+        busy = lock_holder(self.folder.lock_file) if self.world.rank == 0 and lock is None else None
+        busy = from_rank_zero(busy, self.world)
+        if busy:
+            raise RunFolderBusyError(f"{self.folder.root}: another process is training this run ({busy}); it must "
+                                     "end (or be stopped) before another can train here")
+        try:
+            yield
+        finally:
+            if lock is not None:
+                lock.close()
+
     def _claim_run_folder(self, restart: bool) -> None:
         """Refuses a run folder holding a run with another config unless `restart`, then records this
-        config in the run folder (its result-neutral fields may have changed)."""
+        config and this world's size in the run folder (its result-neutral fields may have changed),
+        and removes what writes killed in it left."""
         differences = run_differences(self.folder.config(), self.run) if self.folder.is_run else []
         if differences and not restart:
             raise RunMismatchError(f"{self.folder.root} holds a run with another config; pass restart=True (--restart) to "
@@ -207,8 +245,18 @@ class Trainer:
         if self.world.rank == 0:
             if restart:
                 self._remove_outputs()
-            self.folder.write_config(self.run.to_dict())
+            changes = self.folder.world().get("changes", []) if self.folder.is_run else []
+            self.folder.write_config(self.run.to_dict(), {"size": self.world.size, "changes": changes})
+            self._sweep_temporaries()
         barrier(self.world)
+
+    def _sweep_temporaries(self) -> None:
+        """Under the run folder's lock no other process writes here: every temporary is a dead one's."""
+        left = self.folder.temporaries()
+        remove(left)
+        if left:
+            self.log(f"removed what an interrupted write left in {self.folder.root}: "
+                     + ", ".join(str(path.relative_to(self.folder.root)) for path in left))
 
     def _remove_outputs(self) -> None:
         previous = self.folder.outputs()
@@ -225,41 +273,71 @@ class Trainer:
     def _train_stage(self, stage: StageConfig, stage_dir: StageFolder, previous: Path | None) -> None:
         torch.manual_seed(self.run.seed)
         parts = self._parts(stage, previous)
-        step, saved = self._start(stage, stage_dir, parts)
+        step, saved, saved_world = self._start(stage, stage_dir, parts)
         progress = StageProgress.from_saved(saved, skip_damaged=self.run.damaged_records == "skip")
-        batches = self._batches(stage, step, parts.visual)
+        streams = self._streams(stage, step, parts.visual, saved.get("positions"), saved_world)
+        batches = PeekedBatches(streams.batches(stage.num_workers, self.tokenizer.pad_token_id,
+                                                self.device.type == "cuda"))
         objective = self._objective(stage, parts, batches)
         with self._stage_log(stage, stage_dir, step) as log:
-            self._optimise(stage, stage_dir, parts, objective, batches, step, progress, log)
+            self._optimise(stage, stage_dir, parts, objective, batches, streams, step, progress, log)
             seconds = progress.seconds
             del batches  # its DataLoader workers stop before evaluation starts its own
-            self._save(stage, stage_dir, parts, stage.steps, progress)
+            self._save(stage, stage_dir, parts, stage.steps, progress, streams)
             self._finish(stage, stage_dir, parts, seconds, progress, log)
         barrier(self.world)
 
-    def _start(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts) -> tuple[int, dict]:
-        """Loads the stage's latest checkpoint, if any: (the step to start from, the saved progress).
-        The model is on its device already, so the optimizer state loads onto it too."""
+    def _start(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts) -> tuple[int, dict, int]:
+        """Loads the stage's latest checkpoint, if any: (the step to start from, the saved progress,
+        the number of processes that saved it). The model is on its device already, so the optimizer
+        state loads onto it too."""
         checkpoint = stage_dir.latest_checkpoint()
         if checkpoint is None:
             attempted = self.folder.tensorboard(stage_dir).exists()  # an interrupted attempt logged there
             self.log(f"stage {stage.name}: " + ("no checkpoint, starting again at step 0" if attempted
                                                else "starting at step 0"))
-            return 0, {}
+            return 0, {}, self.world.size
         parts.model.load_state_dict(load_file(checkpoint / WEIGHTS_NAME))
         if parts.visual is not None:
             parts.visual.detector.load_state_dict(load_file(checkpoint / DETECTOR_WEIGHTS))
+        learning_rates = list(parts.scheduler.base_lrs)  # this world's: base_lr × its total batch
         state = load_training_state(checkpoint, parts.optimizer, parts.scheduler, self.world.rank, self.world.size,
                                     self.device)
         if state.scaler is not None and parts.scaler.is_enabled():
             parts.scaler.load_state_dict(state.scaler)
         self.log(f"stage {stage.name}: resuming from {checkpoint} (step {state.step})")
+        if state.world_size != self.world.size:
+            self._rescale_learning_rate(stage, parts, learning_rates, state.step, state.world_size)
         if state.random_state_note is not None:
             self.log(f"stage {stage.name}: {state.random_state_note}")
-        return state.step, state.progress
+        return state.step, state.progress, state.world_size
+
+    def _rescale_learning_rate(self, stage: StageConfig, parts: StageParts, learning_rates: list[float], step: int,
+                               saved_world: int) -> None:
+        """A checkpoint of another number of processes: its optimizer and scheduler hold the learning
+        rate of its total batch; the stage goes on with this world's (base_lr × total batch, as it
+        would have started with), which the log and run.json say."""
+        before = parts.scheduler.get_last_lr()[0]
+        for group, learning_rate in zip(parts.optimizer.param_groups, learning_rates):
+            group["initial_lr"] = learning_rate
+        # A scheduler resumed at the checkpoint's step from the base rates set above.
+        parts.scheduler = torch.optim.lr_scheduler.LambdaLR(parts.optimizer, learning_rate_factor(stage),
+                                                            last_epoch=parts.scheduler.last_epoch - 1)
+        per_process = stage.batch_size * stage.grad_accumulation
+        scale = self.world.size / saved_world
+        self.log(f"stage {stage.name}: the checkpoint of step {step} was written by {saved_world} process(es), this run "
+                 f"has {self.world.size}: the total batch goes from {per_process * saved_world} to "
+                 f"{per_process * self.world.size} samples and the learning rate with it (base_lr × total batch), "
+                 f"{before:.4g} → {parts.scheduler.get_last_lr()[0]:.4g}; the samples continue in the same order")
+        if self.world.rank == 0:
+            world = self.folder.world()
+            world["changes"].append({"stage": stage.name, "step": step, "from": saved_world, "to": self.world.size,
+                                     "learning_rate_scale": scale})
+            self.folder.write_config(self.folder.config(), world)
 
     def _optimise(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, objective: nn.Module,
-                  batches: Iterator[Batch], step: int, progress: StageProgress, log: StageLog | MutedStageLog) -> None:
+                  batches: Iterator[Batch], streams: StageStreams, step: int, progress: StageProgress,
+                  log: StageLog | MutedStageLog) -> None:
         """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule."""
         schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
         with progress_bar(stage.steps, stage.name, "step", initial=step, enabled=self.world.rank == 0) as bar:
@@ -268,12 +346,24 @@ class Trainer:
                 lr = parts.scheduler.get_last_lr()[0]  # the rate this step applies; the step then advances it
                 losses = self._optimiser_step(stage, parts, objective, batches, progress)
                 step += 1
+                self._check_finite(stage, stage_dir, step, losses["loss"])
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses['loss']:.3f}")
                 log.step(step, lr, losses, progress.damaged.skipped - skipped_before)
                 if step < stage.steps and self._checkpoint_due(schedule, step):
-                    self._save(stage, stage_dir, parts, step, progress)
+                    self._save(stage, stage_dir, parts, step, progress, streams)
                     schedule.written()
+
+    def _check_finite(self, stage: StageConfig, stage_dir: StageFolder, step: int, loss: float) -> None:
+        """Stops the stage (every rank) at a NaN or infinite loss, before the step is logged or saved:
+        the parameters it updated are lost, the last checkpoint is kept, and no final model is written."""
+        if not any_rank(not math.isfinite(loss), self.world, self.device):
+            return
+        kept = stage_dir.latest_checkpoint()
+        raise NonFiniteLossError(
+            f"{self.folder.root}: stage {stage.name}: the loss is {loss} at step {step}; training stopped, saving "
+            f"nothing of it" + (f" (its last checkpoint, {kept.name}, is kept)" if kept else "")
+            + ": a lower base_lr or clip_grad_norm may avoid it (a changed config needs --restart)")
 
     def _optimiser_step(self, stage: StageConfig, parts: StageParts, objective: nn.Module,
                         batches: Iterator[Batch], progress: StageProgress) -> dict[str, float]:
@@ -415,40 +505,51 @@ class Trainer:
             visual.detector.load_checkpoint(previous / DETECTOR_WEIGHTS, trunk_only=True)
         return visual
 
-    def _batches(self, stage: StageConfig, step: int, visual: EndToEndVisual | None) -> PeekedBatches:
-        """The stage's micro-batches from optimiser step `step` on: the task's samples, and as many of
-        each of its extra streams (text-only ones), made and collated by `num_workers` processes."""
+    def _streams(self, stage: StageConfig, step: int, visual: EndToEndVisual | None, positions: list | None,
+                 saved_world: int) -> StageStreams:
+        """The stage's streams from optimiser step `step` on: the task's samples, and as many of each
+        of its extra streams (text-only ones), made and collated by `num_workers` processes. They
+        start at the checkpoint's `positions`; a checkpoint from before positions were saved gives
+        them by its step and its number of processes."""
         seed = self.run.seed * 1000 + self.run.stages.index(stage)
         task = TASKS[stage.task]
         main = task.dataset(self.data, stage.options, self.data.train, seed, True)
         if visual is not None:
             main = visual.with_images(main)  # decoded by the DataLoader's workers
-        streams = [(main, EpochBatches(len(main), stage.batch_size, seed, self.world))]
-        for offset, extra in enumerate(task.extra_streams(self.data, stage.options, seed), 1):
-            streams.append((extra, EpochBatches(len(extra), stage.batch_size, seed + offset, self.world)))
-        return PeekedBatches(stage_batches(streams, step * stage.grad_accumulation, stage.num_workers,
-                                           self.tokenizer.pad_token_id, self.device.type == "cuda"))
+        datasets = [main, *task.extra_streams(self.data, stage.options, seed)]
+        batch = step * stage.grad_accumulation
+        if positions is None and saved_world != self.world.size:
+            saved = World(size=saved_world)
+            positions = [EpochBatches(len(data), stage.batch_size, seed, saved).position(batch) for data in datasets]
+        return StageStreams.at([(data, EpochBatches(len(data), stage.batch_size, seed + offset, self.world))
+                                for offset, data in enumerate(datasets)], batch, positions)
 
     def _save(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, step: int,
-              progress: StageProgress) -> None:
-        """A checkpoint, with every rank's random state, written by rank 0; then the stage's oldest
-        beyond `keep_checkpoints` removed."""
+              progress: StageProgress, streams: StageStreams) -> None:
+        """A checkpoint, with every rank's random state and where each stream's next batch begins,
+        written by rank 0; then the stage's oldest beyond `keep_checkpoints` removed."""
         random_states = gathered(random_state(self.device), self.world)
         if random_states is None:
             return
         extra = {DETECTOR_WEIGHTS: _detector_state(parts.visual)} if parts.visual is not None else None
         scaler = parts.scaler.state_dict() if parts.scaler.is_enabled() else None
-        save_checkpoint(stage_dir.checkpoint(step), parts.model, parts.optimizer, parts.scheduler, step, progress.saved(), extra,
+        saved = {**progress.saved(), "positions": streams.positions(step * stage.grad_accumulation)}
+        save_checkpoint(stage_dir.checkpoint(step), parts.model, parts.optimizer, parts.scheduler, step, saved, extra,
                         random_states, scaler)
         prune_checkpoints(stage_dir, stage.keep_checkpoints)
 
     def _save_final(self, stage_dir: StageFolder, parts: StageParts, result: dict) -> None:
         tmp = stage_dir.final_staging
-        parts.model.save_pretrained(tmp)
-        if parts.visual is not None:
-            save_file(_detector_state(parts.visual), tmp / DETECTOR_WEIGHTS)
-        stage_dir.write_evaluation(result)
-        os.replace(tmp, stage_dir.final)
+        try:
+            with writing(stage_dir.final):
+                parts.model.save_pretrained(tmp)
+                if parts.visual is not None:
+                    save_file(_detector_state(parts.visual), tmp / DETECTOR_WEIGHTS)
+            stage_dir.write_evaluation(result)
+            os.replace(tmp, stage_dir.final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 class PeekedBatches:

@@ -154,12 +154,26 @@ class RetrievalRecall(Evaluator):
     Predictions: each query's right match, its rank and the top 10."""
 
     metric = "t2i_recall@1"
-    merged = {"scores": filled, "pairs": operator.add, "seconds": max}
+    merged = {"pairs": operator.add, "seconds": max}
 
     def __init__(self, data: TaskData, dataset: RetrievalCandidates) -> None:
         self.dataset = dataset
         self.scores = np.full((len(dataset.images), len(dataset.captions)), np.nan, np.float32)
         self.pairs, self.started, self.seconds = 0, time.perf_counter(), 0.0
+
+    def state(self) -> dict[str, Any]:
+        """With the rows this shard scored (a rank's slice of the pairs is a run of image rows), not
+        the whole matrix: rank 0 receives each row about once (COCO 5k on 8 GPUs: 0.5 GB, not 4)."""
+        scored = np.flatnonzero(~np.isnan(self.scores).all(axis=1))
+        first, end = (int(scored[0]), int(scored[-1]) + 1) if len(scored) else (0, 0)
+        return {**super().state(), "rows": (first, self.scores[first:end])}
+
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        """Each shard's rows into the matrix; a row that two slices share takes each one's scores."""
+        super().merge(states)
+        for first, rows in (state["rows"] for state in states):
+            block = self.scores[first : first + len(rows)]
+            block[...] = filled(block, rows)
 
     def add(self, samples, inputs, output) -> None:
         images, captions = zip(*(sample.item_id for sample in samples))
