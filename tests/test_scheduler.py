@@ -2,6 +2,10 @@
 the same results as one after another; failures stop only what reads them; shards and DDP processes."""
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +13,7 @@ import pytest
 import yaml
 
 from extract.store.reader import FeatureStore
+from extract.threads import configured_threads
 from pipelines.executors import StepsFailed, executor_named, read_state
 from pipelines.runner import load_pipeline, run_pipeline
 from pipelines.world.tiny import TINY_MODEL
@@ -130,3 +135,33 @@ def test_set_values_name_steps_and_append_stages(tiny_world, tmp_path):
     assert finetune.params["vocabulary"] == str(tmp_path / "out" / "vocab")
     assert list(finetune.reads) == ["vocab"]
     assert [stage["name"] for stage in finetune.params["stages"]] == ["vqa", "e2e"]
+
+
+def test_sigterm_stops_the_running_steps_and_a_rerun_resumes_them_to_the_weights_of_an_uninterrupted_run(
+        tiny_world, tmp_path):
+    steps = [train_step(tiny_world, "long", steps=300)]
+    steps[0]["stages"][0]["checkpoint_minutes"] = 0  # no checkpoint but the one the signal asks for
+    path = write(tmp_path, steps)
+    out = tmp_path / "out"
+    with (tmp_path / "run.log").open("w") as output:
+        run = subprocess.Popen([sys.executable, "-m", "pipelines", "pipeline", "run", str(path), "--threads", "1"],
+                               stdout=output, stderr=subprocess.STDOUT)
+    snapshot, deadline = out / "long" / ".progress.json", time.monotonic() + 180
+    while not (snapshot.is_file() and json.loads(snapshot.read_text())["n"] >= 3) and time.monotonic() < deadline:
+        assert run.poll() is None, (tmp_path / "run.log").read_text()
+        time.sleep(0.2)
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=180) == 128 + signal.SIGTERM
+    assert "Error: stopped by SIGTERM: the running steps were stopped" in (tmp_path / "run.log").read_text()
+    stage = RunFolder(out / "long").stage(0, "vqa")
+    assert not record(out, "long")["done"] and len(stage.checkpoints()) == 1 and not stage.done
+    assert "stopped by SIGTERM; the run resumes there" in (out / "long" / "log.txt").read_text()
+    assert read_state(out)["steps"]["long"]["state"] == "stopped"
+
+    messages = []
+    run_pipeline(path, log=messages.append, jobs=None, threads=1)
+    assert record(out, "long")["done"] and "[long] resuming an interrupted run" in (out / "long" / "log.txt").read_text()
+    with configured_threads(1):
+        straight = run_pipeline(path, tmp_path / "straight", log=lambda _: None, jobs=1)
+    resumed = RunFolder(out / "long").last_stage().final / "model.safetensors"
+    assert resumed.read_bytes() == (RunFolder(straight / "long").last_stage().final / "model.safetensors").read_bytes()

@@ -46,6 +46,7 @@ from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.run_folder import RunFolder, StageFolder
 from train.engine.stage_log import MutedStageLog, StageLog
+from train.engine.stopping import StopSignals
 from train.tasks import TASKS
 from train.tasks.base import TaskData
 from vlbert import VLBertConfig
@@ -139,8 +140,10 @@ class Trainer:
 
         `out` must hold this run or none: a recorded config that differs beyond RESULT_NEUTRAL_FIELDS is
         refused (RunMismatchError) unless `restart`, which removes the previous run's outputs first.
-        One process at a time trains in `out`: another is refused (RunFolderBusyError)."""
-        with process_group(self.world, self.device), self._run_folder_lock():
+        One process at a time trains in `out`: another is refused (RunFolderBusyError). SIGTERM or
+        SIGUSR2 stops training after the optimiser step in progress, with a checkpoint of it
+        (TrainingInterrupted; train.engine.stopping)."""
+        with process_group(self.world, self.device), self._run_folder_lock(), StopSignals() as self.stop:
             return self._fit(resume, restart)
 
     def _fit(self, resume: bool, restart: bool) -> list[dict]:
@@ -280,10 +283,13 @@ class Trainer:
                                                 self.device.type == "cuda"))
         objective = self._objective(stage, parts, batches)
         with self._stage_log(stage, stage_dir, step) as log:
-            self._optimise(stage, stage_dir, parts, objective, batches, streams, step, progress, log)
-            seconds = progress.seconds
-            del batches  # its DataLoader workers stop before evaluation starts its own
-            self._save(stage, stage_dir, parts, stage.steps, progress, streams)
+            with self.stop.deferred(f"{self.folder.root}: stage {stage.name}"):
+                self._optimise(stage, stage_dir, parts, objective, batches, streams, step, progress, log)
+                seconds = progress.seconds
+                del batches  # its DataLoader workers stop before evaluation starts its own
+                self._save(stage, stage_dir, parts, stage.steps, progress, streams)
+            if any_rank(self.stop.requested, self.world, self.device):  # it came after the last step
+                raise self.stop.interrupted(f"{self.folder.root}: stage {stage.name}, its last step written")
             self._finish(stage, stage_dir, parts, seconds, progress, log)
         barrier(self.world)
 
@@ -338,7 +344,8 @@ class Trainer:
     def _optimise(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, objective: nn.Module,
                   batches: Iterator[Batch], streams: StageStreams, step: int, progress: StageProgress,
                   log: StageLog | MutedStageLog) -> None:
-        """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule."""
+        """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule, and
+        when a stop signal came (every rank agreeing on the step), then stopping."""
         schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
         with progress_bar(stage.steps, stage.name, "step", initial=step, enabled=self.world.rank == 0) as bar:
             while step < stage.steps:
@@ -350,9 +357,13 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses['loss']:.3f}")
                 log.step(step, lr, losses, progress.damaged.skipped - skipped_before)
-                if step < stage.steps and self._checkpoint_due(schedule, step):
+                stopping = any_rank(self.stop.requested, self.world, self.device)
+                if stopping or (step < stage.steps and self._checkpoint_due(schedule, step)):
                     self._save(stage, stage_dir, parts, step, progress, streams)
                     schedule.written()
+                if stopping:
+                    raise self.stop.interrupted(f"{self.folder.root}: stage {stage.name}, step {step} "
+                                                f"({stage_dir.checkpoint(step).name} written)")
 
     def _check_finite(self, stage: StageConfig, stage_dir: StageFolder, step: int, loss: float) -> None:
         """Stops the stage (every rank) at a NaN or infinite loss, before the step is logged or saved:
