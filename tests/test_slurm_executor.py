@@ -3,6 +3,7 @@ after the jobs they read, an extraction as a job array equal to a local one, sta
 running and done, failures that cancel what reads them, resubmission and cancel."""
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from extract.store.reader import FeatureStore
+from extract.threads import configured_threads
 from pipelines.executors import StepsFailed, executor_named, read_state
 from pipelines.executors.slurm import SlurmError
 from pipelines.runner import load_pipeline, run_pipeline
@@ -122,3 +124,33 @@ def test_queued_jobs_are_cancelled_and_unknown_slurm_settings_refused_before_sub
     rows = SLURM.status(pipeline)
     assert [row.state for row in rows] == ["cancelled", "not run"]
     assert rows[1].detail == "it reads world, which was cancelled"
+
+
+def test_a_training_job_warned_by_slurm_checkpoints_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
+        slurm_cluster, tiny_world, tmp_path):
+    steps = [{"name": "long", "kind": "train", "store": str(tiny_world / "cache"),
+              "train_annotations": str(tiny_world / "world" / "train.jsonl"),
+              "eval_annotations": str(tiny_world / "world" / "val.jsonl"), "vocabulary": str(tiny_world / "vocab"),
+              "max_length": 40, "model": dict(TINY_MODEL),
+              "stages": [{"name": "vqa", "task": "vqa", "steps": 1000, "batch_size": 4, "num_workers": 0,
+                          "checkpoint_minutes": 0}]}]
+    path = write(tmp_path, steps)
+    out = run_pipeline(path, log=lambda _: None, settings=settings(slurm_cluster), executor="slurm")
+    (job,) = read_state(out)["steps"]["long"]["jobs"]
+    snapshot, deadline = out / "long" / ".progress.json", time.monotonic() + 180
+    while not (snapshot.is_file() and json.loads(snapshot.read_text())["n"] >= 3) and time.monotonic() < deadline:
+        assert not json.loads((out / "long" / "step.json").read_text() if (out / "long" / "step.json").is_file()
+                              else "{}").get("done"), "the job ended before it could be signalled"
+        time.sleep(0.2)
+    # What Slurm sends signal_delay_s before the time limit, or at a preemption (submitit's --signal)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, capture_output=True)
+    seen = states_until_settled(load_pipeline(path, settings(slurm_cluster)))
+    assert seen["long"][-1] == "done", seen
+    log = (out / "long" / "log.txt").read_text()
+    assert "stopped by SIGUSR2" in log and "[long] resuming an interrupted run" in log
+    assert "resuming from" in log and json.loads((out / "long" / "step.json").read_text())["attempt"].endswith(".1")
+
+    with configured_threads(1):  # as the job's one CPU
+        straight = run_pipeline(path, tmp_path / "straight", log=lambda _: None, jobs=1)
+    final = RunFolder(out / "long").last_stage().final / "model.safetensors"
+    assert final.read_bytes() == (RunFolder(straight / "long").last_stage().final / "model.safetensors").read_bytes()

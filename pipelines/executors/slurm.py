@@ -31,7 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from extract.progress import progress_summary
+from extract.progress import PROGRESS_VARIABLE, progress_summary
 from pipelines.execution import LOG_FILE, STATE_FOLDER, Step, StepSpec, run_spec, state
 from pipelines.executors import StepsFailed, StepStatus, last_error, read_state, settled, updating_state
 from vlbert.errors import UserError, error_line, exit_status
@@ -148,6 +148,7 @@ class StepJob:
 
         spec = StepSpec.from_file(self.spec)
         os.environ["OMP_NUM_THREADS"] = str(spec.threads)
+        os.environ[PROGRESS_VARIABLE] = str(spec.step.progress_file(shard))
         if spec.step.layout.ranks * spec.step.layout.nodes > 1 and spec.part != "close":
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         requeue = signal.getsignal(signal.SIGUSR2)  # submitit's: checkpoint() below, then requeue
@@ -155,8 +156,9 @@ class StepJob:
             try:
                 run_spec(spec, shard, log=lambda message: print(message, flush=True))
             except _interruption() as stopped:
+                print(stopped, flush=True)
                 if stopped.signum == signal.SIGUSR2 and callable(requeue):
-                    requeue(stopped.signum, None)
+                    requeue(stopped.signum, None)  # submitit requeues the job, which resumes
                 raise
             except Exception as exc:  # noqa: BLE001 - said in the step's log as the command says it, then raised
                 if exit_status(exc) is None:
