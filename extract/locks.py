@@ -6,7 +6,9 @@ exits, however it exits (kill -9 included), so a requeued job takes it again. Th
 writer's lock writes its pid and host into the file, so that a writer it refuses can say who holds
 it. A forked child (a DataLoader or decoding worker) closes its copies of the held lock files at
 once: the lock belongs to the open file, so a worker forked while its parent held one would go on
-holding it after the parent let it go, and the parent's next wait for it would never end.
+holding it after the parent let it go, and the parent's next wait for it would never end. Opening a
+lock file and noting it as held is one step that no fork splits (`_opened`): a child forked between
+the two would keep a copy that its parent then locks.
 """
 
 from __future__ import annotations
@@ -14,26 +16,38 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import threading
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-_HELD: weakref.WeakSet = weakref.WeakSet()  # the lock files this process holds
+_HELD: weakref.WeakSet = weakref.WeakSet()  # the lock files this process holds (or is about to)
+_OPENING = threading.Lock()  # held from opening a lock file to noting it in _HELD, and across a fork
 
 
-def _close_in_child() -> None:
+def _in_child() -> None:
+    global _OPENING
+    _OPENING = threading.Lock()  # the parent's forking thread held it
     for file in list(_HELD):
         file.close()
 
 
-os.register_at_fork(after_in_child=_close_in_child)
+os.register_at_fork(before=lambda: _OPENING.acquire(), after_in_parent=lambda: _OPENING.release(),
+                    after_in_child=_in_child)
+
+
+def _opened(path: Path, mode: str = "a+b") -> BinaryIO:
+    with _OPENING:
+        file = path.open(mode)
+        _HELD.add(file)
+    return file
 
 
 def take_lock(path: Path) -> BinaryIO | None:
     """The lock file at `path`, locked by this process, which holds it while the file stays open;
     None when another process holds it."""
-    file = path.open("a+b")
+    file = _opened(path)
     try:
         fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -46,17 +60,27 @@ def take_lock(path: Path) -> BinaryIO | None:
     file.truncate()
     file.write(f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
     file.flush()
-    _HELD.add(file)
     return file
 
 
 @contextmanager
 def holding(path: Path) -> Iterator[None]:
     """The exclusive lock at `path` for the block, waiting while another process holds it."""
-    with path.open("a+b") as file:
-        _HELD.add(file)
+    with _opened(path) as file:
         fcntl.flock(file, fcntl.LOCK_EX)
         yield
+
+
+def is_held(path: Path) -> bool:
+    """Whether a live process holds the lock at `path` (the kernel releases it when its holder dies)."""
+    if not path.exists():
+        return False
+    with _opened(path, "rb") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
 
 
 def lock_holder(path: Path) -> str:

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from dataclasses import replace
@@ -118,3 +119,38 @@ def test_a_forked_worker_does_not_keep_a_lock_after_its_parent_lets_it_go(tmp_pa
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
+
+
+def test_a_fork_never_falls_between_opening_a_lock_file_and_noting_it_held(tmp_path, monkeypatch):
+    """A thread opening a section's lock file when another thread forks (a decoding worker restarted
+    while the commit thread renders failures): the fork waits until the file is noted as held, so the
+    child closes its copy and the lock the parent then takes is the parent's alone."""
+    path, opened, go_on = tmp_path / ".failures.lock", threading.Event(), threading.Event()
+    original_open = Path.open
+
+    def slow_open(self, *args, **kwargs):
+        file = original_open(self, *args, **kwargs)
+        if self == path:
+            opened.set()
+            go_on.wait(5)
+        return file
+
+    monkeypatch.setattr(Path, "open", slow_open)
+    sections = ExitStack()
+    opener = threading.Thread(target=lambda: sections.enter_context(holding(path)))
+    opener.start()
+    opened.wait(5)
+    threading.Timer(0.5, go_on.set).start()  # the fork below waits for the opening to end
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:
+        held = [fd for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == str(path)]
+        os.write(writer, b"1" if held else b"0")
+        os._exit(0)
+    os.close(writer)
+    opener.join()
+    try:
+        assert os.read(reader, 1) == b"0"  # the child kept no copy of the lock file
+    finally:
+        os.waitpid(child, 0)
+        sections.close()

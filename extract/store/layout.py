@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -14,6 +13,7 @@ from typing import Any, Iterator
 
 import lmdb
 
+from extract.locks import is_held
 from extract.store.lmdb_file import DamagedFileError, check_data_file
 from extract.store.schema import MAX_KEY_BYTES, StoreError, check_meta
 from vlbert.errors import NO_ROOM
@@ -45,16 +45,7 @@ def writer_lock_path(shard: Path) -> Path:
 
 def writer_active(shard: Path) -> bool:
     """Whether a live process holds the shard's writer lock (released by the kernel if it dies)."""
-    path = writer_lock_path(shard)
-    if not path.exists():
-        return False
-    with path.open("rb") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return False
+    return is_held(writer_lock_path(shard))
 
 
 def data_file(shard: Path) -> Path:
