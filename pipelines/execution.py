@@ -164,7 +164,8 @@ def begin(step: Step, log: Log, how: dict[str, Any]) -> tuple[bool, dict[str, An
 
 def finish(step: Step, record: dict, log: Log) -> None:
     seconds = time.time() - record["started_at"]
-    write_stamp(step.folder, {**record, "done": True, "seconds": round(seconds, 2)})
+    outcome = KINDS[step.kind].outcome(step.params, step.folder)
+    write_stamp(step.folder, {**record, **outcome, "done": True, "seconds": round(seconds, 2)})
     log(f"[{step.name}] done in {seconds:.1f} s")
 
 

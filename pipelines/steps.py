@@ -109,6 +109,9 @@ class StepKind:
     # Seconds of one thread's work (a world, a vocabulary, a report): such a step runs beside the others
     # with one thread and leaves the cores to the heavy steps that start with it.
     light: bool = False
+    # (params, folder) → what the step's step.json records once it is done (a train step: each stage's
+    # precision as its device resolved it)
+    outcome: Callable[[dict[str, Any], Path], dict[str, Any]] = lambda params, folder: {}
 
 
 def _parse(cls: type, params: dict[str, Any]) -> Any:
@@ -141,7 +144,7 @@ def _device_problems(device: str, precisions: Iterable[str], known: Foreknown,
                      allowed: dict[str, Any] | None = None) -> list[str]:
     """The device's problem on this machine, else those of the precisions run on it."""
     from extract.device import DeviceError, check_device
-    from extract.modeling.precision import PRECISIONS, PrecisionError, precision
+    from extract.modeling.precision import PRECISIONS, PrecisionError, precision, resolved_precision
 
     if not known.checkable(device):
         return []
@@ -152,7 +155,7 @@ def _device_problems(device: str, precisions: Iterable[str], known: Foreknown,
     problems = []
     for name in dict.fromkeys(precisions):
         try:
-            precision(name, allowed or PRECISIONS).check(checked)
+            precision(resolved_precision(name, checked), allowed or PRECISIONS).check(checked)
         except PrecisionError as exc:
             problems.append(str(exc))
     return problems
@@ -414,6 +417,14 @@ def train(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
         Trainer(_run_config(params, str(out), seed), log=log).fit(resume=resume)
 
 
+def _train_outcome(params: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Each stage's precision as it ran (`auto` resolved); with `seeds`, for each seed's run."""
+    runs = RunFolder(folder).runs()
+    if len(runs) == 1 and runs[0].seed is None:
+        return {"precision": runs[0].precisions()}
+    return {"precision": {str(run.seed): run.precisions() for run in runs}}
+
+
 def _verify_train(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
     """Every input path, the device and the stages' precisions on it, and whether the model it starts
     from fits the vocabulary and the store."""
@@ -644,7 +655,8 @@ KINDS: dict[str, StepKind] = {
                            light=True),
     "train": StepKind(train, functools.partial(_run_config, out=CHECKED_OUT),
                       _field_names(RunConfig, *TRAIN_EXTRAS, leaving_out=("out",)), _verify_train,
-                      tuple(spec.name for spec in dataclasses.fields(StageConfig)), _run_outputs, _train_layout),
+                      tuple(spec.name for spec in dataclasses.fields(StageConfig)), _run_outputs, _train_layout,
+                      outcome=_train_outcome),
     "evaluate": StepKind(evaluate, _evaluation, _evaluate_fields, _verify_evaluate, light=True),
     "report": StepKind(report, report_params, _field_names(ReportParams), _verify_report, light=True),
 }

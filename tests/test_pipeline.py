@@ -299,9 +299,9 @@ def test_a_failing_step_ends_the_command_with_one_line_naming_it(toy_dataset):
     assert isinstance(debug.exception, StepFailed) and type(debug.exception.__cause__).__name__ == "DataError"
 
     (root / "toy_train.json").write_text(json.dumps({"items": [{"id": 1}]}))  # the toy reader then fails: a bug
-    bug = CliRunner().invoke(main, command[:5])
+    bug = CliRunner().invoke(main, command[:7])
     assert bug.exit_code == 1 and isinstance(bug.exception, StepFailed) and isinstance(bug.exception.cause, KeyError)
-    missing = CliRunner().invoke(main, command[:3])
+    missing = CliRunner().invoke(main, command[:5])
     assert missing.exit_code == 2 and f"Error: {path}: no value for input root; pass --set root=..." in missing.output
 
 

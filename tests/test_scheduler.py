@@ -54,6 +54,7 @@ def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(
     for step in ("cache", "pretrain", "vqa", "refexp"):
         assert record(one, step)["threads"] == record(both, step)["threads"] == 2
     assert record(both, "vqa")["executor"] == "local" and (both / "vqa" / "log.txt").is_file()
+    assert record(one, "vqa")["precision"] == record(both, "vqa")["precision"] == {"vqa": "fp32"}
 
     with FeatureStore(one / "cache") as first, FeatureStore(both / "cache") as second:
         assert first.keys() == second.keys()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
 
-from extract.modeling.precision import TRAINING_PRECISIONS
+from extract.modeling.precision import AUTO, TRAINING_PRECISIONS
 from extract.paths import check_apart
 from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
@@ -82,7 +82,9 @@ class StageConfig:
     # DataLoader processes that read, make and collate samples (0: the training process does).
     num_workers: int = field(default=2, metadata=at_least(0))
     # fp32 (TF32 off on CUDA: the reference numbers), tf32 (CUDA), bf16, or fp16 (CUDA, loss scaled).
-    precision: Literal[tuple(TRAINING_PRECISIONS)] = "fp32"
+    # auto: bf16 where the device computes it natively (CUDA, Ampere or later), else fp32; run.json records
+    # what it resolved to
+    precision: Literal[(*TRAINING_PRECISIONS, AUTO)] = "fp32"
 
     def __post_init__(self) -> None:
         problem = self._problem()

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from extract.atomic import remove, writing
 from extract.device import check_device, rank_device, use_device
 from extract.locks import lock_holder, take_lock
-from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision
+from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision, resolved_precision
 from extract.progress import progress_bar
 from train.data.annotations import AnnotationFile
 from train.data.files import read_json
@@ -120,8 +120,11 @@ class Trainer:
         # This rank's GPU under a launcher (cuda:LOCAL_RANK), then checked: one line for a typo or a
         # GPU this machine lacks.
         self.device = use_device(check_device(rank_device(run.device, os.environ)))
-        for stage in run.stages:
-            precision(stage.precision, TRAINING_PRECISIONS).check(self.device)
+        # Each stage's arithmetic on this device (`auto` resolved), checked.
+        self.precisions = {stage.name: precision(resolved_precision(stage.precision, self.device), TRAINING_PRECISIONS)
+                           for stage in run.stages}
+        for chosen in self.precisions.values():
+            chosen.check(self.device)
         self.folder = RunFolder(run.out_dir)
         self.regions = RegionBank(run.store, run.max_regions)
         self._check_store_feeds_every_stage()
@@ -240,6 +243,11 @@ class Trainer:
         config and this world's size in the run folder (its result-neutral fields may have changed),
         and removes what writes killed in it left."""
         differences = run_differences(self.folder.config(), self.run) if self.folder.is_run else []
+        recorded = self.folder.precisions() if self.folder.is_run else {}
+        differences += [f"stages[{index}].precision: the run folder's stage {stage.name!r} ran in {recorded[stage.name]}, "
+                        f"{stage.precision} is {self.precisions[stage.name].name} on {self.device}"
+                        for index, stage in enumerate(self.run.stages)
+                        if recorded.get(stage.name, self.precisions[stage.name].name) != self.precisions[stage.name].name]
         if differences and not restart:
             raise RunMismatchError(f"{self.folder.root} holds a run with another config; pass restart=True (--restart) to "
                                    "discard it, or use another output folder:\n"
@@ -249,7 +257,8 @@ class Trainer:
             if restart:
                 self._remove_outputs()
             changes = self.folder.world().get("changes", []) if self.folder.is_run else []
-            self.folder.write_config(self.run.to_dict(), {"size": self.world.size, "changes": changes})
+            self.folder.write_config(self.run.to_dict(), {"size": self.world.size, "changes": changes},
+                                     {name: chosen.name for name, chosen in self.precisions.items()})
             self._sweep_temporaries()
         barrier(self.world)
 
@@ -339,7 +348,7 @@ class Trainer:
             world = self.folder.world()
             world["changes"].append({"stage": stage.name, "step": step, "from": saved_world, "to": self.world.size,
                                      "learning_rate_scale": scale})
-            self.folder.write_config(self.folder.config(), world)
+            self.folder.write_config(self.folder.config(), world, self.folder.precisions())
 
     def _optimise(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, objective: nn.Module,
                   batches: Iterator[Batch], streams: StageStreams, step: int, progress: StageProgress,
@@ -461,7 +470,7 @@ class Trainer:
         optimizer = OPTIMIZERS[stage.optimizer](parameter_groups(model, visual, stage.weight_decay),
                                                 stage.base_lr * total_batch)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(stage))
-        stage_precision = precision(stage.precision, TRAINING_PRECISIONS)
+        stage_precision = self.precisions[stage.name]
         scaler = torch.amp.GradScaler(self.device.type, enabled=stage_precision.loss_scaling)
         return StageParts(model, visual, optimizer, scheduler, parameters, stage_precision, scaler)
 
