@@ -147,9 +147,11 @@ def test_extract_imports_of_the_other_packages_only_the_error_base_and_the_confi
 
 
 def test_vlbert_extract_loads_nothing_of_train(tmp_path):
+    images = tmp_path / "images"  # apart from the store: an output inside its input is refused
+    images.mkdir()
     for index in range(2):
         pixels = np.random.default_rng(index).integers(0, 255, (48, 64, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(tmp_path / f"{index}.jpg")
+        Image.fromarray(pixels).save(images / f"{index}.jpg")
     script = """
 import sys
 from pipelines.cli import main
@@ -159,7 +161,7 @@ except SystemExit as exit:
     assert not exit.code, exit.code
 print(" ".join(sorted(name for name in sys.modules if name.split(".")[0] in ("train", "pipelines"))))
 """
-    out = python(script, "extract", "--images", str(tmp_path), "--out", str(tmp_path / "store"), "--detector", "tiny")
+    out = python(script, "extract", "--images", str(images), "--out", str(tmp_path / "store"), "--detector", "tiny")
     assert (tmp_path / "store" / "meta.json").is_file()
     assert out.splitlines()[-1].split() == ["pipelines", "pipelines.cli", "pipelines.commands",
                                             "pipelines.commands.extract"]

@@ -42,6 +42,7 @@ def world(tiny_world, tmp_path_factory):
 def decisions(world: Path, stage: StageConfig, edit=lambda inputs: None) -> list[bool]:
     """The decision on each of the stage's first three micro-batches, each passed through `edit` first."""
     run = run_config(world, f"unused-{stage.name}", [stage], train_annotations=str(world / "world" / "every-kind.jsonl"))
+    stage = run.stages[0]  # pre-training's with the world's corpus
     trainer = Trainer(run)
     parts = trainer._parts(stage, None)
     objective = Objective(parts.model, parts.visual, stage)
