@@ -3,4 +3,5 @@ interpreter that runs them."""
 
 from pipelines.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

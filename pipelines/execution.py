@@ -15,7 +15,6 @@ under a lock, and the others follow it.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from extract.atomic import write_atomically
+from extract.locks import holding
 from pipelines import STEP_FILE
 from pipelines.steps import KINDS, Layout
 from vlbert.errors import UserError
@@ -128,13 +128,10 @@ def strings(value: Any) -> Iterator[str]:
 
 # ---- beginning and ending a step -----------------------------------------------------------------
 
-@contextmanager
-def step_lock(step: Step) -> Iterator[None]:
+def step_lock(step: Step):
     """Serialises the processes that begin one step (shards, ranks, a stale job and its requeued self)."""
     step.state_folder.mkdir(parents=True, exist_ok=True)
-    with (step.state_folder / f"{step.name}.lock").open("a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+    return holding(step.state_folder / f"{step.name}.lock")
 
 
 def begin(step: Step, log: Log, how: dict[str, Any]) -> tuple[bool, dict[str, Any]] | None:
@@ -151,7 +148,7 @@ def begin(step: Step, log: Log, how: dict[str, Any]) -> tuple[bool, dict[str, An
             return previous["resumed"], previous
         if decision == "resume":
             log(f"[{step.name}] resuming an interrupted run")
-            how = {**how, "threads": previous.get("threads", how["threads"])}
+            how = {**how, "threads": resumed_threads(step) or how["threads"]}
         elif step.folder.exists():
             if previous is not None:
                 log(f"[{step.name}] parameters or inputs changed: starting again")
@@ -179,12 +176,10 @@ def empty_but_log(folder: Path) -> None:
             path.unlink()
 
 
-def threads_for(step: Step, offered: int) -> int:
-    """The threads a step runs with: those it started with when it resumes, else `offered`."""
-    previous = recorded(step)
-    if state(step) == "resume" and isinstance(previous.get("threads"), int):
-        return previous["threads"]
-    return offered
+def resumed_threads(step: Step) -> int | None:
+    """The threads an interrupted step started with, which it resumes with: they decide its last bits."""
+    threads = recorded(step).get("threads")
+    return threads if isinstance(threads, int) else None
 
 
 # ---- running in this process -----------------------------------------------------------------------
@@ -276,7 +271,8 @@ def run_spec(spec: StepSpec, shard: int | None = None, log: Log = print) -> None
     resume, record = decision
     sharded = {"shard": (shard, step.layout.shards)} if shard is not None else {}
     with configured_threads(record["threads"]):
-        log(f"[{step.name}] {step.kind} ..." + (f" (shard {shard}/{step.layout.shards})" if sharded else ""))
+        if world.rank == 0:
+            log(f"[{step.name}] {step.kind} ..." + (f" (shard {shard}/{step.layout.shards})" if sharded else ""))
         KINDS[step.kind].run(step.params, step.folder, resume, log, **sharded)
     if not sharded and world.rank == 0:
         finish(step, record, log)

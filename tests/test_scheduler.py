@@ -2,6 +2,7 @@
 the same results as one after another; failures stop only what reads them; shards and DDP processes."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -11,10 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from extract.store.reader import FeatureStore
 from extract.threads import configured_threads
-from pipelines.executors import StepsFailed, executor_named, read_state
+from pipelines.cli import main
+from pipelines.executors import StepsFailed, executor_named, local, read_state
 from pipelines.runner import load_pipeline, run_pipeline
 from pipelines.world.tiny import TINY_MODEL
 from train.engine.run_folder import RunFolder
@@ -72,11 +75,15 @@ def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(
         p.read_bytes() for p in sorted(RunFolder(both / "vqa").last_stage().predictions_folder.iterdir())]
 
 
-def test_a_gpu_goes_to_one_step_at_a_time_while_cpu_steps_run_beside(tiny_world, tmp_path):
+def test_a_gpu_goes_to_one_step_at_a_time_while_cpu_steps_run_beside(tiny_world, tmp_path, monkeypatch):
     """One fake GPU: the two GPU steps (device auto) take turns on it, the CPU step runs beside them."""
     steps = [train_step(tiny_world, "gpu-a", device="auto"), train_step(tiny_world, "gpu-b", device="auto"),
              train_step(tiny_world, "cpu", device="cpu")]
-    out = run_pipeline(write(tmp_path, steps), log=lambda _: None, jobs=None, threads=1, gpus=["7"])
+    monkeypatch.setattr(local, "STATUS_EVERY_S", 0.5)  # off a terminal, a line per running step this often
+    messages = []
+    out = run_pipeline(write(tmp_path, steps), log=messages.append, jobs=None, threads=1, gpus=["7"])
+    assert any(re.fullmatch(r"  (gpu-[ab]|cpu): (starting|vqa \d+/2 step .*)", m) for m in messages), messages
+    assert "[gpu-a] train started: 1 process(es), 1 thread(s) each, GPU 7; log " + str(out / "gpu-a" / "log.txt") in messages
     launched = read_state(out)["steps"]  # each step's process, from its start to its end
     spans = {step: (launched[step]["started"], launched[step]["ended"]) for step in ("gpu-a", "gpu-b", "cpu")}
     assert record(out, "gpu-a")["devices"] == record(out, "gpu-b")["devices"] == "7"
@@ -111,6 +118,13 @@ def test_a_failed_step_stops_what_reads_it_and_the_rest_finishes(tmp_path):
     assert rows["world"].state == rows["fine"].state == "done"
     assert rows["bad"].state == "failed" and "missing.jsonl" in rows["bad"].detail
     assert rows["after-bad"].state == "not run" and rows["after-bad"].detail == "it reads bad, which failed"
+    shown = CliRunner().invoke(main, ["pipeline", "status", str(path)])
+    assert shown.exit_code == 0 and shown.output.splitlines() == [
+        "world      done", f"bad        failed: {rows['bad'].detail} (log: {tmp_path / 'out' / 'bad' / 'log.txt'})",
+        "after-bad  not run: it reads bad, which failed",
+        "fine       done"]
+    assert CliRunner().invoke(main, ["pipeline", "cancel", str(path)]).output == (
+        f"{tmp_path / 'out'}: no run of this pipeline is going on on this machine\n")
 
 
 def test_shards_and_ddp_processes_run_as_processes_of_one_step(tiny_world, tmp_path):
@@ -166,3 +180,21 @@ def test_sigterm_stops_the_running_steps_and_a_rerun_resumes_them_to_the_weights
         straight = run_pipeline(path, tmp_path / "straight", log=lambda _: None, jobs=1)
     resumed = RunFolder(out / "long").last_stage().final / "model.safetensors"
     assert resumed.read_bytes() == (RunFolder(straight / "long").last_stage().final / "model.safetensors").read_bytes()
+
+
+@pytest.mark.cuda
+def test_independent_gpu_steps_run_one_per_gpu_and_none_on_a_gpu_another_holds(tiny_world, tmp_path):
+    import torch
+
+    gpus = [str(index) for index in range(torch.cuda.device_count())]
+    names = [f"gpu-{index}" for index in range(len(gpus) + 1)]  # one more than the GPUs: it waits for one
+    steps = [train_step(tiny_world, name, device="cuda") for name in names]
+    out = run_pipeline(write(tmp_path, steps), log=lambda _: None, jobs=None, threads=1)
+    launched = read_state(out)["steps"]
+    for first in names:
+        for second in names:
+            overlap = launched[first]["started"] < launched[second]["ended"] and \
+                launched[second]["started"] < launched[first]["ended"]
+            if first != second and overlap:
+                assert record(out, first)["devices"] != record(out, second)["devices"]
+    assert {record(out, name)["devices"] for name in names} == set(gpus)

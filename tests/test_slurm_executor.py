@@ -47,13 +47,14 @@ def states_until_settled(pipeline, timeout_s: float = 240) -> dict[str, list[str
     raise AssertionError(f"the pipeline did not settle in {timeout_s} s: {seen}")
 
 
-def test_a_pipeline_runs_as_jobs_its_extraction_as_an_array_equal_to_one_local_extraction(
+def test_a_pipeline_runs_as_jobs_its_extraction_as_an_array_equal_to_one_local_extraction_and_ddp_as_tasks(
         slurm_cluster, tiny_world, tmp_path):
     steps = [{"name": "world", "kind": "world", "images": 12, "seed": 3},  # the tiny world's images
              {"name": "cache", "kind": "extract", "images": "${world}", "detector": "tiny", "mask_variants": 2,
               "batch_size": 4, "progress": False, "shards": 2},
              {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"},
-             {"name": "vqa", "kind": "train", "store": "${cache}", "train_annotations": "${world}/train.jsonl",
+             {"name": "vqa", "kind": "train", "devices": 2,  # one job of two tasks: the DDP ranks, gloo on the CPU
+              "store": "${cache}", "train_annotations": "${world}/train.jsonl",
               "eval_annotations": "${world}/val.jsonl", "vocabulary": "${vocabulary}", "max_length": 40,
               "model": dict(TINY_MODEL), "stages": [{"name": "vqa", "task": "vqa", "steps": 20, "batch_size": 4,
                                                      "num_workers": 0}]},
@@ -74,6 +75,7 @@ def test_a_pipeline_runs_as_jobs_its_extraction_as_an_array_equal_to_one_local_e
                 assert np.array_equal(value, array[key][name]) if isinstance(value, np.ndarray) else value == array[key][name]
     record = json.loads((out / "vqa" / "step.json").read_text())
     assert record["done"] and record["executor"] == "slurm" and record["attempt"].startswith("SLURM_JOB_ID=")
+    assert record["processes"] == 2 and RunFolder(out / "vqa").world()["size"] == 2
     jobs = read_state(out)["steps"]
     assert len(jobs["cache"]["jobs"]) == 2  # the array, then the job that checks its shards
     assert RunFolder(out / "vqa").last_stage().done and (out / "report" / "report.json").is_file()
@@ -132,7 +134,7 @@ def test_a_training_job_warned_by_slurm_checkpoints_requeues_and_ends_with_the_w
               "train_annotations": str(tiny_world / "world" / "train.jsonl"),
               "eval_annotations": str(tiny_world / "world" / "val.jsonl"), "vocabulary": str(tiny_world / "vocab"),
               "max_length": 40, "model": dict(TINY_MODEL),
-              "stages": [{"name": "vqa", "task": "vqa", "steps": 1000, "batch_size": 4, "num_workers": 0,
+              "stages": [{"name": "vqa", "task": "vqa", "steps": 500, "batch_size": 4, "num_workers": 0,
                           "checkpoint_minutes": 0}]}]
     path = write(tmp_path, steps)
     out = run_pipeline(path, log=lambda _: None, settings=settings(slurm_cluster), executor="slurm")

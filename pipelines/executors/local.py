@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, TextIO
 
 from extract.progress import PROGRESS_VARIABLE, progress_summary
 from pipelines.execution import (
-    ATTEMPT_VARIABLE, Step, StepSpec, new_attempt, recorded, run_here, run_spec, state, threads_for,
+    ATTEMPT_VARIABLE, Step, StepSpec, new_attempt, recorded, resumed_threads, run_here, run_spec, state,
 )
 from pipelines.executors import StepsFailed, StepStatus, last_error, read_state, settled, updating_state
 from pipelines.steps import KINDS
@@ -122,6 +122,7 @@ class Scheduler:
         self.done: set[str] = set()
         self.outcome = Outcome()
         self.attempts: dict[str, str] = {}
+        self.resumed_threads: dict[str, int | None] = {}  # an interrupted step's: it resumes with them
         self.stopping: int | None = None
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -170,10 +171,13 @@ class Scheduler:
             if not all(name in self.done for name in step.reads):
                 continue
             self.waiting.remove(step)
-            if state(step) == "done":
+            decision = state(step)
+            if decision == "done":
                 self.board.event(f"[{step.name}] up to date")
                 self.done.add(step.name)
                 continue
+            if decision == "resume":
+                self.resumed_threads[step.name] = resumed_threads(step)
             tasks = [Task(step, shard) for shard in range(step.layout.shards)] if step.layout.shards > 1 else [Task(step)]
             self.tasks_left[step.name] = len(tasks)
             self.attempts[step.name] = new_attempt()
@@ -201,7 +205,7 @@ class Scheduler:
         heavy = sum(task.processes for task, _ in starting if not _light(task))
         for task, gpus in starting:
             offered = self.threads or (1 if _light(task) else 1 + max(free_cores, 0) // heavy)
-            self._start(task, gpus, threads_for(task.step, offered))
+            self._start(task, gpus, self.resumed_threads.get(task.step.name) or offered)
 
     def _start(self, task: Task, gpus: list[str], threads: int) -> None:
         step = task.step
@@ -428,8 +432,10 @@ def status(pipeline) -> list[StepStatus]:
         if entry.get("state") == "running" and pids:
             line = progress_summary(sorted(step.folder.glob(".progress*.json")))
             rows.append(StepStatus(step.name, "running", ",".join(map(str, pids)), str(step.log_file), line))
-        elif entry.get("state") in ("failed", "not run"):
-            rows.append(StepStatus(step.name, entry["state"], log=str(step.log_file), detail=entry.get("error", "")))
+        elif entry.get("state") == "failed":
+            rows.append(StepStatus(step.name, "failed", log=str(step.log_file), detail=entry.get("error", "")))
+        elif entry.get("state") == "not run":
+            rows.append(StepStatus(step.name, "not run", detail=entry.get("error", "")))
         elif entry.get("state") in ("running", "stopped"):
             rows.append(StepStatus(step.name, "stopped", log=str(step.log_file), detail="resumes on a rerun"))
         else:
