@@ -348,7 +348,9 @@ def _set_field(params: dict[str, Any], field: str, value: Any, kind: StepKind) -
             return f"{head} is {params[head]!r}, not a mapping whose {rest!r} could be set"
         params[head] = _with_key(params.get(head) or {}, rest.split("."), value)
         return None
-    stages = {stage.get("name"): stage for stage in params.get("stages") or [] if isinstance(stage, dict)}
+    listed = params.get("stages")  # a train step's; anything but a list is its check's to name
+    stages = {stage.get("name"): stage for stage in (listed if isinstance(listed, list) else [])
+              if isinstance(stage, dict)}
     stage_name = max((s for s in stages if isinstance(s, str) and (field + ".").startswith(s + ".")), key=len,
                      default=None) if kind.stage_fields else None
     if stage_name is None:

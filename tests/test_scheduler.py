@@ -21,6 +21,7 @@ from pipelines.executors import StepsFailed, executor_named, local, read_state
 from pipelines.runner import load_pipeline, run_pipeline
 from pipelines.world.tiny import TINY_MODEL
 from train.engine.run_folder import RunFolder
+from vlbert.errors import UserError
 
 
 def write(tmp_path: Path, steps: list[dict], name: str = "pipeline.yaml") -> Path:
@@ -198,3 +199,6 @@ def test_independent_gpu_steps_run_one_per_gpu_and_none_on_a_gpu_another_holds(t
             if first != second and overlap:
                 assert record(out, first)["devices"] != record(out, second)["devices"]
     assert {record(out, name)["devices"] for name in names} == set(gpus)
+    with pytest.raises(UserError, match=r"device cuda:0: steps side by side are each given their GPUs"):
+        run_pipeline(write(tmp_path, [train_step(tiny_world, "indexed", device="cuda:0")], "indexed.yaml"),
+                     log=lambda _: None, jobs=None)

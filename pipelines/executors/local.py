@@ -296,6 +296,11 @@ class Scheduler:
         problems += [f"step {step.name!r}: devices {step.layout.ranks}, but this machine has {len(self.gpus)} GPU(s)"
                      for step in self.pipeline.steps if step.layout.gpu and self.gpus
                      and step.layout.ranks > len(self.gpus)]
+        if not self.inline:  # each step sees only the GPUs it is given, as cuda:0, cuda:1, ...
+            problems += [f"step {step.name!r}: device {step.params['device']}: steps side by side are each given their "
+                         "GPUs; name cuda or auto (or run them one after another with --jobs 1)"
+                         for step in self.pipeline.steps
+                         if str(step.params.get("device", "")).startswith("cuda:")]
         if problems:
             raise UserError(f"{self.pipeline.path}: " + "; ".join(problems))
 
