@@ -12,6 +12,7 @@ import yaml
 from safetensors.torch import save_file
 
 from extract import Detector
+from extract.atomic import write_atomically
 from pipelines.world.generate import load_split, load_world_image
 from pipelines.world.vocabulary import ATTRIBUTE_NAMES, CLASS_NAMES
 from train.detector.config import TrainConfig
@@ -53,7 +54,7 @@ def train_world_detector(world_dir: str | Path, weights_path: str | Path, config
     weights_path = Path(weights_path)
     config_path = weights_path.with_suffix(".yaml")
     weights_path.parent.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(yaml.safe_dump(demo_detector_config(), sort_keys=False))
+    write_atomically(config_path, yaml.safe_dump(demo_detector_config(), sort_keys=False))
     det = Detector.build(str(config_path), init_seed=config.seed)
     train_examples, val_examples = detection_examples(world_dir, "train"), detection_examples(world_dir, "val")
     started = time.monotonic()
@@ -64,5 +65,5 @@ def train_world_detector(world_dir: str | Path, weights_path: str | Path, config
     metrics = {"train_images": len(train_examples), "steps": config.steps, "seed": config.seed,
                "train_seconds": round(seconds, 1), "final_losses": history[-1] if history else {},
                "val": quality.to_dict()}
-    weights_path.with_suffix(".metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_atomically(weights_path.with_suffix(".metrics.json"), json.dumps(metrics, indent=2) + "\n")
     return metrics

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from extract.atomic import write_atomically
 from pipelines.world.corpus import corpus_sentences
 from pipelines.world.language import captions, questions, referring_expressions
 from pipelines.world.render import render_scene
@@ -75,7 +76,7 @@ def generate_world(out_dir: str | Path, num_images: int = 1000, seed: int = 0,
                 annotations.write(json.dumps(image_record(image_id, file, scene, rng, config)) + "\n")
                 index += 1
     corpus = corpus_sentences(np.random.default_rng([seed, 2**32 - 1]), config.corpus_sentences)
-    (out_dir / "corpus.txt").write_text("\n".join(corpus) + "\n")
+    write_atomically(out_dir / "corpus.txt", "\n".join(corpus) + "\n")
     meta = {
         "format_version": FORMAT_VERSION,
         "seed": seed,
@@ -85,7 +86,7 @@ def generate_world(out_dir: str | Path, num_images: int = 1000, seed: int = 0,
         "attribute_names": list(ATTRIBUTE_NAMES),
         "config": dataclasses.asdict(config),
     }
-    (out_dir / "world.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_atomically(out_dir / "world.json", json.dumps(meta, indent=2) + "\n")
     return meta
 
 

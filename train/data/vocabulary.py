@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from extract.atomic import write_atomically
+
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -15,7 +17,7 @@ def write_vocabulary(texts: Iterable[str], directory: str | Path) -> Path:
     words = sorted({w for text in texts for w in re.findall(r"\w+|[^\w\s]", text.lower())})
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "vocab.txt").write_text("\n".join(SPECIAL_TOKENS + words) + "\n")
+    write_atomically(directory / "vocab.txt", "\n".join(SPECIAL_TOKENS + words) + "\n")
     return directory
 
 
