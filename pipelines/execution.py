@@ -22,7 +22,7 @@ import shutil
 import socket
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -253,29 +253,42 @@ class StepSpec:
 def run_spec(spec: StepSpec, shard: int | None = None, log: Log = print) -> None:
     """What a step's process does: begins the step (or follows the process of its attempt that did),
     runs it (or shard `shard` of it) with the threads given, and marks it done when that completes it;
-    the `close` part checks a sharded step's shards and marks it done."""
-    from extract.threads import configured_threads
-    from train.engine.distributed import World
-
-    step, world = spec.step, World.from_env()
+    the `close` part checks a sharded step's shards and marks it done. A light step's process (a world,
+    a report) loads no torch: one thread is all it computes with."""
+    step, kind = spec.step, KINDS[spec.step.kind]
     if spec.part == "close":
-        KINDS[step.kind].close(step.params, step.folder, log)
+        kind.close(step.params, step.folder, log)
         finish(step, recorded(step), log)
         return
+    rank, processes = _rank() if step.layout.ranks * step.layout.nodes > 1 else (0, 1)
     how = {"threads": spec.threads, "executor": spec.executor, "host": socket.gethostname(),
            "devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "attempt": attempt(),
-           **({"processes": world.size} if world.size > 1 else {})}
+           **({"processes": processes} if processes > 1 else {})}
     decision = begin(step, log, how)
     if decision is None:
         return
     resume, record = decision
     sharded = {"shard": (shard, step.layout.shards)} if shard is not None else {}
-    with configured_threads(record["threads"]):
-        if world.rank == 0:
+    with nullcontext() if kind.light else _torch_threads(record["threads"]):
+        if rank == 0:
             log(f"[{step.name}] {step.kind} ..." + (f" (shard {shard}/{step.layout.shards})" if sharded else ""))
-        KINDS[step.kind].run(step.params, step.folder, resume, log, **sharded)
-    if not sharded and world.rank == 0:
+        kind.run(step.params, step.folder, resume, log, **sharded)
+    if not sharded and rank == 0:
         finish(step, record, log)
+
+
+def _rank() -> tuple[int, int]:
+    """(rank, world size) of this process of a DDP step, from its launcher's variables."""
+    from train.engine.distributed import World
+
+    world = World.from_env()
+    return world.rank, world.size
+
+
+def _torch_threads(threads: int):
+    from extract.threads import configured_threads
+
+    return configured_threads(threads)
 
 
 def new_attempt() -> str:

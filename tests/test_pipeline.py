@@ -381,7 +381,7 @@ def test_seeds_and_comparisons_are_checked_at_load(tmp_path, step, message):
 def test_shipped_reports_compare_frozen_with_tuned_and_ablation_rows_with_a():
     from pathlib import Path
 
-    from pipelines.steps import report_params
+    from pipelines.steps.report import report_params
 
     def pairs(name):
         pipeline = load_pipeline(Path(__file__).parents[1] / "pipelines" / "configs" / f"{name}.yaml")

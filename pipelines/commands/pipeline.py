@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from pipelines.commands import own_threads
+
 EXECUTOR_NAMES = ("local", "slurm")  # pipelines.executors.EXECUTORS, named here without importing it
 
 
@@ -108,6 +110,7 @@ def cancel_command(file: Path, settings: tuple[str, ...], out: Path | None) -> N
 @pipeline_group.command("step", hidden=True)
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--shard", type=click.IntRange(min=0), help="The shard of a sharded step this process extracts.")
+@own_threads
 def step_command(spec: Path, shard: int | None) -> None:
     """Run one step of a pipeline as its executor wrote it into SPEC (pipelines/execution.py)."""
     from pipelines.execution import StepSpec, run_spec
