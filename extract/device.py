@@ -14,12 +14,24 @@ class DeviceError(UserError):
     """A device name that this machine or this torch build cannot use."""
 
 
+AUTO = "auto"  # a GPU where this process sees one, else the CPU
+
+
+def resolved_device(name: str | torch.device) -> str | torch.device:
+    """`auto` as this process finds it: cuda (where torch sees a GPU: a scheduler's CUDA_VISIBLE_DEVICES
+    decides which), else cpu; any other name as it is."""
+    if name == AUTO:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
 def check_device(name: str | torch.device) -> torch.device:
-    """The torch.device for `name` (cpu, cuda, cuda:N, mps), after checking that it is usable here."""
+    """The torch.device for `name` (cpu, cuda, cuda:N, mps, auto), after checking that it is usable here."""
+    name = resolved_device(name)
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
-        raise DeviceError(f"device {name!r}: not a device name (expected cpu, cuda, cuda:N or mps)") from None
+        raise DeviceError(f"device {name!r}: not a device name (expected cpu, cuda, cuda:N, mps or auto)") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
@@ -54,6 +66,7 @@ def rank_device(device: str, env: Mapping[str, str]) -> str:
     running somewhere other than asked would be silent. Without LOCAL_WORLD_SIZE, a LOCAL_RANK
     above 0 says there are several.
     """
+    device = resolved_device(device)
     if "LOCAL_RANK" not in env:
         return device
     local_rank = launcher_variable(env, "LOCAL_RANK", 0)

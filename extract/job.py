@@ -38,7 +38,7 @@ from extract.store.reader import FeatureStore
 from extract.store.schema import FEATURE_ENCODINGS, MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
 from extract.store.writer import DEFAULT_MAP_SIZE, CommitThread, FeatureStoreWriter
 from extract.threads import ComputeLanes, configured_threads, lane_count
-from vlbert.errors import UserError
+from vlbert.errors import FAILED, UserError
 
 
 class JobError(UserError):
@@ -410,3 +410,21 @@ def _region_computer(model: Detector, *, given: bool, top_k: int | None,
                 for r, m in zip(regions, masks)]
 
     return compute
+
+
+class ExtractionIncomplete(UserError):
+    """A sharded extraction whose shards, all ended, left images neither stored nor failed."""
+
+    exit_status = FAILED
+
+
+def images_not_in_store(images: str | Path, out: str | Path, boxes: str | Path | None = None,
+                        image_list: str | Path | None = None) -> list[str]:
+    """The ids of the job's images that the store `out` holds neither as records nor as failures (in
+    any shard): what a shard that stopped early left undone."""
+    items, refused = work_items(Path(images).resolve(), Path(boxes) if boxes is not None else None,
+                                Path(image_list) if image_list is not None else None)
+    with FeatureStore(out) as store:
+        done = set(store.keys()) | {failure["id"] for failure in store.failures()}
+    ids = [item.image_id for item in items] + [item.image_id for item, _ in refused]
+    return sorted(image_id for image_id in ids if image_id not in done)

@@ -3,17 +3,26 @@
 A bar redraws itself many times a second; in a log file each redraw stays, which filled 1 MB for
 one demo run. Off a terminal the same calls print one line every `every_s` seconds, and one at the
 end of work that printed any (work shorter than that prints nothing: its command reports it anyway).
+
+Where PROGRESS_VARIABLE names a file (a pipeline executor sets it for a step's process), the bar also
+publishes a snapshot there every SNAPSHOT_EVERY_S seconds (what, how far, how fast), which the
+executor's status lines and `vlbert pipeline status` read with `progress_summary`.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any, Iterable, TextIO
 
 from tqdm import tqdm
 
 LOG_EVERY_S = 60.0
+PROGRESS_VARIABLE = "VLBERT_PROGRESS_FILE"
+SNAPSHOT_EVERY_S = 2.0
 
 
 def progress_bar(total: int | None, desc: str = "", unit: str = "it", initial: int = 0, enabled: bool = True,
@@ -22,9 +31,12 @@ def progress_bar(total: int | None, desc: str = "", unit: str = "it", initial: i
     `update`/`set_postfix`/`close` calls; nothing at all when not `enabled`."""
     file = sys.stderr if file is None else file
     if enabled and not _is_terminal(file):
-        return ProgressLines(total, desc, unit, initial, file, every_s)
-    return tqdm(total=total, desc=desc or None, unit=unit, initial=initial, disable=not enabled, leave=leave,
-                file=file, dynamic_ncols=True)
+        bar = ProgressLines(total, desc, unit, initial, file, every_s)
+    else:
+        bar = tqdm(total=total, desc=desc or None, unit=unit, initial=initial, disable=not enabled, leave=leave,
+                   file=file, dynamic_ncols=True)
+    published = os.environ.get(PROGRESS_VARIABLE)
+    return PublishedProgress(bar, Path(published), total, desc, unit, initial) if enabled and published else bar
 
 
 def _is_terminal(file: TextIO) -> bool:
@@ -72,3 +84,72 @@ class ProgressLines:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+class PublishedProgress:
+    """A bar that also writes a snapshot of itself to `path` now and then (see the module's docstring)."""
+
+    def __init__(self, bar, path: Path, total: int | None, desc: str, unit: str, initial: int) -> None:
+        self.bar, self.path = bar, path
+        self.snapshot = {"desc": desc, "unit": unit, "n": initial, "total": total, "postfix": ""}
+        self._start_n, self._start, self._last = initial, time.monotonic(), 0.0
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+        self.snapshot["n"] += n
+        if time.monotonic() - self._last >= SNAPSHOT_EVERY_S:
+            self._publish()
+
+    def set_postfix(self, **values: Any) -> None:
+        self.bar.set_postfix(**values)
+        self.snapshot["postfix"] = ", ".join(f"{key}={value}" for key, value in values.items())
+
+    def close(self) -> None:
+        self.bar.close()
+        self._publish()
+
+    def _publish(self) -> None:
+        now = time.monotonic()
+        self._last = now
+        rate = (self.snapshot["n"] - self._start_n) / max(now - self._start, 1e-9)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps({**self.snapshot, "rate": rate, "time": time.time()}))
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # progress is a courtesy: a full disk stops the work, not this
+
+    def __enter__(self) -> "PublishedProgress":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def progress_summary(paths: Iterable[Path]) -> str:
+    """One line from the snapshots at `paths` (a step's processes; counts summed): `stage 120/400 step
+    (30%, 2.1 step/s, ETA 2m13s) loss=0.512`; "" when none is there yet."""
+    snapshots = []
+    for path in paths:
+        try:
+            snapshots.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError):
+            continue
+    if not snapshots:
+        return ""
+    first = snapshots[0]
+    n = sum(s.get("n", 0) for s in snapshots)
+    totals = [s.get("total") for s in snapshots]
+    total = sum(totals) if all(isinstance(t, int) and t > 0 for t in totals) else None
+    rate = sum(s.get("rate", 0.0) for s in snapshots)
+    done = f"{n}/{total}" if total else str(n)
+    share = f"{100 * n / total:.0f}%, " if total else ""
+    eta = f", ETA {_duration((total - n) / rate)}" if total and rate > 0 else ""
+    postfix = f" {first['postfix']}" if first.get("postfix") else ""
+    desc = f"{first['desc']} " if first.get("desc") else ""
+    return f"{desc}{done} {first.get('unit', 'it')} ({share}{rate:.1f}/s{eta}){postfix}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TextIO
 
 from pipelines.runner import run_pipeline
 
 DEMO_PIPELINE = Path(__file__).parent / "configs" / "demo.yaml"
 
 
-def run_demo(out: str | Path = "runs/demo", log: Callable[[str], None] = print) -> list[Path]:
-    """Runs (or resumes) the demo pipeline; returns the report's files (JSON, Markdown, loss curves)."""
-    root = run_pipeline(DEMO_PIPELINE, out, log=log)
+def run_demo(out: str | Path = "runs/demo", log: Callable[[str], None] = print, jobs: int | None = None,
+             status_stream: TextIO | None = None) -> list[Path]:
+    """Runs (or resumes) the demo pipeline, its independent steps side by side (`jobs`: at most so
+    many at once); returns the report's files (JSON, Markdown, loss curves)."""
+    root = run_pipeline(DEMO_PIPELINE, out, log=log, jobs=jobs, status_stream=status_stream)
     report = root / "report"
     return [report / "report.json", report / "report.md", report / "loss_curves.png"]

@@ -1,4 +1,5 @@
-"""Runs a pipeline file: named steps in order, each writing one folder under the pipeline's `out`.
+"""Loads a pipeline file: named steps, each writing one folder under the pipeline's `out`, and runs
+them through an executor (pipelines/executors: on this machine, or as Slurm jobs).
 
     name: vqa
     out: runs/vqa
@@ -18,7 +19,8 @@ value, `${step}` is an earlier step's folder, `${here}` the pipeline file's fold
 (`lr: 1.0e-5` stays a number), one with text around it the text of the value. In `--set
 NAME=VALUE`, VALUE is read as YAML (`3` is a number, `yes` true, `null` none; quote to keep text:
 `--set 'name="yes"'`), and `1e-5` reaches a number field as the number it spells; `--set out=DIR`
-sets `out`. An input's default may use `${here}`. An input whose default is null must be given:
+sets `out`. An input's value may use `${here}` and `${STEP}` (resolved where a step uses the input).
+An input whose default is null must be given:
 a value, or `null` for none, which a field that may be empty (a checkpoint to start from, a
 corpus) takes as absent; a text that uses it (`${inputs.data}/x`) needs a value. A prepare step's
 keys other than source, root, images and max_missing are the source's options. Other top-level
@@ -26,11 +28,14 @@ keys may hold mappings or lists that steps share through YAML anchors and merge 
 (`<<: *common`); nothing else reads them.
 
 `--set STEP.FIELD=VALUE` sets a field of the step named STEP (its value as written in the file is
-replaced; VALUE is taken as it is, without `${...}` references): `--set finetune.max_length=64`,
-`--set finetune.model=base` (a train step's model size). `STEP.FIELD.KEY` sets one key of a mapping
-field (`--set finetune.model.hidden_size=256`, `--set cache.overrides.score_thresh=0.5`), and in a
-train step `STEP.STAGE.FIELD` a field of the stage named STAGE (`--set finetune.vqa.steps=100`,
-`--set finetune.vqa.batch_size=16`). A name the file declares as an input is the input.
+replaced; references in VALUE are resolved as in the file): `--set finetune.max_length=64`,
+`--set finetune.model=base` (a train step's model size), `--set 'finetune.predict=["${data}/test.jsonl"]'`.
+`STEP.FIELD.KEY` sets one key of a mapping field (`--set finetune.model.hidden_size=256`,
+`--set cache.overrides.score_thresh=0.5`), `STEP.FIELD+=VALUE` appends to a list field (a stage:
+`--set 'finetune.stages+={name: e2e, task: vqa, steps: 100, visual: end2end}'`), and in a train
+step `STEP.STAGE.FIELD` a field of the stage named STAGE (`--set finetune.vqa.steps=100`). A name
+the file declares as an input is the input. `slurm:` (a top-level mapping, a step's own mapping, or
+`--set slurm.KEY=VALUE`) holds the Slurm executor's settings (pipelines/executors/slurm.py).
 
 The whole file is checked when it loads, before any step runs, and every problem found is named
 together, one line each, in one PipelineError (`FILE: step 'NAME' (kind): problem`): `--set` names
@@ -54,28 +59,26 @@ from nothing when its parameters or inputs changed (a new `--set` value redoes t
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import json
 import re
-import shutil
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
-from pipelines import STEP_FILE
-from pipelines.steps import KINDS, Foreknown, StepKind
+from pipelines.execution import Step, strings
+from pipelines.steps import KINDS, Foreknown, Layout, StepKind
 from train.engine.config import RunConfigError
 from vlbert.errors import UserError, error_line, exit_status
 from vlbert.typed_config import did_you_mean, from_text, load_yaml
 
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a step's folder, an input's name
-TOP_LEVEL = ("name", "out", "inputs", "steps")
+TOP_LEVEL = ("name", "out", "inputs", "steps", "slurm")
+SLURM = "slurm"  # the top-level section, a step's key and the `--set slurm.KEY` prefix of Slurm settings
 HERE = "here"
 INPUT = "inputs."  # the prefix of an input's reference
 OUT = "out"  # the setting that names the output folder
+APPEND = "+"  # `--set STEP.FIELD+=VALUE` appends VALUE to a list field
 
 
 class PipelineError(UserError):
@@ -96,19 +99,12 @@ class StepFailed(Exception):
 
 
 @dataclass(frozen=True)
-class Step:
-    name: str
-    kind: str
-    folder: Path
-    params: dict[str, Any]  # references resolved
-    reads: tuple[str, ...]  # the earlier steps it refers to
-
-
-@dataclass(frozen=True)
 class Pipeline:
     path: Path
     out: Path
     steps: list[Step]
+    slurm: dict[str, Any] = field(default_factory=dict)  # the `slurm:` section with `--set slurm.KEY` values
+    step_slurm: dict[str, dict[str, Any]] = field(default_factory=dict)  # a step's own `slurm:` settings
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -128,7 +124,7 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
     settings = {name: str(value) if isinstance(value, Path) else value for name, value in (settings or {}).items()}
     here = str(path.resolve().parent)
     declared = _declared_inputs(path, document)
-    given, step_settings, problems = _sorted_settings(path, document, declared, settings)
+    given, step_settings, slurm, problems = _sorted_settings(path, document, declared, settings)
     inputs, unset, input_problems = _input_values(path, declared, given, here)
     problems += input_problems
     references: dict[str, Any] = {HERE: here, **{INPUT + name: value for name, value in inputs.items()}}
@@ -137,44 +133,56 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
         raise PipelineError("\n".join(problems + top_level))
     out = _out(path, document, settings, references)
     known = Foreknown(unset=tuple(f"${{{INPUT}{name}}}" for name in unset))
-    steps = []
-    owners: dict[str, str] = {}  # a step's reference, and its outputs', → the step
+    steps, step_slurm = [], {}
+    owners: dict[str, Path] = {}  # a step's reference, and its outputs', → the step's folder
     for index, entry in enumerate(document["steps"]):
         if not isinstance(entry, dict) or not all(isinstance(entry.get(key), str) for key in ("name", "kind")):
             problems.append(f"{path}: steps[{index}]: every step needs a `name` and a `kind`: {entry!r}")
             continue
+        if not isinstance(entry.get(SLURM, {}), dict):
+            problems.append(f"{path}: step {entry['name']!r}: `{SLURM}` must map Slurm settings to values")
+        step_slurm[entry["name"]] = entry.get(SLURM) or {}
+        entry = {key: value for key, value in entry.items() if key != SLURM}
         step, step_problems = _step(entry, out, references, step_settings.get(entry["name"], {}), known, owners)
         problems += [f"{path}: step {step.name!r} ({step.kind}): {problem}" for problem in step_problems
                      if not any(marker in problem for marker in known.unset)]  # named once, as an input
         outputs = KINDS[step.kind].outputs(step.params, step.folder) if step.kind in KINDS else {}
         named = {step.name: str(step.folder), **{f"{step.name}.{output}": path for output, path in outputs.items()}}
         references.update(named)
-        owners.update(dict.fromkeys(named, step.name))
+        owners.update(dict.fromkeys(named, step.folder))
         known.step_folders.append(step.folder)
         steps.append(step)
     if problems:
         raise PipelineError("\n".join(problems))
-    return Pipeline(path, out, steps)
+    section = document.get(SLURM) or {}
+    return Pipeline(path, out, steps, {**section, **slurm}, step_slurm)
 
 
-def run_pipeline(path: str | Path, out: str | Path | None = None, log: Callable[[str], None] = print,
-                 settings: Mapping[str, Any] | None = None) -> Path:
-    """Runs every step that is not up to date; returns the pipeline's output folder. `out` is the
-    setting `out` (`--out`); `settings` the `--set` values. PipelineError before any step runs when
-    the file cannot be run as given; StepFailed when a step raises."""
+def with_out(path: str | Path, out: str | Path | None, settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The `--set` values with `--out` as the setting `out`; two different ones are a PipelineError."""
     settings = dict(settings or {})
     if out is not None:
         if settings.get(OUT) is not None and Path(str(settings[OUT])) != Path(out):
             raise PipelineError(f"{path}: two output folders given: {out} and out={settings[OUT]}")
         settings[OUT] = out
-    pipeline = load_pipeline(path, settings)
+    return settings
+
+
+def run_pipeline(path: str | Path, out: str | Path | None = None, log: Callable[[str], None] = print,
+                 settings: Mapping[str, Any] | None = None, jobs: int | None = 1, executor: str = "local",
+                 **options: Any) -> Path:
+    """Runs every step that is not up to date; returns the pipeline's output folder. `out` is the
+    setting `out` (`--out`); `settings` the `--set` values. `executor` (pipelines/executors) runs the
+    steps: `local` at most `jobs` at once (None: as many as the machine's cores and GPUs allow; 1: one
+    after another, in this process), `slurm` as jobs of a Slurm cluster; `options` are the
+    executor's (`threads`, `gpus` for local; `wait` for slurm). PipelineError before any step runs
+    when the file cannot be run as given; StepFailed (or StepsFailed, naming each) when steps fail."""
+    from pipelines.executors import executor_named
+
+    chosen = executor_named(executor)
+    pipeline = load_pipeline(path, with_out(path, out, settings))
     pipeline.out.mkdir(parents=True, exist_ok=True)
-    folders = {step.name: step.folder for step in pipeline.steps}
-    for step in pipeline.steps:
-        try:
-            _run_step(step, folders, log)
-        except Exception as exc:  # noqa: BLE001 - re-raised with the step named; the CLI decides what it is
-            raise StepFailed(pipeline.path, step.name, exc) from exc
+    chosen.run(pipeline, log, jobs=jobs, **options)
     return pipeline.out
 
 
@@ -199,22 +207,23 @@ def _declared_inputs(path: Path, document: dict[str, Any]) -> dict[str, Any]:
 
 
 def _sorted_settings(path: Path, document: dict[str, Any], declared: dict[str, Any], settings: dict[str, Any]
-                     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[str]]:
-    """The settings of inputs, those of steps' fields (step name → {FIELD or STAGE.FIELD: value}),
-    and a problem for each name that is neither."""
+                     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any], list[str]]:
+    """The settings of inputs, those of steps' fields (step name → {FIELD or STAGE.FIELD: value}), the
+    Slurm settings (`slurm.KEY`), and a problem for each name that is none of these."""
     step_names = [entry["name"] for entry in document["steps"] if isinstance(entry, dict)
                   and isinstance(entry.get("name"), str)]
-    inputs, steps, problems = {}, {}, []
+    inputs, steps, slurm, problems = {}, {}, {}, []
     for name, value in settings.items():
+        step = max((s for s in step_names if name.startswith(s + ".")), key=len, default=None)
         if name in declared:
             inputs[name] = value
+        elif step is not None:
+            steps.setdefault(step, {})[name[len(step) + 1:]] = value
+        elif name.startswith(SLURM + "."):
+            slurm[name[len(SLURM) + 1:]] = value
         elif name != OUT:
-            step = max((s for s in step_names if name.startswith(s + ".")), key=len, default=None)
-            if step is None:
-                problems.append(_unknown_setting(path, name, [*declared, OUT], step_names))
-            else:
-                steps.setdefault(step, {})[name[len(step) + 1:]] = value
-    return inputs, steps, problems
+            problems.append(_unknown_setting(path, name, [*declared, OUT], step_names))
+    return inputs, steps, slurm, problems
 
 
 def _unknown_setting(path: Path, name: str, inputs: list[str], steps: list[str]) -> str:
@@ -225,18 +234,18 @@ def _unknown_setting(path: Path, name: str, inputs: list[str], steps: list[str])
 
 def _input_values(path: Path, declared: dict[str, Any], given: dict[str, Any], here: str
                   ) -> tuple[dict[str, Any], list[str], list[str]]:
-    """The declared inputs with the given values, defaults' `${here}` resolved; the inputs without a
-    value (null in the file and not given: their references stay as written); the problems. A value
-    given as null is none."""
+    """The declared inputs with the given values, `${here}` resolved (a step's folder, `${STEP}`, is
+    resolved where a step uses the input); the inputs without a value (null in the file and not given:
+    their references stay as written); the problems. A value given as null is none."""
     values = {**declared, **given}
     unset = [name for name, value in values.items() if value is None and name not in given]
     problems = [f"{path}: no value for input{'s' if len(unset) > 1 else ''} {', '.join(unset)}; "
                 f"pass {' '.join(f'--set {name}=...' for name in unset)}"] if unset else []
-    unresolved = [f"{path}: inputs: {name} refers to ${{{ref}}}; an input may refer to ${{{HERE}}} only"
-                  for name, value in values.items() for ref in _references(value) if ref != HERE]
+    unresolved = [f"{path}: inputs: {name} refers to ${{{ref}}}; an input may refer to ${{{HERE}}} and steps only"
+                  for name, value in values.items() for ref in _references(value) if ref.startswith(INPUT)]
     if unresolved:
         raise PipelineError("\n".join(problems + unresolved))
-    resolved = {name: f"${{{INPUT}{name}}}" if name in unset else _resolve(value, {HERE: here})
+    resolved = {name: f"${{{INPUT}{name}}}" if name in unset else _resolve(value, {HERE: here}, partial=True)
                 for name, value in values.items()}
     return resolved, unset, problems
 
@@ -260,12 +269,15 @@ def _out(path: Path, document: dict[str, Any], settings: dict[str, Any], referen
 
 
 def _step(entry: dict[str, Any], out: Path, references: dict[str, Any], settings: dict[str, Any],
-          known: Foreknown, owners: dict[str, str]) -> tuple[Step, list[str]]:
+          known: Foreknown, owners: dict[str, Path]) -> tuple[Step, list[str]]:
     """A pipeline file's step with its `--set STEP.…` `settings`, and its problems; `references` holds
-    the earlier steps' folders and outputs (`owners`: whose each is), `known` what the load checks
-    know of them."""
+    the inputs, the earlier steps' folders and outputs (`owners`: whose folder each is), `known` what
+    the load checks know of them. References in inputs' and settings' values are resolved too."""
     name, kind = entry["name"], entry["kind"]
-    params = {key: value for key, value in entry.items() if key not in ("name", "kind")}
+    inputs = {ref: value for ref, value in references.items() if ref.startswith(INPUT)}
+    # New containers, so that settings change this step only (YAML aliases share them between steps).
+    params = _resolve({key: value for key, value in entry.items() if key not in ("name", "kind")}, inputs,
+                      partial=True)
     problems = []
     if not NAME.fullmatch(name):
         problems.append("a step's name is its folder's: letters, digits and `_.-`")
@@ -273,20 +285,23 @@ def _step(entry: dict[str, Any], out: Path, references: dict[str, Any], settings
         problems.append(f"the name {name!r} is taken ({HERE!r}, or an earlier step's)")
     if kind not in KINDS:
         problems.append(f"unknown kind {kind!r} (known: {', '.join(sorted(KINDS))})")
+    if kind in KINDS:
+        problems += [f"--set {name}.{field}: {problem}" for field, value in settings.items()
+                     for problem in [_set_field(params, field, value, KINDS[kind])] if problem]
     unknown = [ref for ref in _references(params) if ref not in references]
     problems += [_unknown_reference(ref, references) for ref in unknown]
     nulls = _null_in_text(params, references)
     problems += nulls
     folder = out / name
-    # New containers, so that settings change this step only (YAML aliases share them between steps).
-    params = copy.deepcopy(params) if unknown else _resolve(params, references)
-    if kind in KINDS:
-        problems += [f"--set {name}.{field}: {problem}" for field, value in settings.items()
-                     for problem in [_set_field(params, field, value, KINDS[kind])] if problem]
-        if not unknown and not nulls:
-            problems += _checked_step(KINDS[kind], params, folder, known)
-    reads = tuple(dict.fromkeys(owners[ref] for ref in _references(entry) if ref in owners))
-    return Step(name, kind, folder, params, reads), problems
+    reads = {owner.name: owner for owner in dict.fromkeys(owners[ref] for ref in _references(params) if ref in owners)}
+    layout = Layout()
+    if not unknown:
+        params = _resolve(params, references)
+        if kind in KINDS and not nulls:
+            checked = _checked_step(KINDS[kind], params, folder, known)
+            problems += checked
+            layout = KINDS[kind].layout(params) if not checked else layout
+    return Step(name, kind, folder, params, reads, layout), problems
 
 
 def _unknown_reference(ref: str, references: dict[str, Any]) -> str:
@@ -315,9 +330,16 @@ def _checked_step(kind: StepKind, params: dict[str, Any], folder: Path, known: F
 
 def _set_field(params: dict[str, Any], field: str, value: Any, kind: StepKind) -> str | None:
     """Sets `FIELD`, `FIELD.KEY` (in a mapping field: `model.hidden_size`) or, in a train step,
-    `STAGE.FIELD` (the stage named STAGE); the problem with the name, or None."""
+    `STAGE.FIELD` (the stage named STAGE); `FIELD+` appends to a list field (a stage, or a list of
+    them, to `stages+`); the problem with the name, or None."""
     head, _, rest = field.partition(".")
     fields = kind.fields(params)
+    if head.endswith(APPEND) and not rest and head[:-len(APPEND)] in fields:
+        head = head[:-len(APPEND)]
+        if not isinstance(params.get(head) or [], list):
+            return f"{head} is {params[head]!r}, not a list that {field} could append to"
+        params[head] = [*(params.get(head) or []), *(value if isinstance(value, list) else [value])]
+        return None
     if head in fields:
         if not rest:
             params[head] = value
@@ -326,7 +348,9 @@ def _set_field(params: dict[str, Any], field: str, value: Any, kind: StepKind) -
             return f"{head} is {params[head]!r}, not a mapping whose {rest!r} could be set"
         params[head] = _with_key(params.get(head) or {}, rest.split("."), value)
         return None
-    stages = {stage.get("name"): stage for stage in params.get("stages") or [] if isinstance(stage, dict)}
+    listed = params.get("stages")  # a train step's; anything but a list is its check's to name
+    stages = {stage.get("name"): stage for stage in (listed if isinstance(listed, list) else [])
+              if isinstance(stage, dict)}
     stage_name = max((s for s in stages if isinstance(s, str) and (field + ".").startswith(s + ".")), key=len,
                      default=None) if kind.stage_fields else None
     if stage_name is None:
@@ -350,7 +374,7 @@ def _with_key(mapping: dict[str, Any], keys: list[str], value: Any) -> dict[str,
 def _null_in_text(params: dict[str, Any], references: dict[str, Any]) -> list[str]:
     """A problem for each input given as null (none) that a text uses: `${inputs.data}/x` has no value."""
     return [f"{text!r}: input {ref[len(INPUT):]} is null (none), but this text needs its value"
-            for text in _strings(params) if not REFERENCE.fullmatch(text)
+            for text in strings(params) if not REFERENCE.fullmatch(text)
             for ref in REFERENCE.findall(text) if ref in references and references[ref] is None]
 
 
@@ -358,82 +382,24 @@ def _references(value: Any) -> list[str]:
     return REFERENCE.findall(json.dumps(value))
 
 
-def _resolve(value: Any, references: Mapping[str, Any]) -> Any:
-    """`value` with `${...}` replaced; a string that is one reference becomes the referred value."""
+def _resolve(value: Any, references: Mapping[str, Any], partial: bool = False) -> Any:
+    """`value` with `${...}` replaced, in new containers; a string that is one reference becomes the
+    referred value. `partial`: references that `references` lacks, and nulls inside a text, stay as
+    written (resolved, or named as problems, later)."""
     if isinstance(value, str):
         whole = REFERENCE.fullmatch(value)
-        if whole:
+        if whole and (whole.group(1) in references or not partial):
             return references[whole.group(1)]
-        return REFERENCE.sub(lambda m: str(references[m.group(1)]), value)
+        return REFERENCE.sub(lambda m: _as_text(m, references, partial), value)
     if isinstance(value, list):
-        return [_resolve(v, references) for v in value]
+        return [_resolve(v, references, partial) for v in value]
     if isinstance(value, dict):
-        return {k: _resolve(v, references) for k, v in value.items()}
+        return {k: _resolve(v, references, partial) for k, v in value.items()}
     return value
 
 
-# ---- running -------------------------------------------------------------------------------------
-
-def _run_step(step: Step, folders: dict[str, Path], log: Callable[[str], None]) -> None:
-    stamp = {"kind": step.kind, "params": step.params, "inputs": _input_digests(step, folders)}
-    previous = _read_stamp(step.folder)
-    if previous is not None and _same(previous, stamp):
-        if previous.get("done"):
-            log(f"[{step.name}] up to date")
-            return
-        log(f"[{step.name}] resuming an interrupted run")
-        resume = True
-    else:
-        if step.folder.exists():
-            log(f"[{step.name}] parameters or inputs changed: starting again")
-            shutil.rmtree(step.folder)
-        resume = False
-    step.folder.mkdir(parents=True, exist_ok=True)
-    _write_stamp(step.folder, {**stamp, "done": False})
-    started = time.perf_counter()
-    log(f"[{step.name}] {step.kind} ...")
-    KINDS[step.kind].run(step.params, step.folder, resume, log)
-    _write_stamp(step.folder, {**stamp, "done": True, "seconds": round(time.perf_counter() - started, 2)})
-    log(f"[{step.name}] done in {time.perf_counter() - started:.1f} s")
-
-
-def _input_digests(step: Step, folders: dict[str, Path]) -> dict[str, str]:
-    """For every earlier step it refers to: a digest of its step.json (so a rerun of that step, with
-    other results, makes this one stale too); for other existing files it names: their content."""
-    read = [folders[name] for name in step.reads]
-    digests = {name: _digest(folders[name] / STEP_FILE) for name in step.reads if (folders[name] / STEP_FILE).is_file()}
-    for value in _strings(step.params):
-        path = Path(value)
-        if path.is_file() and not any(path.is_relative_to(folder) for folder in read):
-            digests[value] = _digest(path)
-    return digests
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _strings(v)
-
-
-def _same(previous: dict, stamp: dict) -> bool:
-    return all(previous.get(key) == stamp[key] for key in ("kind", "params", "inputs"))
-
-
-def _read_stamp(folder: Path) -> dict | None:
-    path = folder / STEP_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _write_stamp(folder: Path, stamp: dict) -> None:
-    tmp = folder / (STEP_FILE + ".tmp")
-    tmp.write_text(json.dumps(stamp, indent=1))
-    tmp.replace(folder / STEP_FILE)
+def _as_text(match: re.Match, references: Mapping[str, Any], partial: bool) -> str:
+    ref = match.group(1)
+    if partial and references.get(ref) is None:
+        return match.group(0)
+    return str(references[ref])

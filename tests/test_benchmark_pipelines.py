@@ -91,8 +91,11 @@ def test_the_vqa2_pipeline_prepares_extracts_finetunes_and_writes_scorable_predi
     items = json.loads(RunFolder(out / "finetune").stage(0, "vqa").item_scores("val2014").read_text())
     assert len(items["items"]) == 6 and round(np.mean(list(items["items"].values())), 4) == result["value"]
 
+    (row,) = json.loads((out / "report" / "report.json").read_text())["runs"]
+    assert row["value"] == result["value"] and row["interval"][0] <= row["value"] <= row["interval"][1]
+
     rerun = run_pipeline_file(shrunk("vqa2.yaml", tmp_path), out, settings)
-    assert rerun.output.count("up to date") == 4
+    assert rerun.output.count("up to date") == 5
 
 
 def test_the_vqa2_pipeline_trains_from_scratch_at_a_named_size_with_a_vocabulary_of_its_questions(tmp_path):
@@ -125,7 +128,7 @@ def test_the_vqa2_pipeline_starts_from_bert_without_vlbert_and_names_a_bert_fold
     bert = BertForPreTraining(BertConfig(vocab_size=len(load_tokenizer(checkpoints["bert"])), hidden_size=32,
                                          num_hidden_layers=2, num_attention_heads=4, intermediate_size=64))
     bert.save_pretrained(checkpoints["bert"])
-    finetune = load_pipeline(pipeline, settings).steps[-1].params
+    finetune = next(step for step in load_pipeline(pipeline, settings).steps if step.name == "finetune").params
     assert finetune["init_from"] is None and finetune["bert"] == checkpoints["bert"]
     bert.save_pretrained(tmp_path / "other")
     (tmp_path / "other" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nword\n")

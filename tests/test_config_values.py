@@ -197,6 +197,18 @@ def test_a_step_s_bad_value_is_refused_when_the_pipeline_loads(tmp_path, steps, 
     assert not (tmp_path / "out").exists()  # neither the world nor any step folder
 
 
+def test_a_stage_setting_for_a_train_step_without_a_list_of_stages_is_named_not_a_traceback(tmp_path):
+    steps = [{"name": "train", "kind": "train", "store": "s", "train_annotations": "t", "eval_annotations": "e",
+              "vocabulary": "v", "stages": 5}]
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({"out": str(tmp_path / "out"), "steps": steps}, sort_keys=False))
+    with pytest.raises(PipelineError) as refused:
+        load_pipeline(path, {"train.vqa.steps": 3})
+    assert str(refused.value).splitlines() == [
+        f"{path}: step 'train' (train): --set train.vqa.steps: no field or stage 'vqa'",
+        f"{path}: step 'train' (train): stages: expected a list, found 5"]
+
+
 def test_a_train_step_s_max_length_is_refused_before_the_steps_before_it_run(tmp_path):
     steps = world_and_cache() + [
         {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"},

@@ -162,7 +162,7 @@ def test_set_values_fill_inputs_as_yaml_and_changes_redo_the_steps_using_them(tm
     assert train.params["eval_batch_size"] == 3
     from train.engine.config import RunConfig
     assert RunConfig.from_dict({**train.params, "out": "x"}).stages[0].base_lr == 1e-5  # the train rule reads it
-    assert train.reads == ("cache", "world", "vocabulary")
+    assert list(train.reads) == ["cache", "world", "vocabulary"]
 
     only_world = write_pipeline(tmp_path, steps[:1], inputs | {"lr": 0}, name="world.yaml")
     messages = []
@@ -288,7 +288,8 @@ def test_a_failing_step_ends_the_command_with_one_line_naming_it(toy_dataset):
     from pipelines.cli import main
 
     path, root, calls = toy_dataset
-    command = ["pipeline", "run", str(path), "--set", f"root={root}", "--set", "max_missing=0.2"]
+    # --jobs 1: the step runs in this process, where the toy source is registered
+    command = ["pipeline", "run", str(path), "--jobs", "1", "--set", f"root={root}", "--set", "max_missing=0.2"]
     result = CliRunner().invoke(main, command)
     assert result.exit_code == 2  # a DataError's status
     assert result.output.splitlines()[-1].startswith(  # the rest of the line is the prepare step's own
@@ -298,9 +299,9 @@ def test_a_failing_step_ends_the_command_with_one_line_naming_it(toy_dataset):
     assert isinstance(debug.exception, StepFailed) and type(debug.exception.__cause__).__name__ == "DataError"
 
     (root / "toy_train.json").write_text(json.dumps({"items": [{"id": 1}]}))  # the toy reader then fails: a bug
-    bug = CliRunner().invoke(main, command[:5])
+    bug = CliRunner().invoke(main, command[:7])
     assert bug.exit_code == 1 and isinstance(bug.exception, StepFailed) and isinstance(bug.exception.cause, KeyError)
-    missing = CliRunner().invoke(main, command[:3])
+    missing = CliRunner().invoke(main, command[:5])
     assert missing.exit_code == 2 and f"Error: {path}: no value for input root; pass --set root=..." in missing.output
 
 
@@ -380,7 +381,7 @@ def test_seeds_and_comparisons_are_checked_at_load(tmp_path, step, message):
 def test_shipped_reports_compare_frozen_with_tuned_and_ablation_rows_with_a():
     from pathlib import Path
 
-    from pipelines.steps import report_params
+    from pipelines.steps.report import report_params
 
     def pairs(name):
         pipeline = load_pipeline(Path(__file__).parents[1] / "pipelines" / "configs" / f"{name}.yaml")

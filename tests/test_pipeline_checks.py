@@ -31,7 +31,8 @@ def write_pipeline(tmp_path, steps, inputs=None, name="pipeline.yaml"):
 
 
 def pipeline_run(path, *settings):
-    return CliRunner().invoke(main, ["pipeline", "run", str(path), *(a for s in settings for a in ("--set", s))])
+    return CliRunner().invoke(main, ["pipeline", "run", str(path), "--jobs", "1",
+                                     *(a for s in settings for a in ("--set", s))])
 
 
 def error_lines(result):
@@ -192,7 +193,7 @@ def test_a_later_step_names_a_train_step_s_final_model_and_predictions_not_their
     assert again.params["init_from"] == str(finetune.stage(1, "vqa").final)
     assert again.params["predict"] == [str(finetune.stage(0, "pre").predictions_folder / "x.jsonl"),
                                        str(finetune.stage(1, "vqa").predictions_folder / "y.jsonl")]
-    assert again.reads == ("cache", "world", "vocabulary", "finetune")
+    assert list(again.reads) == ["cache", "world", "vocabulary", "finetune"]
 
     steps[-1]["init_from"] = "${finetune.vqa.fianl}"
     steps[-1]["predict"] = ["${cache.final}/x.jsonl"]

@@ -130,6 +130,7 @@ def fail() -> None:
     raise ValueError("this job fails")
 
 
+@pytest.mark.slow  # the executor's tests submit after failed jobs (tests/test_slurm_executor.py)
 def test_afterok_waits_for_success_and_never_starts_after_a_failure(slurm_cluster, tmp_path):
     marker = tmp_path / "first.txt"
     first = executor(slurm_cluster, tmp_path / "jobs").submit(write_after, str(marker), 3)
@@ -176,6 +177,7 @@ class CountedRuns(submitit.helpers.Checkpointable):
         return run_counted(counter)
 
 
+@pytest.mark.slow  # the executor's requeue test does this with a training step (tests/test_slurm_executor.py)
 def test_a_signalled_checkpointable_job_is_requeued_and_finishes_on_its_second_run(slurm_cluster, tmp_path):
     counter = tmp_path / "runs.txt"
     job = executor(slurm_cluster, tmp_path / "jobs").submit(CountedRuns(), str(counter))
@@ -201,6 +203,7 @@ def count_runs_noting_sigterm(counter: str, terms: str) -> int:
     return run_counted(counter)
 
 
+@pytest.mark.slow  # about 35 s: Slurm's preemption waits out its GraceTime and its 30 s check
 def test_a_preempted_job_gets_sigterm_and_slurm_requeues_it(slurm_cluster, tmp_path):
     counter, terms = tmp_path / "runs.txt", tmp_path / "terms.txt"
     whole_node = {"cpus_per_task": slurm_cluster.cpus}

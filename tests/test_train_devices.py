@@ -11,7 +11,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from extract.modeling.precision import PRECISIONS
+from extract.modeling.precision import PRECISIONS, resolved_precision
 from pipelines.cli import main
 from train.data.annotations import AnnotationFile
 from extract.store.reader import FeatureStore
@@ -22,7 +22,7 @@ from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
 from train.engine.batches import EpochBatches, StageStreams
 from train.engine.checkpoint import load_training_state, random_state, save_checkpoint
-from train.engine.config import RunConfigError, StageConfig, run_differences
+from train.engine.config import RunConfigError, RunMismatchError, StageConfig, run_differences
 from train.engine.distributed import World
 from train.engine.evaluate import evaluate, shard
 from train.engine.run_folder import RunFolder
@@ -139,9 +139,31 @@ def test_a_checkpoint_from_before_per_rank_random_states_still_resumes(tmp_path)
 
 
 def test_precision_is_checked_when_the_config_loads():
-    with pytest.raises(RunConfigError, match=r"^precision: 'fp8' is not one of fp32, tf32, bf16, fp16$"):
+    with pytest.raises(RunConfigError, match=r"^precision: 'fp8' is not one of fp32, tf32, bf16, fp16, auto$"):
         from_mapping(StageConfig, {"name": "vqa", "task": "vqa", "steps": 1, "precision": "fp8"}, error=RunConfigError)
     assert StageConfig("vqa", "vqa", steps=1).precision == "fp32"
+
+
+@pytest.mark.parametrize("device, capability, resolved", [("cpu", None, "fp32"), ("cuda", (7, 5), "fp32"),
+                                                        ("cuda", (8, 0), "bf16"), ("cuda", (9, 0), "bf16")])
+def test_auto_precision_is_bf16_where_the_gpu_computes_it_natively_and_fp32_elsewhere(monkeypatch, device, capability,
+                                                                                    resolved):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
+    assert resolved_precision("auto", torch.device(device)) == resolved
+    assert resolved_precision("tf32", torch.device(device)) == "tf32"  # a named precision is as it is
+
+
+def test_auto_precision_is_recorded_as_resolved_and_a_resume_that_resolves_otherwise_is_refused(world, monkeypatch):
+    stage = StageConfig("vqa", "vqa", steps=1, batch_size=2, precision="auto", num_workers=0)
+    Trainer(run_config(world, "auto", [stage])).fit()
+    folder = RunFolder(world / "auto")
+    assert folder.precisions() == {"vqa": "fp32"} and folder.config()["stages"][0]["precision"] == "auto"
+    assert "precision" not in folder.config()  # a record beside the config, not a field of it
+
+    folder.write_config(folder.config(), folder.world(), {"vqa": "bf16"})  # as if it had run on an Ampere GPU
+    with pytest.raises(RunMismatchError, match=r"stages\[0\].precision: the run folder's stage 'vqa' ran in bf16, "
+                                               r"auto is fp32 on cpu"):
+        Trainer(run_config(world, "auto", [stage])).fit(resume=True)
 
 
 @pytest.mark.parametrize("precision, message", [

@@ -6,6 +6,7 @@ line before anything trains."""
 import json
 import os
 import shutil
+import signal
 import time
 from collections import Counter
 from dataclasses import replace
@@ -31,6 +32,7 @@ from train.engine.config import RunConfig, RunConfigError, RunMismatchError, Sta
 from train.engine.damaged import DamagedRecords
 from train.end2end import EndToEndVisual
 from train.engine.run_folder import RunFolder
+from train.engine.stopping import TrainingInterrupted
 from train.engine.trainer import Trainer
 from tests.helpers.stores import data_file, flip_bit_in
 from tests.helpers.worlds import copy_world, interrupt_optimiser_step, run_config
@@ -179,6 +181,39 @@ def test_an_interrupt_after_a_step_checkpoint_resumes_from_it(world, straight, m
     assert f"stage pretrain: resuming from {RunFolder(out).stage(0, 'pretrain').checkpoint(2)} (step 2)" in messages
     assert logged_steps(out) == EVERY_STEP_ONCE
     assert board_steps(out, 0, "pretrain", "pretrain/loss") == [1, 2, 3, 4]
+    for index, stage in enumerate(("pretrain", "vqa")):
+        assert final_weights(out, index, stage) == final_weights(straight, index, stage)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2])
+def test_a_stop_signal_checkpoints_the_step_in_progress_and_the_resume_ends_as_an_uninterrupted_run(
+        world, straight, monkeypatch, signum):
+    """SIGTERM (a scheduler's stop, Slurm's preemption) or SIGUSR2 (submitit's warning) during pre-training's
+    third step: the step completes, is checkpointed, and training stops; resumed, nothing differs."""
+    original, calls = torch.optim.AdamW.step, {"n": 0}
+
+    def signalled_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signum)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", signalled_step)
+    out = world / f"stopped-{signum}"
+    with pytest.raises(TrainingInterrupted) as stopped:
+        Trainer(run_config(world, out.name, TWO_STAGES)).fit()
+    assert stopped.value.exit_status == 128 + signum and stopped.value.signum == signum
+    checkpoint = RunFolder(out).stage(0, "pretrain").checkpoint(3)
+    assert str(stopped.value) == (f"{out}: stage pretrain, step 3 (checkpoint-3 written): stopped by "
+                                  f"{signal.Signals(signum).name}; the run resumes there when it is run again (--resume)")
+    assert RunFolder(out).stage(0, "pretrain").checkpoints() == [checkpoint]
+    assert signal.getsignal(signum) == signal.SIG_DFL  # the handler before fit is back
+    monkeypatch.undo()
+
+    messages = []
+    Trainer(run_config(world, out.name, TWO_STAGES), log=messages.append).fit(resume=True)
+    assert f"stage pretrain: resuming from {checkpoint} (step 3)" in messages
+    assert logged_steps(out) == EVERY_STEP_ONCE
     for index, stage in enumerate(("pretrain", "vqa")):
         assert final_weights(out, index, stage) == final_weights(straight, index, stage)
 

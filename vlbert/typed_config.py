@@ -102,6 +102,9 @@ def above(minimum: float, maximum: float | None = None) -> dict[str, Range]:
     return {"range": Range(minimum, maximum, exclusive=True)}
 
 
+SEEDS = at_least(0, 2**32 - 1)  # a seed's range, as NumPy's (runs derive further seeds from one)
+
+
 def from_mapping(cls: type, values: Any, where: str = "", error: type[Exception] = FieldError) -> Any:
     """An instance of dataclass `cls` from a mapping, or an `error` naming the key at fault; `where` is
     the key path of a nested one (`stages[0]`), `cls.SETTINGS` (if set) what such a mapping holds.

@@ -91,6 +91,21 @@ TRAINING_PRECISIONS: dict[str, Precision] = {**PRECISIONS, "fp16": Precision(
     autocast="float16", loss_scaling=True)}
 
 
+AUTO = "auto"  # a training stage's precision: bf16 where its device computes it natively, else fp32
+
+
+def resolved_precision(name: str, device: torch.device) -> str:
+    """`auto` as `device` takes it: bf16 on a CUDA GPU with native bfloat16 (compute capability 8.0,
+    Ampere, or later), fp32 elsewhere and on the CPU; any other name as it is. The resolved name is
+    what a run records: it decides the run's numbers."""
+    if name != AUTO:
+        return name
+    import torch
+
+    native = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+    return "bf16" if native else "fp32"
+
+
 def precision(name: str, known: dict[str, Precision] = PRECISIONS) -> Precision:
     if name not in known:
         raise PrecisionError(f"precision {name!r}: expected one of {', '.join(known)}")

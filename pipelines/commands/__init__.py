@@ -24,6 +24,13 @@ def load_command(name: str) -> click.Command:
     return command
 
 
+def own_threads(callback):
+    """Marks a command that sets its threads itself (a pipeline step's process: its spec says how
+    many), and that may load no torch at all."""
+    callback.own_threads = True
+    return callback
+
+
 def _with_thread_policy(command: click.Command) -> None:
     """Runs the command under extract/threads.py's thread policy. It wraps the command's own callback,
     not the group's, which also runs for `vlbert <command> --help` and would import torch for it."""
@@ -32,6 +39,8 @@ def _with_thread_policy(command: click.Command) -> None:
             _with_thread_policy(subcommand)
         return
     callback = command.callback
+    if getattr(callback, "own_threads", False):
+        return
 
     @functools.wraps(callback)
     def run(*args, **kwargs):

@@ -1,9 +1,31 @@
-"""`vlbert pipeline run FILE`: chained steps that skip what is up to date and resume what was cut off."""
+"""`vlbert pipeline run|status|cancel FILE`: chained steps that skip what is up to date, resume what was
+cut off and run side by side, on this machine or on a Slurm cluster; `vlbert pipeline step SPEC` is
+one step's process, as the executors start it."""
 
+import sys
 from pathlib import Path
 
 import click
 
+from pipelines.commands import own_threads
+
+EXECUTOR_NAMES = ("local", "slurm")  # pipelines.executors.EXECUTORS, named here without importing it
+
+
+def _pipeline_options(command):
+    command = click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+                           help="Output folder (default: the file's `out`).")(command)
+    command = click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
+                           help="An input the file declares, STEP.FIELD / STEP.STAGE.FIELD / STEP.FIELD+ "
+                                "(append), or slurm.KEY (repeatable); VALUE is read as YAML, null is none. "
+                                "out=DIR is --out.")(command)
+    return click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))(command)
+
+
+def _loaded(file: Path, settings: tuple[str, ...], out: Path | None):
+    from pipelines.runner import load_pipeline, parse_setting, with_out
+
+    return load_pipeline(file, with_out(file, out, dict(parse_setting(text) for text in settings)))
 
 
 @click.group("pipeline")
@@ -12,13 +34,21 @@ def pipeline_group() -> None:
 
 
 @pipeline_group.command("run")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
-              help="An input the file declares, or STEP.FIELD / STEP.STAGE.FIELD (repeatable); VALUE is read "
-                   "as YAML, null is none. out=DIR is --out.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output folder (default: the file's `out`).")
-def run_command(file: Path, settings: tuple[str, ...], out: Path | None) -> None:
-    """Run FILE's steps in order, each into its own folder under the output folder.
+@_pipeline_options
+@click.option("--jobs", type=click.IntRange(min=1),
+              help="Steps at once (local executor) [default: as many as the cores and GPUs allow]; 1 runs them "
+                   "one after another in this process.")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="CPU threads of every step's processes (local executor) [default: the free cores shared "
+                   "among the steps starting]; results are bitwise the same for the same count.")
+@click.option("--executor", type=click.Choice(EXECUTOR_NAMES), default="local", show_default=True,
+              help="local: this machine; slurm: a job per step through submitit (settings: slurm.KEY).")
+@click.option("--wait/--no-wait", default=False,
+              help="slurm: wait for the jobs and report their end [default: submit and return].")
+def run_command(file: Path, settings: tuple[str, ...], out: Path | None, jobs: int | None, threads: int | None,
+                executor: str, wait: bool) -> None:
+    """Run FILE's steps, each into its own folder under the output folder, every step whose inputs
+    are done at once (within the machine's cores and GPUs, or as Slurm jobs).
 
     FILE's `inputs:` are what you give with --set NAME=VALUE (dataset root, images root,
     detector weights, BERT or converted VL-BERT checkpoint, ...): an input whose default is
@@ -34,13 +64,58 @@ def run_command(file: Path, settings: tuple[str, ...], out: Path | None) -> None
     --set names, inputs without a value, unknown keys and wrong types, input paths that do not
     exist, a device this machine lacks, an unknown detector, a starting checkpoint whose
     vocabulary or feature size differs from the tokenizer's or the store's. A step that fails
-    ends the command with one line naming it. Rerunning skips done steps, resumes an
-    interrupted one and redoes steps whose parameters (--set values included) or inputs changed.
+    stops the steps that read it; the others run on, and the command ends naming every failed
+    step with its log (<out>/<step>/log.txt). Rerunning skips done steps, resumes interrupted
+    ones and redoes steps whose parameters (--set values included) or inputs changed. Ctrl-C
+    stops every running step (training writes a checkpoint first); a rerun resumes them.
+    Clusters: docs/cluster.md.
     """
     from pipelines.runner import parse_setting, run_pipeline
 
-    root = run_pipeline(file, out, log=click.echo, settings=dict(parse_setting(text) for text in settings))
+    options = {"wait": wait} if executor == "slurm" else {"threads": threads, "status_stream": sys.stdout}
+    root = run_pipeline(file, out, log=click.echo, settings=dict(parse_setting(text) for text in settings),
+                        jobs=jobs, executor=executor, **options)
     click.echo(f"pipeline outputs: {root.resolve()}")
+
+
+@pipeline_group.command("status")
+@_pipeline_options
+def status_command(file: Path, settings: tuple[str, ...], out: Path | None) -> None:
+    """Each step's state (done, running, queued, failed, stopped, waiting, not started), its job or
+    process, its log and its progress, from the run of FILE that its output folder records."""
+    from pipelines.executors import executor_named, read_state
+
+    pipeline = _loaded(file, settings, out)
+    executor = read_state(pipeline.out).get("executor", "local")
+    rows = executor_named(executor).status(pipeline)
+    width = max(len(row.step) for row in rows)
+    for row in rows:
+        job = f" [{row.job}]" if row.job else ""
+        detail = f": {row.detail}" if row.detail else ""
+        log = f" (log: {row.log})" if row.log and row.state != "done" else ""
+        click.echo(f"{row.step:<{width}}  {row.state}{job}{detail}{log}")
+
+
+@pipeline_group.command("cancel")
+@_pipeline_options
+def cancel_command(file: Path, settings: tuple[str, ...], out: Path | None) -> None:
+    """Stop the run of FILE: its queued and running Slurm jobs are cancelled, or a local run is asked to
+    stop (its steps resume on a rerun)."""
+    from pipelines.executors import executor_named, read_state
+
+    pipeline = _loaded(file, settings, out)
+    executor_named(read_state(pipeline.out).get("executor", "local")).cancel(pipeline, click.echo)
+
+
+@pipeline_group.command("step", hidden=True)
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--shard", type=click.IntRange(min=0), help="The shard of a sharded step this process extracts.")
+@own_threads
+def step_command(spec: Path, shard: int | None) -> None:
+    """Run one step of a pipeline as its executor wrote it into SPEC (pipelines/execution.py)."""
+    from pipelines.execution import StepSpec, run_spec
+
+    run_spec(StepSpec.from_file(spec), shard, log=click.echo)
 
 
 COMMANDS = [pipeline_group]

@@ -44,8 +44,9 @@ def tiny_checkpoints(tmp_path: Path, words: Iterable[str]) -> dict[str, str]:
 
 
 def run_pipeline_file(pipeline: Path, out: Path, settings: dict[str, str]):
-    """`vlbert pipeline run PIPELINE --set out=OUT --set NAME=VALUE...`, which must succeed."""
-    arguments = ["pipeline", "run", str(pipeline), "--set", f"out={out}"]
+    """`vlbert pipeline run PIPELINE --jobs 1 --set out=OUT --set NAME=VALUE...`, which must succeed (steps
+    in this process: what these tests check is the shipped files, not how their steps are scheduled)."""
+    arguments = ["pipeline", "run", str(pipeline), "--jobs", "1", "--set", f"out={out}"]
     for name, value in settings.items():
         arguments += ["--set", f"{name}={value}"]
     result = CliRunner().invoke(main, arguments)

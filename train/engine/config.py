@@ -14,21 +14,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
 
-from extract.modeling.precision import TRAINING_PRECISIONS
+from extract.modeling.precision import AUTO, TRAINING_PRECISIONS
 from extract.paths import check_apart
+from train.engine.errors import RunConfigError, RunMismatchError  # noqa: F401 - the config's errors, named here too
 from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
 from vlbert import VLBertConfig
 from vlbert.config import MODEL_SIZES
-from vlbert.errors import UserError
-from vlbert.typed_config import (EXISTING_PATH, above, at_least, checked_fields, describe, did_you_mean, from_mapping,
-                                 join_key, load_yaml, located)
+from vlbert.typed_config import (EXISTING_PATH, SEEDS, above, at_least, checked_fields, describe, did_you_mean,
+                                 from_mapping, join_key, load_yaml, located)
 
 # The shortest sequence every task can build (vlbert.tokenization.fit_lengths): [CLS], one word piece
 # of each of two text segments (VQA's question and [MASK], VCR's context and candidate) with their
 # [SEP]s, the whole-image box, one RoI and [END].
 SHORTEST_SEQUENCE = 8
-SEEDS = at_least(0, 2**32 - 1)  # as NumPy's; the trainer derives further seeds from it
 
 # Fields that do not change what a run computes: a rerun in the same run folder may change them
 # (and the run folder's recorded config then takes the new values), any other difference is refused. They say where
@@ -41,15 +40,6 @@ RESULT_NEUTRAL_FIELDS = frozenset({
     "stages[].checkpoint_minutes", "stages[].keep_checkpoints",
 })
 COMPARED_AS: dict[str, Callable[[Any], Any]] = {"device": lambda name: str(name).split(":")[0]}
-
-
-class RunConfigError(UserError):
-    """A run config that cannot be used: YAML, unknown or mistyped fields, missing paths, a stage the
-    store cannot feed. The message names the file or field."""
-
-
-class RunMismatchError(RunConfigError):
-    """A run folder that holds a run with another config; the message lists every difference."""
 
 
 @dataclass
@@ -82,7 +72,9 @@ class StageConfig:
     # DataLoader processes that read, make and collate samples (0: the training process does).
     num_workers: int = field(default=2, metadata=at_least(0))
     # fp32 (TF32 off on CUDA: the reference numbers), tf32 (CUDA), bf16, or fp16 (CUDA, loss scaled).
-    precision: Literal[tuple(TRAINING_PRECISIONS)] = "fp32"
+    # auto: bf16 where the device computes it natively (CUDA, Ampere or later), else fp32; run.json records
+    # what it resolved to
+    precision: Literal[(*TRAINING_PRECISIONS, AUTO)] = "fp32"
 
     def __post_init__(self) -> None:
         problem = self._problem()

@@ -2,7 +2,8 @@
 writes it and for the reports, pipeline steps, benches and tests that read it.
 
     run.json                        the resolved run config (another config is refused in this folder),
-                                    and under "world" its number of processes and every change of it
+                                    under "world" its number of processes and every change of it, and
+                                    under "precision" each stage's arithmetic (`auto` resolved)
     train.lock                      held by the process that trains the run (its pid and host inside)
     metrics.jsonl                   one JSON object per optimiser step and per evaluation
     tensorboard/<i>-<name>/         the stage's TensorBoard scalars
@@ -32,6 +33,7 @@ from extract.atomic import temporaries, write_atomically
 
 _RUN_FILE = "run.json"
 _WORLD = "world"  # run.json's record of the processes, beside the config's fields
+_PRECISION = "precision"  # run.json's record of each stage's precision as its device resolved it
 _LOCK = "train.lock"
 _METRICS = "metrics.jsonl"
 _TENSORBOARD = "tensorboard"
@@ -126,20 +128,27 @@ class RunFolder:
 
     def config(self) -> dict[str, Any]:
         """The run config recorded in run.json."""
-        return {k: v for k, v in self._recorded().items() if k != _WORLD}
+        return {k: v for k, v in self._recorded().items() if k not in (_WORLD, _PRECISION)}
 
     def world(self) -> dict[str, Any]:
         """run.json's record of the processes: {"size": the latest session's, "changes": [{"stage",
         "step", "from", "to", "learning_rate_scale"}, ...]}; {} for a run from before the record."""
         return self._recorded().get(_WORLD, {})
 
+    def precisions(self) -> dict[str, str]:
+        """run.json's record of each stage's precision as it ran (`auto` resolved: bf16, fp32);
+        {} for a run from before the record."""
+        return self._recorded().get(_PRECISION, {})
+
     def _recorded(self) -> dict[str, Any]:
         return json.loads(self.config_file.read_text())
 
-    def write_config(self, config: dict[str, Any], world: dict[str, Any] | None = None) -> None:
-        """run.json: `config`, and `world` (see `world()`) when given."""
+    def write_config(self, config: dict[str, Any], world: dict[str, Any] | None = None,
+                     precisions: dict[str, str] | None = None) -> None:
+        """run.json: `config`, and `world` (see `world()`) and `precisions` when given."""
         self.root.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.config_file, json.dumps({**config, **({_WORLD: world} if world else {})}, indent=1))
+        records = {name: value for name, value in ((_WORLD, world), (_PRECISION, precisions)) if value}
+        write_atomically(self.config_file, json.dumps({**config, **records}, indent=1))
 
     @property
     def lock_file(self) -> Path:

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from extract.atomic import remove, writing
 from extract.device import check_device, rank_device, use_device
 from extract.locks import lock_holder, take_lock
-from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision
+from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision, resolved_precision
 from extract.progress import progress_bar
 from train.data.annotations import AnnotationFile
 from train.data.files import read_json
@@ -46,6 +46,7 @@ from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.run_folder import RunFolder, StageFolder
 from train.engine.stage_log import MutedStageLog, StageLog
+from train.engine.stopping import StopSignals
 from train.tasks import TASKS
 from train.tasks.base import TaskData
 from vlbert import VLBertConfig
@@ -119,8 +120,11 @@ class Trainer:
         # This rank's GPU under a launcher (cuda:LOCAL_RANK), then checked: one line for a typo or a
         # GPU this machine lacks.
         self.device = use_device(check_device(rank_device(run.device, os.environ)))
-        for stage in run.stages:
-            precision(stage.precision, TRAINING_PRECISIONS).check(self.device)
+        # Each stage's arithmetic on this device (`auto` resolved), checked.
+        self.precisions = {stage.name: precision(resolved_precision(stage.precision, self.device), TRAINING_PRECISIONS)
+                           for stage in run.stages}
+        for chosen in self.precisions.values():
+            chosen.check(self.device)
         self.folder = RunFolder(run.out_dir)
         self.regions = RegionBank(run.store, run.max_regions)
         self._check_store_feeds_every_stage()
@@ -139,8 +143,10 @@ class Trainer:
 
         `out` must hold this run or none: a recorded config that differs beyond RESULT_NEUTRAL_FIELDS is
         refused (RunMismatchError) unless `restart`, which removes the previous run's outputs first.
-        One process at a time trains in `out`: another is refused (RunFolderBusyError)."""
-        with process_group(self.world, self.device), self._run_folder_lock():
+        One process at a time trains in `out`: another is refused (RunFolderBusyError). SIGTERM or
+        SIGUSR2 stops training after the optimiser step in progress, with a checkpoint of it
+        (TrainingInterrupted; train.engine.stopping)."""
+        with process_group(self.world, self.device), self._run_folder_lock(), StopSignals() as self.stop:
             return self._fit(resume, restart)
 
     def _fit(self, resume: bool, restart: bool) -> list[dict]:
@@ -237,6 +243,11 @@ class Trainer:
         config and this world's size in the run folder (its result-neutral fields may have changed),
         and removes what writes killed in it left."""
         differences = run_differences(self.folder.config(), self.run) if self.folder.is_run else []
+        recorded = self.folder.precisions() if self.folder.is_run else {}
+        differences += [f"stages[{index}].precision: the run folder's stage {stage.name!r} ran in {recorded[stage.name]}, "
+                        f"{stage.precision} is {self.precisions[stage.name].name} on {self.device}"
+                        for index, stage in enumerate(self.run.stages)
+                        if recorded.get(stage.name, self.precisions[stage.name].name) != self.precisions[stage.name].name]
         if differences and not restart:
             raise RunMismatchError(f"{self.folder.root} holds a run with another config; pass restart=True (--restart) to "
                                    "discard it, or use another output folder:\n"
@@ -246,7 +257,8 @@ class Trainer:
             if restart:
                 self._remove_outputs()
             changes = self.folder.world().get("changes", []) if self.folder.is_run else []
-            self.folder.write_config(self.run.to_dict(), {"size": self.world.size, "changes": changes})
+            self.folder.write_config(self.run.to_dict(), {"size": self.world.size, "changes": changes},
+                                     {name: chosen.name for name, chosen in self.precisions.items()})
             self._sweep_temporaries()
         barrier(self.world)
 
@@ -280,10 +292,13 @@ class Trainer:
                                                 self.device.type == "cuda"))
         objective = self._objective(stage, parts, batches)
         with self._stage_log(stage, stage_dir, step) as log:
-            self._optimise(stage, stage_dir, parts, objective, batches, streams, step, progress, log)
-            seconds = progress.seconds
-            del batches  # its DataLoader workers stop before evaluation starts its own
-            self._save(stage, stage_dir, parts, stage.steps, progress, streams)
+            with self.stop.deferred(f"{self.folder.root}: stage {stage.name}"):
+                self._optimise(stage, stage_dir, parts, objective, batches, streams, step, progress, log)
+                seconds = progress.seconds
+                del batches  # its DataLoader workers stop before evaluation starts its own
+                self._save(stage, stage_dir, parts, stage.steps, progress, streams)
+            if any_rank(self.stop.requested, self.world, self.device):  # it came after the last step
+                raise self.stop.interrupted(f"{self.folder.root}: stage {stage.name}, its last step written")
             self._finish(stage, stage_dir, parts, seconds, progress, log)
         barrier(self.world)
 
@@ -333,12 +348,13 @@ class Trainer:
             world = self.folder.world()
             world["changes"].append({"stage": stage.name, "step": step, "from": saved_world, "to": self.world.size,
                                      "learning_rate_scale": scale})
-            self.folder.write_config(self.folder.config(), world)
+            self.folder.write_config(self.folder.config(), world, self.folder.precisions())
 
     def _optimise(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, objective: nn.Module,
                   batches: Iterator[Batch], streams: StageStreams, step: int, progress: StageProgress,
                   log: StageLog | MutedStageLog) -> None:
-        """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule."""
+        """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule, and
+        when a stop signal came (every rank agreeing on the step), then stopping."""
         schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
         with progress_bar(stage.steps, stage.name, "step", initial=step, enabled=self.world.rank == 0) as bar:
             while step < stage.steps:
@@ -350,9 +366,13 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses['loss']:.3f}")
                 log.step(step, lr, losses, progress.damaged.skipped - skipped_before)
-                if step < stage.steps and self._checkpoint_due(schedule, step):
+                stopping = any_rank(self.stop.requested, self.world, self.device)
+                if stopping or (step < stage.steps and self._checkpoint_due(schedule, step)):
                     self._save(stage, stage_dir, parts, step, progress, streams)
                     schedule.written()
+                if stopping:
+                    raise self.stop.interrupted(f"{self.folder.root}: stage {stage.name}, step {step} "
+                                                f"({stage_dir.checkpoint(step).name} written)")
 
     def _check_finite(self, stage: StageConfig, stage_dir: StageFolder, step: int, loss: float) -> None:
         """Stops the stage (every rank) at a NaN or infinite loss, before the step is logged or saved:
@@ -450,7 +470,7 @@ class Trainer:
         optimizer = OPTIMIZERS[stage.optimizer](parameter_groups(model, visual, stage.weight_decay),
                                                 stage.base_lr * total_batch)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(stage))
-        stage_precision = precision(stage.precision, TRAINING_PRECISIONS)
+        stage_precision = self.precisions[stage.name]
         scaler = torch.amp.GradScaler(self.device.type, enabled=stage_precision.loss_scaling)
         return StageParts(model, visual, optimizer, scheduler, parameters, stage_precision, scaler)
 

@@ -1,0 +1,307 @@
+"""Running one pipeline step: in this process, or in a process of its own that any executor starts.
+
+A step's folder holds `step.json`: its kind, its parameters (references resolved), a digest of what
+it reads (earlier steps' step.json, other input files), whether it is done, and how it ran (threads,
+GPUs, executor, processes). A step is up to date when that record is done and its kind, parameters
+and inputs are those of the step now; a step whose record matches but is not done resumes (its kind
+continues from what it committed); any other step starts again from an empty folder (its log stays).
+
+In a process of its own (`vlbert pipeline step SPEC`), a step reads a `StepSpec` file: the step,
+the part of it this process runs (all of it, one shard of an extraction, or the closing check of a
+sharded one) and the thread count it was given. Several processes may begin one step at once (a
+job array's shards, a DDP run's ranks): the decision to resume or start again is taken by the first
+under a lock, and the others follow it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from extract.atomic import write_atomically
+from extract.locks import holding
+from pipelines import STEP_FILE
+from pipelines.steps import KINDS, Layout
+from vlbert.errors import UserError
+
+LOG_FILE = "log.txt"
+STATE_FOLDER = ".pipeline"  # under the pipeline's `out`: specs, locks, the executor's records
+PROGRESS_FILE = ".progress{part}.json"
+ATTEMPT_VARIABLE = "VLBERT_ATTEMPT"  # what the processes of one attempt at a step share (local executor)
+
+Log = Callable[[str], None]
+
+
+class StepSpecError(UserError):
+    """A step spec file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    kind: str
+    folder: Path
+    params: dict[str, Any]  # references resolved
+    reads: dict[str, Path]  # the earlier steps it refers to → their folders
+    layout: Layout = field(default_factory=Layout)
+
+    @property
+    def state_folder(self) -> Path:
+        return self.folder.parent / STATE_FOLDER
+
+    @property
+    def log_file(self) -> Path:
+        return self.folder / LOG_FILE
+
+    def progress_file(self, shard: int | None = None) -> Path:
+        """Where the step's process (or shard's) publishes its progress (extract/progress.py)."""
+        return self.folder / PROGRESS_FILE.format(part="" if shard is None else f"-{shard}")
+
+
+# ---- the record ----------------------------------------------------------------------------------
+
+def stamp(step: Step) -> dict[str, Any]:
+    """What decides whether the step's folder holds this step: kind, parameters, input digests."""
+    return {"kind": step.kind, "params": step.params, "inputs": _input_digests(step)}
+
+
+def read_stamp(folder: Path) -> dict | None:
+    path = folder / STEP_FILE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None  # a damaged record: the step starts again
+
+
+def write_stamp(folder: Path, record: dict) -> None:
+    write_atomically(folder / STEP_FILE, json.dumps(record, indent=1))
+
+
+def state(step: Step) -> str:
+    """"done" (up to date), "resume" (this step, interrupted) or "start"."""
+    previous = read_stamp(step.folder)
+    if previous is None or any(previous.get(key) != value for key, value in stamp(step).items()):
+        return "start"
+    return "done" if previous.get("done") else "resume"
+
+
+def recorded(step: Step) -> dict:
+    """How the step's last attempt ran (threads, devices, ...), or {}."""
+    return read_stamp(step.folder) or {}
+
+
+def _input_digests(step: Step) -> dict[str, str]:
+    """For every earlier step it refers to: a digest of its step.json (so a rerun of that step, with
+    other results, makes this one stale too); for other existing files it names: their content."""
+    digests = {name: _digest(folder / STEP_FILE) for name, folder in step.reads.items()
+               if (folder / STEP_FILE).is_file()}
+    for value in strings(step.params):
+        path = Path(value)
+        if path.is_file() and not any(path.is_relative_to(folder) for folder in step.reads.values()):
+            digests[value] = _digest(path)
+    return digests
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from strings(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from strings(v)
+
+
+# ---- beginning and ending a step -----------------------------------------------------------------
+
+def step_lock(step: Step):
+    """Serialises the processes that begin one step (shards, ranks, a stale job and its requeued self)."""
+    step.state_folder.mkdir(parents=True, exist_ok=True)
+    return holding(step.state_folder / f"{step.name}.lock")
+
+
+def begin(step: Step, log: Log, how: dict[str, Any]) -> tuple[bool, dict[str, Any]] | None:
+    """Decides, under the step's lock: None when the step is up to date; else (resume, the record it
+    runs under), after emptying the folder (but its log) when it starts again. `how` (threads,
+    devices, executor, attempt) is recorded; a resumed step keeps the threads it started with, which
+    decide its last bits. The other processes of an attempt (shards, ranks) follow the first's decision."""
+    with step_lock(step):
+        previous, decision = read_stamp(step.folder), state(step)
+        if decision == "done":
+            log(f"[{step.name}] up to date")
+            return None
+        if decision == "resume" and previous.get("attempt") == how["attempt"]:
+            return previous["resumed"], previous
+        if decision == "resume":
+            log(f"[{step.name}] resuming an interrupted run")
+            how = {**how, "threads": resumed_threads(step) or how["threads"]}
+        elif step.folder.exists():
+            if previous is not None:
+                log(f"[{step.name}] parameters or inputs changed: starting again")
+            empty_but_log(step.folder)
+        step.folder.mkdir(parents=True, exist_ok=True)
+        record = {**stamp(step), "done": False, "resumed": decision == "resume", "started_at": time.time(), **how}
+        write_stamp(step.folder, record)
+        return record["resumed"], record
+
+
+def finish(step: Step, record: dict, log: Log) -> None:
+    seconds = time.time() - record["started_at"]
+    outcome = KINDS[step.kind].outcome(step.params, step.folder)
+    write_stamp(step.folder, {**record, **outcome, "done": True, "seconds": round(seconds, 2)})
+    log(f"[{step.name}] done in {seconds:.1f} s")
+
+
+def empty_but_log(folder: Path) -> None:
+    for path in folder.iterdir():
+        if path.name == LOG_FILE:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def resumed_threads(step: Step) -> int | None:
+    """The threads an interrupted step started with, which it resumes with: they decide its last bits."""
+    threads = recorded(step).get("threads")
+    return threads if isinstance(threads, int) else None
+
+
+# ---- running in this process -----------------------------------------------------------------------
+
+def run_here(step: Step, log: Log) -> None:
+    """The whole step in this process, with torch's current thread count; its messages also go to its log."""
+    import torch
+
+    from extract.threads import configured_threads
+
+    how = {"threads": torch.get_num_threads(), "executor": "local", "host": socket.gethostname(),
+           "attempt": new_attempt()}
+    decision = begin(step, log, how)
+    if decision is None:
+        return
+    resume, record = decision
+    with _teed(step, log) as step_log, configured_threads(record["threads"]):
+        step_log(f"[{step.name}] {step.kind} ...")
+        KINDS[step.kind].run(step.params, step.folder, resume, step_log)
+    finish(step, record, log)
+
+
+@contextmanager
+def _teed(step: Step, log: Log) -> Iterator[Log]:
+    with step.log_file.open("a", encoding="utf-8") as file:
+        def both(message: str) -> None:
+            log(message)
+            file.write(message + "\n")
+            file.flush()
+
+        yield both
+
+
+# ---- running in a process of its own ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What `vlbert pipeline step SPEC` runs: a step, the part of it (`""`: all of it; `shard`: the
+    shard given by the launcher; `close`: the check that ends a sharded step) and its threads."""
+
+    step: Step
+    threads: int
+    part: str = ""
+    executor: str = "local"
+
+    def to_json(self) -> str:
+        step = asdict(self.step)
+        step["folder"] = str(self.step.folder)
+        step["reads"] = {name: str(folder) for name, folder in self.step.reads.items()}
+        return json.dumps({"step": step, "threads": self.threads, "part": self.part, "executor": self.executor},
+                          indent=1)
+
+    @classmethod
+    def from_file(cls, path: Path) -> StepSpec:
+        try:
+            values = json.loads(Path(path).read_text())
+            step = values["step"]
+            return cls(Step(step["name"], step["kind"], Path(step["folder"]), step["params"],
+                            {name: Path(folder) for name, folder in step["reads"].items()}, Layout(**step["layout"])),
+                       values["threads"], values["part"], values["executor"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StepSpecError(f"{path}: not a step spec ({type(exc).__name__}: {exc})") from None
+
+    def write(self) -> Path:
+        path = self.step.state_folder / "specs" / f"{self.step.name}{'-' + self.part if self.part else ''}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, self.to_json())
+        return path
+
+
+def run_spec(spec: StepSpec, shard: int | None = None, log: Log = print) -> None:
+    """What a step's process does: begins the step (or follows the process of its attempt that did),
+    runs it (or shard `shard` of it) with the threads given, and marks it done when that completes it;
+    the `close` part checks a sharded step's shards and marks it done. A light step's process (a world,
+    a report) loads no torch: one thread is all it computes with."""
+    step, kind = spec.step, KINDS[spec.step.kind]
+    if spec.part == "close":
+        kind.close(step.params, step.folder, log)
+        finish(step, recorded(step), log)
+        return
+    rank, processes = _rank() if step.layout.ranks * step.layout.nodes > 1 else (0, 1)
+    how = {"threads": spec.threads, "executor": spec.executor, "host": socket.gethostname(),
+           "devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "attempt": attempt(),
+           **({"processes": processes} if processes > 1 else {})}
+    decision = begin(step, log, how)
+    if decision is None:
+        return
+    resume, record = decision
+    sharded = {"shard": (shard, step.layout.shards)} if shard is not None else {}
+    with nullcontext() if kind.light else _torch_threads(record["threads"]):
+        if rank == 0:
+            log(f"[{step.name}] {step.kind} ..." + (f" (shard {shard}/{step.layout.shards})" if sharded else ""))
+        kind.run(step.params, step.folder, resume, log, **sharded)
+    if not sharded and rank == 0:
+        finish(step, record, log)
+
+
+def _rank() -> tuple[int, int]:
+    """(rank, world size) of this process of a DDP step, from its launcher's variables."""
+    from train.engine.distributed import World
+
+    world = World.from_env()
+    return world.rank, world.size
+
+
+def _torch_threads(threads: int):
+    from extract.threads import configured_threads
+
+    return configured_threads(threads)
+
+
+def new_attempt() -> str:
+    return f"{ATTEMPT_VARIABLE}={uuid.uuid4().hex}"
+
+
+def attempt() -> str:
+    """What identifies one attempt at a step across its processes: the Slurm job (an array's shards
+    share it), else the local executor's launch, else the launcher's run, else this process."""
+    if os.environ.get(ATTEMPT_VARIABLE):
+        return os.environ[ATTEMPT_VARIABLE]
+    for variable in ("SLURM_ARRAY_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        if os.environ.get(variable):
+            # A requeued job keeps its id: its restart count makes it a new attempt, which resumes.
+            return f"{variable}={os.environ[variable]}.{os.environ.get('SLURM_RESTART_COUNT', 0)}"
+    return new_attempt()

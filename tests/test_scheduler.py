@@ -1,0 +1,204 @@
+"""The local executor: steps side by side in processes of their own, within the cores and GPUs given;
+the same results as one after another; failures stop only what reads them; shards and DDP processes."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from extract.store.reader import FeatureStore
+from extract.threads import configured_threads
+from pipelines.cli import main
+from pipelines.executors import StepsFailed, executor_named, local, read_state
+from pipelines.runner import load_pipeline, run_pipeline
+from pipelines.world.tiny import TINY_MODEL
+from train.engine.run_folder import RunFolder
+from vlbert.errors import UserError
+
+
+def write(tmp_path: Path, steps: list[dict], name: str = "pipeline.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"name": "scheduled", "out": str(tmp_path / "out"), "steps": steps}))
+    return path
+
+
+def train_step(world: Path, name: str, task: str = "vqa", steps: int = 2, **fields) -> dict:
+    return {"name": name, "kind": "train", "store": str(world / "cache"),
+            "train_annotations": str(world / "world" / "train.jsonl"),
+            "eval_annotations": str(world / "world" / "val.jsonl"), "vocabulary": str(world / "vocab"),
+            "max_length": 40, "model": dict(TINY_MODEL),
+            "stages": [{"name": task, "task": task, "steps": steps, "batch_size": 4, "num_workers": 0}], **fields}
+
+
+def record(out: Path, step: str) -> dict:
+    return json.loads((out / step / "step.json").read_text())
+
+
+def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(tiny_world, tmp_path):
+    steps = [
+        {"name": "cache", "kind": "extract", "images": str(tiny_world / "world"), "detector": "tiny",
+         "mask_variants": 1, "batch_size": 4, "progress": False},
+        train_step(tiny_world, "pretrain", "pretrain"),
+        train_step(tiny_world, "vqa", "vqa", init_from="${pretrain.final}"),
+        train_step(tiny_world, "refexp", "refexp", init_from="${pretrain.final}"),
+    ]
+    path = write(tmp_path, steps)
+    one = run_pipeline(path, tmp_path / "one", log=lambda _: None, jobs=1)
+    messages = []
+    both = run_pipeline(path, tmp_path / "both", log=messages.append, jobs=2, threads=2)
+    assert any("[vqa] train started" in m for m in messages) and any("[refexp] train started" in m for m in messages)
+    for step in ("cache", "pretrain", "vqa", "refexp"):
+        assert record(one, step)["threads"] == record(both, step)["threads"] == 2
+    assert record(both, "vqa")["executor"] == "local" and (both / "vqa" / "log.txt").is_file()
+    assert record(one, "vqa")["precision"] == record(both, "vqa")["precision"] == {"vqa": "fp32"}
+
+    with FeatureStore(one / "cache") as first, FeatureStore(both / "cache") as second:
+        assert first.keys() == second.keys()
+        for key in first.keys():
+            for name, value in first[key].items():
+                assert np.array_equal(value, second[key][name]) if isinstance(value, np.ndarray) else value == second[key][name]
+    for step in ("pretrain", "vqa", "refexp"):
+        stage_one, stage_both = RunFolder(one / step).last_stage(), RunFolder(both / step).last_stage()
+        assert (stage_one.final / "model.safetensors").read_bytes() == (stage_both.final / "model.safetensors").read_bytes()
+    for step in ("vqa", "refexp"):
+        scores = RunFolder(one / step).last_stage().item_scores("val")
+        assert scores.read_bytes() == RunFolder(both / step).last_stage().item_scores("val").read_bytes()
+    predictions = RunFolder(one / "vqa").last_stage().predictions_folder
+    assert [p.read_bytes() for p in sorted(predictions.iterdir())] == [
+        p.read_bytes() for p in sorted(RunFolder(both / "vqa").last_stage().predictions_folder.iterdir())]
+
+
+def test_a_gpu_goes_to_one_step_at_a_time_while_cpu_steps_run_beside(tiny_world, tmp_path, monkeypatch):
+    """One fake GPU: the two GPU steps (device auto) take turns on it, the CPU step runs beside them."""
+    steps = [train_step(tiny_world, "gpu-a", device="auto"), train_step(tiny_world, "gpu-b", device="auto"),
+             train_step(tiny_world, "cpu", device="cpu")]
+    monkeypatch.setattr(local, "STATUS_EVERY_S", 0.5)  # off a terminal, a line per running step this often
+    messages = []
+    out = run_pipeline(write(tmp_path, steps), log=messages.append, jobs=None, threads=1, gpus=["7"])
+    assert any(re.fullmatch(r"  (gpu-[ab]|cpu): (starting|vqa \d+/2 step .*)", m) for m in messages), messages
+    assert "[gpu-a] train started: 1 process(es), 1 thread(s) each, GPU 7; log " + str(out / "gpu-a" / "log.txt") in messages
+    launched = read_state(out)["steps"]  # each step's process, from its start to its end
+    spans = {step: (launched[step]["started"], launched[step]["ended"]) for step in ("gpu-a", "gpu-b", "cpu")}
+    assert record(out, "gpu-a")["devices"] == record(out, "gpu-b")["devices"] == "7"
+    assert record(out, "cpu")["devices"] == ""
+
+    def overlap(a, b):
+        return spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
+
+    assert not overlap("gpu-a", "gpu-b")
+    assert overlap("cpu", "gpu-a") or overlap("cpu", "gpu-b")
+    # auto found no CUDA in the process (a fake GPU), so it trained on the CPU
+    assert RunFolder(out / "gpu-a").config()["device"] == "auto"
+
+
+def test_a_failed_step_stops_what_reads_it_and_the_rest_finishes(tmp_path):
+    steps = [{"name": "world", "kind": "world", "images": 3, "seed": 1},
+             {"name": "bad", "kind": "vocabulary", "texts": ["${world}/missing.jsonl"]},
+             {"name": "after-bad", "kind": "vocabulary", "texts": ["${bad}/vocab.txt"]},
+             {"name": "fine", "kind": "vocabulary", "world": "${world}"}]
+    path = write(tmp_path, steps)
+    with pytest.raises(StepsFailed) as failed:
+        run_pipeline(path, log=lambda _: None, jobs=2)
+    message = str(failed.value)
+    assert "1 step(s) failed, 1 not run" in message
+    assert f"bad: Error: {tmp_path / 'out' / 'world' / 'missing.jsonl'}" in message
+    assert f"(log: {tmp_path / 'out' / 'bad' / 'log.txt'})" in message
+    assert "after-bad: not run, it reads bad" in message
+    assert record(tmp_path / "out", "fine")["done"] and not (tmp_path / "out" / "after-bad").exists()
+    assert failed.value.exit_status == 2
+
+    rows = {row.step: row for row in executor_named("local").status(load_pipeline(path))}
+    assert rows["world"].state == rows["fine"].state == "done"
+    assert rows["bad"].state == "failed" and "missing.jsonl" in rows["bad"].detail
+    assert rows["after-bad"].state == "not run" and rows["after-bad"].detail == "it reads bad, which failed"
+    shown = CliRunner().invoke(main, ["pipeline", "status", str(path)])
+    assert shown.exit_code == 0 and shown.output.splitlines() == [
+        "world      done", f"bad        failed: {rows['bad'].detail} (log: {tmp_path / 'out' / 'bad' / 'log.txt'})",
+        "after-bad  not run: it reads bad, which failed",
+        "fine       done"]
+    assert CliRunner().invoke(main, ["pipeline", "cancel", str(path)]).output == (
+        f"{tmp_path / 'out'}: no run of this pipeline is going on on this machine\n")
+
+
+def test_shards_and_ddp_processes_run_as_processes_of_one_step(tiny_world, tmp_path):
+    steps = [{"name": "sharded", "kind": "extract", "images": str(tiny_world / "world"), "detector": "tiny",
+              "batch_size": 4, "progress": False, "shards": 2},
+             train_step(tiny_world, "ddp", devices=2, seed=3)]
+    out = run_pipeline(write(tmp_path, steps), log=lambda _: None, jobs=None, threads=1)
+    with FeatureStore(out / "sharded") as sharded, FeatureStore(tiny_world / "cache") as whole:
+        assert len(sharded.shards) == 2 and sorted(sharded.keys()) == sorted(whole.keys())
+        key = whole.keys()[0]
+        assert np.array_equal(sharded[key]["features"], whole[key]["features"])
+    assert record(out, "sharded")["done"] and "every shard complete" in (out / "sharded" / "log.txt").read_text()
+    assert record(out, "ddp")["processes"] == 2
+    assert RunFolder(out / "ddp").last_stage().done
+
+
+def test_set_values_name_steps_and_append_stages(tiny_world, tmp_path):
+    path = write(tmp_path, [{"name": "vocab", "kind": "vocabulary", "world": str(tiny_world / "world")},
+                            train_step(tiny_world, "finetune")])
+    pipeline = load_pipeline(path, {"finetune.vocabulary": "${vocab}",
+                                    "finetune.stages+": {"name": "e2e", "task": "vqa", "steps": 1, "visual": "end2end"}})
+    finetune = pipeline.steps[1]
+    assert finetune.params["vocabulary"] == str(tmp_path / "out" / "vocab")
+    assert list(finetune.reads) == ["vocab"]
+    assert [stage["name"] for stage in finetune.params["stages"]] == ["vqa", "e2e"]
+
+
+def test_sigterm_stops_the_running_steps_and_a_rerun_resumes_them_to_the_weights_of_an_uninterrupted_run(
+        tiny_world, tmp_path):
+    steps = [train_step(tiny_world, "long", steps=300)]
+    steps[0]["stages"][0]["checkpoint_minutes"] = 0  # no checkpoint but the one the signal asks for
+    path = write(tmp_path, steps)
+    out = tmp_path / "out"
+    with (tmp_path / "run.log").open("w") as output:
+        run = subprocess.Popen([sys.executable, "-m", "pipelines", "pipeline", "run", str(path), "--threads", "1"],
+                               stdout=output, stderr=subprocess.STDOUT)
+    snapshot, deadline = out / "long" / ".progress.json", time.monotonic() + 180
+    while not (snapshot.is_file() and json.loads(snapshot.read_text())["n"] >= 3) and time.monotonic() < deadline:
+        assert run.poll() is None, (tmp_path / "run.log").read_text()
+        time.sleep(0.2)
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=180) == 128 + signal.SIGTERM
+    assert "Error: stopped by SIGTERM: the running steps were stopped" in (tmp_path / "run.log").read_text()
+    stage = RunFolder(out / "long").stage(0, "vqa")
+    assert not record(out, "long")["done"] and len(stage.checkpoints()) == 1 and not stage.done
+    assert "stopped by SIGTERM; the run resumes there" in (out / "long" / "log.txt").read_text()
+    assert read_state(out)["steps"]["long"]["state"] == "stopped"
+
+    messages = []
+    run_pipeline(path, log=messages.append, jobs=None, threads=1)
+    assert record(out, "long")["done"] and "[long] resuming an interrupted run" in (out / "long" / "log.txt").read_text()
+    with configured_threads(1):
+        straight = run_pipeline(path, tmp_path / "straight", log=lambda _: None, jobs=1)
+    resumed = RunFolder(out / "long").last_stage().final / "model.safetensors"
+    assert resumed.read_bytes() == (RunFolder(straight / "long").last_stage().final / "model.safetensors").read_bytes()
+
+
+@pytest.mark.cuda
+def test_independent_gpu_steps_run_one_per_gpu_and_none_on_a_gpu_another_holds(tiny_world, tmp_path):
+    import torch
+
+    gpus = [str(index) for index in range(torch.cuda.device_count())]
+    names = [f"gpu-{index}" for index in range(len(gpus) + 1)]  # one more than the GPUs: it waits for one
+    steps = [train_step(tiny_world, name, device="cuda") for name in names]
+    out = run_pipeline(write(tmp_path, steps), log=lambda _: None, jobs=None, threads=1)
+    launched = read_state(out)["steps"]
+    for first in names:
+        for second in names:
+            overlap = launched[first]["started"] < launched[second]["ended"] and \
+                launched[second]["started"] < launched[first]["ended"]
+            if first != second and overlap:
+                assert record(out, first)["devices"] != record(out, second)["devices"]
+    assert {record(out, name)["devices"] for name in names} == set(gpus)
+    with pytest.raises(UserError, match=r"device cuda:0: steps side by side are each given their GPUs"):
+        run_pipeline(write(tmp_path, [train_step(tiny_world, "indexed", device="cuda:0")], "indexed.yaml"),
+                     log=lambda _: None, jobs=None)
