@@ -50,8 +50,9 @@ def check_device(name: str | torch.device) -> torch.device:
 def use_device(device: torch.device) -> torch.device:
     """Makes a CUDA `device` this process's current device, launcher or not: what CUDA puts on the
     current device (the context, pinned host memory's, library handles, NCCL's) then lands on it,
-    not on cuda:0, which another process may be using."""
-    if device.type == "cuda":
+    not on cuda:0, which another process may be using. A bare 'cuda' is the current device already
+    (set_device refuses a device without an index)."""
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     return device
 

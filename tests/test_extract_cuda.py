@@ -30,12 +30,12 @@ from tests.helpers.detection import image_folder, loop_masked, random_detections
 pytestmark = pytest.mark.cuda
 
 CUDA = torch.device("cuda")
-# Detection with nothing left to near-ties: NMS thresholds no IoU reaches, and every valid anchor a
+# Detection with nothing left to near-ties: NMS thresholds of 1 (only an IoU above one suppresses), every valid anchor a
 # kept proposal. With the RPN's box deltas zeroed (`anchor_weights`), proposals are the clipped
 # anchors, the same floats on both devices; only their order may differ (near-tied scores). Fewer
 # anchors and a smaller input than tiny's keep it to a few hundred boxes an image.
-EVERY_PROPOSAL = {"rpn_pre_nms_topk": 100_000, "rpn_post_nms_topk": 100_000, "rpn_nms_thresh": 1.5,
-                  "nms_thresh": 1.5, "score_thresh": 0.0, "min_boxes": 100_000, "max_boxes": 100_000,
+EVERY_PROPOSAL = {"rpn_pre_nms_topk": 100_000, "rpn_post_nms_topk": 100_000, "rpn_nms_thresh": 1.0,
+                  "nms_thresh": 1.0, "score_thresh": 0.0, "min_boxes": 100_000, "max_boxes": 100_000,
                   "anchor_sizes": (32.0, 64.0), "min_size": 96, "max_size": 128}
 
 

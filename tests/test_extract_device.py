@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import extract.job
 from extract.device import StickyDeviceError, is_sticky_cuda_error
-from extract.device import DeviceError, rank_device
+from extract.device import DeviceError, rank_device, use_device
 from extract.job import WorkItem, _isolating_failures, run_extraction
 from extract.store import FeatureStore
 from extract.store.audit import verify_store
@@ -189,6 +189,14 @@ TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE
 ])
 def test_rank_device(device, env, expected):
     assert rank_device(device, env) == expected
+
+
+@pytest.mark.parametrize("device, made_current", [("cuda:1", [1]), ("cuda", []), ("cpu", [])])
+def test_an_indexed_gpu_is_made_current_and_a_bare_cuda_is_the_current_one_already(device, made_current, monkeypatch):
+    """torch.cuda.set_device refuses a device without an index (a bare 'cuda' failed every GPU run)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda chosen: calls.append(chosen.index))
+    assert use_device(torch.device(device)) == torch.device(device) and calls == made_current
 
 
 @pytest.mark.parametrize("env", [TORCHRUN, {"LOCAL_RANK": "2"}])

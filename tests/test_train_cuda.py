@@ -57,6 +57,14 @@ def test_every_precision_trains_on_cuda_and_is_recorded(world, precision):
     assert json.loads(RunFolder(out).config_file.read_text())["stages"][0]["precision"] == precision
 
 
+def test_auto_precision_is_bf16_on_a_gpu_with_native_bfloat16_and_recorded_as_resolved(world):
+    resolved = "bf16" if torch.cuda.get_device_capability()[0] >= 8 else "fp32"
+    out = world / "precision-auto"
+    result = Trainer(run_config(world, out.name, [replace(VQA, precision="auto")], device="cuda")).fit()[0]
+    assert result["precision"] == resolved and RunFolder(out).precisions() == {"vqa": resolved}
+    assert all(torch.isfinite(torch.tensor(losses(out))))
+
+
 def test_an_end_to_end_stage_trains_on_cuda(world):
     out = world / "end2end-cuda"
     result = Trainer(run_config(world, out.name, [replace(VQA, visual="end2end", steps=2)], device="cuda")).fit()[0]
