@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from extract.store.reader import FeatureStore
@@ -20,14 +19,9 @@ from pipelines.cli import main
 from pipelines.executors import StepsFailed, executor_named, local, read_state
 from pipelines.runner import load_pipeline, run_pipeline
 from pipelines.world.tiny import TINY_MODEL
+from tests.helpers.pipelines import STEPS_WITH_A_FAILURE, write_pipeline
 from train.engine.run_folder import RunFolder
 from vlbert.errors import UserError
-
-
-def write(tmp_path: Path, steps: list[dict], name: str = "pipeline.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump({"name": "scheduled", "out": str(tmp_path / "out"), "steps": steps}))
-    return path
 
 
 def train_step(world: Path, name: str, task: str = "vqa", steps: int = 2, **fields) -> dict:
@@ -50,7 +44,7 @@ def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(
         train_step(tiny_world, "vqa", "vqa", init_from="${pretrain.final}"),
         train_step(tiny_world, "refexp", "refexp", init_from="${pretrain.final}"),
     ]
-    path = write(tmp_path, steps)
+    path = write_pipeline(tmp_path, steps)
     one = run_pipeline(path, tmp_path / "one", log=lambda _: None, jobs=1)
     messages = []
     both = run_pipeline(path, tmp_path / "both", log=messages.append, jobs=2, threads=2)
@@ -82,7 +76,7 @@ def test_a_gpu_goes_to_one_step_at_a_time_while_cpu_steps_run_beside(tiny_world,
              train_step(tiny_world, "cpu", device="cpu")]
     monkeypatch.setattr(local, "STATUS_EVERY_S", 0.5)  # off a terminal, a line per running step this often
     messages = []
-    out = run_pipeline(write(tmp_path, steps), log=messages.append, jobs=None, threads=1, gpus=["7"])
+    out = run_pipeline(write_pipeline(tmp_path, steps), log=messages.append, jobs=None, threads=1, gpus=["7"])
     assert any(re.fullmatch(r"  (gpu-[ab]|cpu): (starting|vqa \d+/2 step .*)", m) for m in messages), messages
     assert "[gpu-a] train started: 1 process(es), 1 thread(s) each, GPU 7; log " + str(out / "gpu-a" / "log.txt") in messages
     launched = read_state(out)["steps"]  # each step's process, from its start to its end
@@ -100,11 +94,7 @@ def test_a_gpu_goes_to_one_step_at_a_time_while_cpu_steps_run_beside(tiny_world,
 
 
 def test_a_failed_step_stops_what_reads_it_and_the_rest_finishes(tmp_path):
-    steps = [{"name": "world", "kind": "world", "images": 3, "seed": 1},
-             {"name": "bad", "kind": "vocabulary", "texts": ["${world}/missing.jsonl"]},
-             {"name": "after-bad", "kind": "vocabulary", "texts": ["${bad}/vocab.txt"]},
-             {"name": "fine", "kind": "vocabulary", "world": "${world}"}]
-    path = write(tmp_path, steps)
+    path = write_pipeline(tmp_path, STEPS_WITH_A_FAILURE)
     with pytest.raises(StepsFailed) as failed:
         run_pipeline(path, log=lambda _: None, jobs=2)
     message = str(failed.value)
@@ -132,7 +122,7 @@ def test_shards_and_ddp_processes_run_as_processes_of_one_step(tiny_world, tmp_p
     steps = [{"name": "sharded", "kind": "extract", "images": str(tiny_world / "world"), "detector": "tiny",
               "batch_size": 4, "progress": False, "shards": 2},
              train_step(tiny_world, "ddp", devices=2, seed=3)]
-    out = run_pipeline(write(tmp_path, steps), log=lambda _: None, jobs=None, threads=1)
+    out = run_pipeline(write_pipeline(tmp_path, steps), log=lambda _: None, jobs=None, threads=1)
     with FeatureStore(out / "sharded") as sharded, FeatureStore(tiny_world / "cache") as whole:
         assert len(sharded.shards) == 2 and sorted(sharded.keys()) == sorted(whole.keys())
         key = whole.keys()[0]
@@ -143,7 +133,7 @@ def test_shards_and_ddp_processes_run_as_processes_of_one_step(tiny_world, tmp_p
 
 
 def test_set_values_name_steps_and_append_stages(tiny_world, tmp_path):
-    path = write(tmp_path, [{"name": "vocab", "kind": "vocabulary", "world": str(tiny_world / "world")},
+    path = write_pipeline(tmp_path, [{"name": "vocab", "kind": "vocabulary", "world": str(tiny_world / "world")},
                             train_step(tiny_world, "finetune")])
     pipeline = load_pipeline(path, {"finetune.vocabulary": "${vocab}",
                                     "finetune.stages+": {"name": "e2e", "task": "vqa", "steps": 1, "visual": "end2end"}})
@@ -157,7 +147,7 @@ def test_sigterm_stops_the_running_steps_and_a_rerun_resumes_them_to_the_weights
         tiny_world, tmp_path):
     steps = [train_step(tiny_world, "long", steps=300)]
     steps[0]["stages"][0]["checkpoint_minutes"] = 0  # no checkpoint but the one the signal asks for
-    path = write(tmp_path, steps)
+    path = write_pipeline(tmp_path, steps)
     out = tmp_path / "out"
     with (tmp_path / "run.log").open("w") as output:
         run = subprocess.Popen([sys.executable, "-m", "pipelines", "pipeline", "run", str(path), "--threads", "1"],
@@ -190,7 +180,7 @@ def test_independent_gpu_steps_run_one_per_gpu_and_none_on_a_gpu_another_holds(t
     gpus = [str(index) for index in range(torch.cuda.device_count())]
     names = [f"gpu-{index}" for index in range(len(gpus) + 1)]  # one more than the GPUs: it waits for one
     steps = [train_step(tiny_world, name, device="cuda") for name in names]
-    out = run_pipeline(write(tmp_path, steps), log=lambda _: None, jobs=None, threads=1)
+    out = run_pipeline(write_pipeline(tmp_path, steps), log=lambda _: None, jobs=None, threads=1)
     launched = read_state(out)["steps"]
     for first in names:
         for second in names:
@@ -200,5 +190,5 @@ def test_independent_gpu_steps_run_one_per_gpu_and_none_on_a_gpu_another_holds(t
                 assert record(out, first)["devices"] != record(out, second)["devices"]
     assert {record(out, name)["devices"] for name in names} == set(gpus)
     with pytest.raises(UserError, match=r"device cuda:0: steps side by side are each given their GPUs"):
-        run_pipeline(write(tmp_path, [train_step(tiny_world, "indexed", device="cuda:0")], "indexed.yaml"),
+        run_pipeline(write_pipeline(tmp_path, [train_step(tiny_world, "indexed", device="cuda:0")], "indexed.yaml"),
                      log=lambda _: None, jobs=None)

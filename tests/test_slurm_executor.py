@@ -5,11 +5,9 @@ running and done, failures that cancel what reads them, resubmission and cancel.
 import json
 import subprocess
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from extract.store.reader import FeatureStore
 from extract.threads import configured_threads
@@ -17,15 +15,10 @@ from pipelines.executors import StepsFailed, executor_named, read_state
 from pipelines.executors.slurm import SlurmError
 from pipelines.runner import load_pipeline, run_pipeline
 from pipelines.world.tiny import TINY_MODEL
+from tests.helpers.pipelines import STEPS_WITH_A_FAILURE, write_pipeline
 from train.engine.run_folder import RunFolder
 
 SLURM = executor_named("slurm")
-
-
-def write(tmp_path: Path, steps: list[dict], **top) -> Path:
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(yaml.safe_dump({"name": "cluster", "out": str(tmp_path / "out"), "steps": steps, **top}))
-    return path
 
 
 def settings(cluster) -> dict:
@@ -59,7 +52,7 @@ def test_a_pipeline_runs_as_jobs_its_extraction_as_an_array_equal_to_one_local_e
               "model": dict(TINY_MODEL), "stages": [{"name": "vqa", "task": "vqa", "steps": 20, "batch_size": 4,
                                                      "num_workers": 0}]},
              {"name": "report", "kind": "report", "runs": ["${vqa}"]}]
-    path = write(tmp_path, steps)
+    path = write_pipeline(tmp_path, steps)
     messages = []
     out = run_pipeline(path, log=messages.append, settings=settings(slurm_cluster), executor="slurm")
     assert any(m.startswith("[vqa] submitted: job ") and "(after " in m for m in messages)
@@ -87,11 +80,7 @@ def test_a_pipeline_runs_as_jobs_its_extraction_as_an_array_equal_to_one_local_e
 
 
 def test_a_failed_job_cancels_the_jobs_that_read_it_and_wait_names_it(slurm_cluster, tmp_path):
-    steps = [{"name": "world", "kind": "world", "images": 3, "seed": 1},
-             {"name": "bad", "kind": "vocabulary", "texts": ["${world}/missing.jsonl"]},
-             {"name": "after-bad", "kind": "vocabulary", "texts": ["${bad}/vocab.txt"]},
-             {"name": "fine", "kind": "vocabulary", "world": "${world}"}]
-    path = write(tmp_path, steps)
+    path = write_pipeline(tmp_path, STEPS_WITH_A_FAILURE)
     with pytest.raises(StepsFailed) as failed:
         run_pipeline(path, log=lambda _: None, settings=settings(slurm_cluster), executor="slurm", wait=True)
     message = str(failed.value)
@@ -105,13 +94,13 @@ def test_a_failed_job_cancels_the_jobs_that_read_it_and_wait_names_it(slurm_clus
 def test_queued_jobs_are_cancelled_and_unknown_slurm_settings_refused_before_submitting(slurm_cluster, tmp_path):
     steps = [{"name": "world", "kind": "world", "images": 3, "seed": 1},
              {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"}]
-    path = write(tmp_path, steps, slurm={"partiton": "debug"})
+    path = write_pipeline(tmp_path, steps, slurm={"partiton": "debug"})
     with pytest.raises(SlurmError, match=r"slurm.partiton: not a Slurm setting of submitit's SlurmExecutor "
                                             r"\(did you mean 'partition'\?\)"):
         run_pipeline(path, log=lambda _: None, executor="slurm")
     assert not (tmp_path / "out" / "world").exists()
 
-    path = write(tmp_path, steps, slurm={"additional_parameters": {"begin": "now+600"}})  # held for ten minutes
+    path = write_pipeline(tmp_path, steps, slurm={"additional_parameters": {"begin": "now+600"}})  # held for ten minutes
     run_pipeline(path, log=lambda _: None, settings=settings(slurm_cluster), executor="slurm")
     pipeline = load_pipeline(path, settings(slurm_cluster))
     assert [row.state for row in SLURM.status(pipeline)] == ["queued", "queued"]
@@ -136,7 +125,7 @@ def test_a_training_job_warned_by_slurm_checkpoints_requeues_and_ends_with_the_w
               "max_length": 40, "model": dict(TINY_MODEL),
               "stages": [{"name": "vqa", "task": "vqa", "steps": 500, "batch_size": 4, "num_workers": 0,
                           "checkpoint_minutes": 0}]}]
-    path = write(tmp_path, steps)
+    path = write_pipeline(tmp_path, steps)
     out = run_pipeline(path, log=lambda _: None, settings=settings(slurm_cluster), executor="slurm")
     (job,) = read_state(out)["steps"]["long"]["jobs"]
     snapshot, deadline = out / "long" / ".progress.json", time.monotonic() + 180

@@ -14,7 +14,6 @@ from click.testing import CliRunner
 
 from extract.store import SCHEMA_VERSION, DamagedRecordError, FeatureStore, FeatureStoreWriter, StoreError
 from extract.store.audit import verify_store
-from extract.store.interop import export_store
 from extract.store.lmdb_file import P_BRANCH, P_LEAF
 from pipelines.cli import main
 from tests.helpers.stores import data_file, flip_bit_in, meta, synthetic_record

@@ -20,7 +20,7 @@ from extract.checkpoint import CheckpointError, read_state_dict
 from extract.paths import OutsidePathError, outside_reason, path_inside
 from extract.pickles import ARRAYS, PLAIN_DATA, load_pickle
 from extract.store import FeatureStore, FeatureStoreWriter
-from extract.store.interop import IMPORT_BATCH, TSV_FIELDS, export_store
+from extract.store.interop import IMPORT_BATCH, TSV_FIELDS
 from extract.synthetic import write_synthetic_images
 from pipelines.cli import main
 from tests.helpers.detection import randomized_state

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+import yaml
 from click.testing import CliRunner
 from PIL import Image
 
@@ -18,6 +19,19 @@ from vlbert import VLBertConfig
 from vlbert.modeling import VLBertForPreTraining
 
 DETECTOR = Path(__file__).resolve().parents[2] / "pipelines" / "data" / "demo_detector.yaml"
+
+# A world, a step that fails (the text file it reads is missing), one that reads it and one that does not.
+STEPS_WITH_A_FAILURE = [{"name": "world", "kind": "world", "images": 3, "seed": 1},
+                        {"name": "bad", "kind": "vocabulary", "texts": ["${world}/missing.jsonl"]},
+                        {"name": "after-bad", "kind": "vocabulary", "texts": ["${bad}/vocab.txt"]},
+                        {"name": "fine", "kind": "vocabulary", "world": "${world}"}]
+
+
+def write_pipeline(folder: Path, steps: list[dict], file: str = "pipeline.yaml", **top) -> Path:
+    """A pipeline file of `steps` (and top-level `top` keys) in `folder`, writing under folder/out."""
+    path = folder / file
+    path.write_text(yaml.safe_dump({"name": "test", "out": str(folder / "out"), "steps": steps, **top}))
+    return path
 
 
 def write_image(path: Path, seed: int) -> None:

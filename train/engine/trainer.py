@@ -426,8 +426,8 @@ class Trainer:
         writes the final model."""
         parts.model.eval()
         scores = self._evaluate(stage, stage_dir, parts, self.eval_annotations, progress)
-        for annotations in self.predict_annotations:
-            self._evaluate(stage, stage_dir, parts, annotations, progress)
+        for predicted in self.predict_annotations:
+            self._evaluate(stage, stage_dir, parts, predicted, progress)
         if self.world.rank != 0:
             return
         # data_wait_share: the share of training time spent waiting for batches (rank 0's): near 0
