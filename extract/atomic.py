@@ -1,7 +1,8 @@
-"""Writing a file whole or not at all: a crash (kill -9, a full disk) leaves the old file or the new
-one, never a part. The one helper for every whole-file write of the project (store meta, run
-configs, evaluations, predictions, summaries, reports); `writing` names the file in any error of a
-write; `temporaries` finds what a killed writer left behind, for the next writer to `remove`."""
+"""Writing a file or a folder whole or not at all: a crash (kill -9, a full disk) leaves the old one
+or the new one, never a part. The one helper for every whole-file write of the project (store meta,
+run configs, evaluations, predictions, summaries, reports) and one for whole folders (checkpoints,
+final models, converted checkpoints); `writing` names the file in any error of a write;
+`temporaries` finds what a killed writer left behind, for the next writer to `remove`."""
 
 from __future__ import annotations
 
@@ -33,6 +34,25 @@ def write_atomically(path: str | Path, text: str) -> None:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def folder_written_whole(path: str | Path, staging: str | Path) -> Iterator[Path]:
+    """The folder `path` written whole or not at all: the block fills `staging` (a fresh folder beside
+    it, named so that its writer's sweep finds one a killed writer left), which then replaces `path`
+    and whatever it held; on any error `staging` is removed (what was written of it frees the disk)
+    and `path` is as it was. Errors of writing name `path`."""
+    path, staging = Path(path), Path(staging)
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        with writing(path):
+            staging.mkdir(parents=True)
+            yield staging
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
         raise
 
 

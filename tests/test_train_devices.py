@@ -79,7 +79,7 @@ def _stepped(dtype=torch.float32):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     model(torch.ones(1, 3, dtype=dtype)).sum().backward()
     optimizer.step()
-    model.save_pretrained = lambda path: path.mkdir(parents=True)  # only the training state matters here
+    model.save_pretrained = lambda path: path.mkdir(parents=True, exist_ok=True)  # only the training state matters here
     return model, optimizer, scheduler
 
 

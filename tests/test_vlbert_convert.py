@@ -366,6 +366,27 @@ def test_cli_reports_an_unconvertible_checkpoint(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_conversion_that_fails_while_writing_leaves_no_folder_and_a_folder_in_use_is_refused(tmp_path, monkeypatch):
+    import vlbert.convert_official
+
+    def half_written(source, out_dir, **options):
+        (out_dir / "config.json").write_text("{}")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(vlbert.convert_official, "convert_official_checkpoint", half_written)
+    torch.save({"state_dict": official_vqa_checkpoint()}, tmp_path / "vqa.model")
+    result = _convert(tmp_path / "vqa.model", "--out", tmp_path / "out")
+    assert result.exit_code != 0 and "No space left on device" in result.output
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["vqa.model"]  # no output, no staging folder
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mine.txt").write_text("kept")
+    result = _convert(tmp_path / "vqa.model", "--out", tmp_path / "out")
+    assert result.exit_code == 2 and result.output == (
+        f"Error: {tmp_path / 'out'}: exists and is not an empty folder; convert into a new one\n")
+    assert [path.name for path in (tmp_path / "out").iterdir()] == ["mine.txt"]
+
+
 NOT_TORCH_SAVE = ("not a PyTorch checkpoint; expected a file written by torch.save (a zip archive, or the legacy "
                   "pickle format of the official vl-bert-*.model files)")
 

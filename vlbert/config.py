@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -106,9 +105,6 @@ class VLBertConfig:
     def from_dict(cls, values: Mapping[str, Any]) -> VLBertConfig:
         """A config from a mapping of its fields, checked as every config is (vlbert.typed_config)."""
         return from_mapping(cls, values, error=VLBertConfigError)
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> VLBertConfig:

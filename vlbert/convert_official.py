@@ -160,7 +160,9 @@ def convert_official_checkpoint(
     geometry_frequencies: int = OFFICIAL_GEOMETRY_FREQUENCIES,
     trust_pickle: bool = False,
 ) -> ConversionResult:
-    """Convert `source` into `out_dir`; unknown keys are an error that lists them.
+    """Convert `source` into `out_dir` (filled in place: `vlbert convert-official` gives it a staging
+    folder that replaces its output whole); unknown keys are an error that lists them, before
+    anything is written.
 
     num_attention_heads: not recorded in the checkpoint; BERT's 64-wide heads by default.
     """

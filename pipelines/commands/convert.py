@@ -1,9 +1,9 @@
 """`vlbert convert-official`: official VL-BERT checkpoints → this library's format."""
 
+import os
 from pathlib import Path
 
 import click
-
 
 
 @click.command("convert-official")
@@ -13,7 +13,7 @@ import click
     "out_dir",
     required=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Directory for model.safetensors, config.json and, with a Fast R-CNN, detector.*",
+    help="A new (or empty) directory for model.safetensors, config.json and, with a Fast R-CNN, detector.*",
 )
 @click.option(
     "--num-attention-heads",
@@ -28,15 +28,21 @@ import click
 )
 def convert_official(source: Path, out_dir: Path, num_attention_heads: int | None, trust_pickle: bool) -> None:
     """Convert an official VL-BERT checkpoint SOURCE (e.g. vl-bert-base-e2e.model)."""
+    from extract.atomic import folder_written_whole
     from extract.checkpoint import CheckpointError
     from extract.paths import check_apart
     from vlbert.convert_official import convert_official_checkpoint
 
     check_apart(out_dir, (("SOURCE", source),))
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise CheckpointError(f"{out_dir}: exists and is not an empty folder; convert into a new one")
+    # Filled beside OUT_DIR and renamed into place: a failure or a kill never leaves half a model there.
+    staging = out_dir.with_name(f".{out_dir.name}.converting-{os.getpid()}")
     try:
-        result = convert_official_checkpoint(
-            source, out_dir, num_attention_heads=num_attention_heads, trust_pickle=trust_pickle
-        )
+        with folder_written_whole(out_dir, staging) as folder:
+            result = convert_official_checkpoint(
+                source, folder, num_attention_heads=num_attention_heads, trust_pickle=trust_pickle
+            )
     except ValueError as error:  # the file is not a convertible checkpoint: nothing was written
         raise CheckpointError(str(error)) from error
     detector = "written" if result.has_detector else "absent"

@@ -9,7 +9,6 @@ every M minutes of wall time, or both (`CheckpointSchedule`), and keeps the newe
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from time import monotonic
 import torch
 from safetensors.torch import load_file, save_file
 
-from extract.atomic import writing
+from extract.atomic import folder_written_whole
 from train.engine.run_folder import StageFolder
 
 STATE_TENSORS = "training_state.safetensors"
@@ -32,26 +31,18 @@ def save_checkpoint(directory: Path, model, optimizer: torch.optim.Optimizer, sc
     safetensors files (name: tensors) that belong in the checkpoint, such as a tuned detector's;
     `random_states`: each rank's `random_state()`, in rank order (default: this process's);
     `scaler`: the fp16 gradient scaler's state."""
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     tensors, scalars = _optimizer_state(optimizer)
     random_states = random_states or [random_state(None)]
     for rank, states in enumerate(random_states):
         tensors.update({f"rng.{rank}.{kind}": state for kind, state in states.items()})
-    try:
-        with writing(directory):  # a full disk names the checkpoint
-            model.save_pretrained(tmp)
-            for name, extra_tensors in (extra or {}).items():
-                save_file(extra_tensors, tmp / name)
-            save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / STATE_TENSORS)
-            (tmp / STATE_JSON).write_text(json.dumps({
-                "step": step, "progress": progress or {}, "optimizer": scalars, "scheduler": scheduler.state_dict(),
-                "world_size": len(random_states), "scaler": scaler}, indent=1))
-        shutil.rmtree(directory, ignore_errors=True)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # what was written of it frees the disk
-        raise
+    with folder_written_whole(directory, directory.with_name(directory.name + ".tmp")) as tmp:
+        model.save_pretrained(tmp)
+        for name, extra_tensors in (extra or {}).items():
+            save_file(extra_tensors, tmp / name)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / STATE_TENSORS)
+        (tmp / STATE_JSON).write_text(json.dumps({
+            "step": step, "progress": progress or {}, "optimizer": scalars, "scheduler": scheduler.state_dict(),
+            "world_size": len(random_states), "scaler": scaler}, indent=1))
 
 
 @dataclass

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from extract.atomic import remove, writing
+from extract.atomic import folder_written_whole, remove
 from extract.device import check_device, rank_device, use_device
 from extract.locks import lock_holder, take_lock
 from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision, resolved_precision
@@ -559,17 +559,11 @@ class Trainer:
         prune_checkpoints(stage_dir, stage.keep_checkpoints)
 
     def _save_final(self, stage_dir: StageFolder, parts: StageParts, result: dict) -> None:
-        tmp = stage_dir.final_staging
-        try:
-            with writing(stage_dir.final):
-                parts.model.save_pretrained(tmp)
-                if parts.visual is not None:
-                    save_file(_detector_state(parts.visual), tmp / DETECTOR_WEIGHTS)
+        with folder_written_whole(stage_dir.final, stage_dir.final_staging) as tmp:
+            parts.model.save_pretrained(tmp)
+            if parts.visual is not None:
+                save_file(_detector_state(parts.visual), tmp / DETECTOR_WEIGHTS)
             stage_dir.write_evaluation(result)
-            os.replace(tmp, stage_dir.final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
 
 class PeekedBatches:
