@@ -42,11 +42,12 @@ def scaled(source: Path, scale: float, work: Path) -> Path:
     if scale == 1:
         return source
     document = yaml.safe_load(source.read_text())
-    for step in document["steps"]:
-        for stage in step.get("stages") or []:
-            stage["steps"] = max(2, round(stage["steps"] * scale))
-            if "warmup_steps" in stage:
-                stage["warmup_steps"] = round(stage["warmup_steps"] * scale)
+    # A stage written as an alias (`stages: [*vqa]`) is one object in every step that names it: scale it once.
+    stages = {id(stage): stage for step in document["steps"] for stage in step.get("stages") or []}
+    for stage in stages.values():
+        stage["steps"] = max(2, round(stage["steps"] * scale))
+        if "warmup_steps" in stage:
+            stage["warmup_steps"] = round(stage["warmup_steps"] * scale)
     text = yaml.safe_dump(document, sort_keys=False).replace("${here}", str(source.parent))
     path = work / source.name
     path.write_text(text)

@@ -72,12 +72,13 @@ def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(
 
 def test_a_gpu_goes_to_one_step_at_a_time_while_cpu_steps_run_beside(tiny_world, tmp_path, monkeypatch):
     """One fake GPU: the two GPU steps (device auto) take turns on it, the CPU step runs beside them."""
-    steps = [train_step(tiny_world, "gpu-a", device="auto"), train_step(tiny_world, "gpu-b", device="auto"),
-             train_step(tiny_world, "cpu", device="cpu")]
+    # long enough for a status line: a forked step process starts at once
+    steps = [train_step(tiny_world, name, steps=60, device=device)
+             for name, device in (("gpu-a", "auto"), ("gpu-b", "auto"), ("cpu", "cpu"))]
     monkeypatch.setattr(local, "STATUS_EVERY_S", 0.5)  # off a terminal, a line per running step this often
     messages = []
     out = run_pipeline(write_pipeline(tmp_path, steps), log=messages.append, jobs=None, threads=1, gpus=["7"])
-    assert any(re.fullmatch(r"  (gpu-[ab]|cpu): (starting|vqa \d+/2 step .*)", m) for m in messages), messages
+    assert any(re.fullmatch(r"  (gpu-[ab]|cpu): (starting|vqa \d+/60 step .*)", m) for m in messages), messages
     assert "[gpu-a] train started: 1 process(es), 1 thread(s) each, GPU 7; log " + str(out / "gpu-a" / "log.txt") in messages
     launched = read_state(out)["steps"]  # each step's process, from its start to its end
     spans = {step: (launched[step]["started"], launched[step]["ended"]) for step in ("gpu-a", "gpu-b", "cpu")}

@@ -38,6 +38,7 @@ from pipelines.execution import (
     ATTEMPT_VARIABLE, Step, StepSpec, new_attempt, recorded, resumed_threads, run_here, run_spec, state,
 )
 from pipelines.executors import StepsFailed, StepStatus, last_error, read_state, settled, updating_state
+from pipelines.executors.forked import ForkedProcess, warm_up
 from pipelines.steps import KINDS
 from vlbert.errors import UserError, error_line, exit_status
 
@@ -75,7 +76,7 @@ class Task:
 @dataclass
 class Launched:
     task: Task
-    process: subprocess.Popen
+    process: subprocess.Popen | ForkedProcess
     cores: int
     gpus: list[str]
     threads: int
@@ -137,6 +138,8 @@ class Scheduler:
             records.clear()
             records.update(executor="local", scheduler={"pid": os.getpid(), "host": socket.gethostname(),
                                                          "started": time.time()}, steps={})
+        if not self.inline and any(_forked(Task(step)) for step in self.pipeline.steps):
+            warm_up()
         try:
             with self._signals_handled():
                 self._loop()
@@ -216,9 +219,12 @@ class Scheduler:
         spec = StepSpec(step, threads, "shard" if task.shard is not None else "").write()
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
                ATTEMPT_VARIABLE: self.attempts[step.name], PROGRESS_VARIABLE: str(step.progress_file(task.shard))}
-        with step.log_file.open("ab") as log_file:
-            process = subprocess.Popen(launch_command(spec, task), stdin=subprocess.DEVNULL, stdout=log_file,
-                                       stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        if _forked(task):
+            process = ForkedProcess(step_arguments(spec, task), env, step.log_file)
+        else:
+            with step.log_file.open("ab") as log_file:
+                process = subprocess.Popen(launch_command(spec, task), stdin=subprocess.DEVNULL, stdout=log_file,
+                                           stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.running.append(Launched(task, process, 0 if _light(task) else task.processes * threads, gpus, threads))
         on = f", GPU {','.join(gpus)}" if gpus else ""
         self.board.event(f"[{task.name}] {step.kind} started: {task.processes} process(es), {threads} thread(s) each"
@@ -360,16 +366,25 @@ def _light(task: Task) -> bool:
     return KINDS[task.step.kind].light
 
 
+def _forked(task: Task) -> bool:
+    """A heavy launch of one process is forked from the server that imported torch (forked.py); a light
+    one (it imports no torch) and torch's launcher for DDP start as commands."""
+    return task.processes == 1 and not _light(task)
+
+
+def step_arguments(spec: Path, task: Task) -> list[str]:
+    """The `vlbert` arguments of one launch: `pipeline step SPEC`, with its shard."""
+    return ["pipeline", "step", str(spec), *(["--shard", str(task.shard)] if task.shard is not None else [])]
+
+
 def launch_command(spec: Path, task: Task) -> list[str]:
-    """The process of one launch: `vlbert pipeline step SPEC` (its shard), under torch's launcher for
-    several DDP processes."""
-    step = [sys.executable, "-m", "pipelines", "pipeline", "step", str(spec)]
-    if task.shard is not None:
-        return step + ["--shard", str(task.shard)]
+    """The command of one launch that is not forked: `vlbert pipeline step SPEC`, under torch's
+    launcher for several DDP processes."""
+    command = [sys.executable, "-m", "pipelines", *step_arguments(spec, task)]
     if task.processes > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                f"--nproc-per-node={task.processes}", *step[1:]]
-    return step
+                f"--nproc-per-node={task.processes}", *command[1:]]
+    return command
 
 
 def appending_to(path: Path) -> Log:
@@ -380,7 +395,7 @@ def appending_to(path: Path) -> Log:
     return log
 
 
-def _signal_group(process: subprocess.Popen, signum: int) -> None:
+def _signal_group(process: subprocess.Popen | ForkedProcess, signum: int) -> None:
     try:
         os.killpg(process.pid, signum)
     except ProcessLookupError:
