@@ -193,3 +193,31 @@ def test_independent_gpu_steps_run_one_per_gpu_and_none_on_a_gpu_another_holds(t
     with pytest.raises(UserError, match=r"device cuda:0: steps side by side are each given their GPUs"):
         run_pipeline(write_pipeline(tmp_path, [train_step(tiny_world, "indexed", device="cuda:0")], "indexed.yaml"),
                      log=lambda _: None, jobs=None)
+
+
+def _describe_process(arguments: list[str]) -> None:
+    """A forked command for the test below: what its process looks like, then the exit status asked for."""
+    import multiprocessing
+    import os
+
+    print(json.dumps({"start_method": multiprocessing.get_start_method(), "session": os.getsid(0) == os.getpid(),
+                      "variable": os.environ.get("VLBERT_TEST_VARIABLE"), "inherited": "HOME" in os.environ}))
+    raise SystemExit(int(arguments[0]))
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_forked_step_process_has_its_session_environment_log_and_exit_status_and_starts_workers_as_a_command(
+        tmp_path, status):
+    import multiprocessing
+
+    from pipelines.executors.forked import ForkedProcess
+
+    log = tmp_path / "log.txt"
+    log.write_text("before\n")
+    process = ForkedProcess([str(status)], {"VLBERT_TEST_VARIABLE": "given"}, log, command=_describe_process)
+    assert process.wait() == status and process.returncode == status
+    before, described = log.read_text().splitlines()
+    # the step's workers (DataLoader, decoding) start by this platform's default, not by a new forkserver
+    assert before == "before" and json.loads(described) == {
+        "start_method": multiprocessing.get_all_start_methods()[0], "session": True, "variable": "given",
+        "inherited": False}

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 # What a heavy step's process imports anyway; the server imports them once.
 PRELOAD = ["torch", "pipelines.cli", "pipelines.execution", "train.engine.trainer", "extract.job"]
@@ -36,12 +37,26 @@ def warm_up() -> None:
     forkserver.ensure_running()
 
 
+def shut_down() -> None:
+    """Stops the server and reaps it, so that the CPU time of the steps it forked (and reaped) counts
+    as this process's children's, as a command's would. Python's forkserver has no public stop: its
+    `_stop` (there since 3.8, for its own tests) is used where it exists; elsewhere the server ends by
+    itself when this process does."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
 class ForkedProcess:
     """A forked step process with the part of `subprocess.Popen`'s face the scheduler uses."""
 
-    def __init__(self, arguments: list[str], env: dict[str, str], log_file: Path) -> None:
-        self._process = _context().Process(target=_step_process, args=(arguments, env, str(log_file)),
-                                           name=" ".join(arguments[:2]))
+    def __init__(self, arguments: list[str], env: dict[str, str], log_file: Path,
+                 command: Callable[[list[str]], None] | None = None) -> None:
+        """`command` (a module-level function, default the `vlbert` command) runs with `arguments`."""
+        self._process = _context().Process(target=_step_process, args=(arguments, env, str(log_file),
+                                                                         command or _vlbert))
         self._process.start()
         self.pid = self._process.pid
 
@@ -57,11 +72,16 @@ class ForkedProcess:
         return self._process.exitcode
 
 
-def _step_process(arguments: list[str], env: dict[str, str], log_file: str) -> None:
+def _step_process(arguments: list[str], env: dict[str, str], log_file: str,
+                  command: Callable[[list[str]], None]) -> None:
     """In the forked child: a session of its own (the scheduler stops a step by its process group),
-    the step's environment, its output appended to its log; then the `vlbert` command, whose
-    SystemExit is the process's exit status."""
+    the step's environment, its output appended to its log; then the command, whose SystemExit is
+    the process's exit status."""
     os.setsid()
+    # A forkserver's child inherits "forkserver" as its start method: the step's own workers (the
+    # DataLoader's, the decoding pool's) would each be started by a new server that imports
+    # everything again. They start as they would in a process started as a command.
+    multiprocessing.set_start_method(None, force=True)
     os.environ.clear()
     os.environ.update(env)
     sys.stdout.flush()
@@ -70,6 +90,10 @@ def _step_process(arguments: list[str], env: dict[str, str], log_file: str) -> N
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
+    command(arguments)
+
+
+def _vlbert(arguments: list[str]) -> None:
     from pipelines.cli import main
 
     main(args=arguments, prog_name="vlbert")

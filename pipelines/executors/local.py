@@ -2,9 +2,10 @@
 within this machine's cores and GPUs.
 
 - A step runs as `vlbert pipeline step SPEC` (pipelines/execution.py) in a session of its own, its
-  output appended to `<step>/log.txt`; a sharded extraction as one such process per shard, then its
-  closing check here; a train step with `devices: k` as k DDP processes started by torch's own
-  launcher (torch.distributed.run, as `torchrun --standalone`).
+  output appended to `<step>/log.txt`: forked from a server that has imported torch already when the
+  step is heavy (forked.py), started as a command when it is light; a sharded extraction as one such
+  process per shard, then its closing check here; a train step with `devices: k` as k DDP processes
+  started by torch's own launcher (torch.distributed.run, as `torchrun --standalone`).
 - Cores: each process takes at least one; the cores free when steps start are shared between them,
   and that thread count is fixed for the step (a resumed step keeps the one it started with) and
   recorded in its step.json: it decides the step's last bits, whatever runs beside it. `threads`
@@ -38,7 +39,7 @@ from pipelines.execution import (
     ATTEMPT_VARIABLE, Step, StepSpec, new_attempt, recorded, resumed_threads, run_here, run_spec, state,
 )
 from pipelines.executors import StepsFailed, StepStatus, last_error, read_state, settled, updating_state
-from pipelines.executors.forked import ForkedProcess, warm_up
+from pipelines.executors.forked import ForkedProcess, shut_down, warm_up
 from pipelines.steps import KINDS
 from vlbert.errors import UserError, error_line, exit_status
 
@@ -138,12 +139,11 @@ class Scheduler:
             records.clear()
             records.update(executor="local", scheduler={"pid": os.getpid(), "host": socket.gethostname(),
                                                          "started": time.time()}, steps={})
-        if not self.inline and any(_forked(Task(step)) for step in self.pipeline.steps):
-            warm_up()
         try:
             with self._signals_handled():
                 self._loop()
         finally:
+            shut_down()
             with updating_state(self.pipeline.out) as records:
                 records["scheduler"]["ended"] = time.time()
         self._report()
@@ -185,6 +185,8 @@ class Scheduler:
             self.tasks_left[step.name] = len(tasks)
             self.attempts[step.name] = new_attempt()
             self.ready += tasks
+            if not self.inline and _forked(tasks[0]):
+                warm_up()  # its imports overlap whatever runs until the step starts
 
     def _launch(self) -> None:
         """Starts the ready launches that fit: a core per process, a GPU per process of a GPU step,
