@@ -31,7 +31,8 @@ def statement(split: str, set_id: int, pair_id: int, sentence_id: int, label: bo
     """A line as published (the fields the task does not read as well)."""
     return {"identifier": f"{split}-{set_id}-{pair_id}-{sentence_id}", "sentence": SENTENCES[sentence_id],
             "label": str(label), "left_url": "https://example.invalid/l.jpg",
-            "right_url": "https://example.invalid/r.jpg", "synset": "dog", "query": "two dogs", "writer": "w1", "validation": {"w2": "True"}}
+            "right_url": "https://example.invalid/r.jpg", "synset": "dog", "query": "two dogs", "writer": "w1",
+            "validation": {"w2": "True"}}
 
 
 def write_nlvr2(root: Path, sets: dict[str, range], subfolders: bool = False) -> dict[str, list[dict]]:
