@@ -1,6 +1,7 @@
 """NLVR2 (visual reasoning over image pairs) as a task: the reader of its published files, the pair
-classification head, accuracy and consistency and `vlbert evaluate nlvr2`, and the task's dataset
-and evaluator on a prepared split."""
+classification head, accuracy and consistency and `vlbert evaluate nlvr2`, the task's dataset and
+evaluator on a prepared split, and a tiny VL-BERT trained on the demo world written in NLVR2's
+published layout."""
 
 import json
 from pathlib import Path
@@ -11,12 +12,17 @@ import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
 
+from extract.job import run_extraction
 from pipelines.cli import main
+from pipelines.world.nlvr2 import write_world_nlvr2
 from tests.helpers.pipelines import write_image
+from tests.helpers.worlds import run_config
 from train.data.annotations import AnnotationFile, read_annotations
 from train.data.files import DataError
 from train.data.prepare import prepare_dataset
 from train.data.sources import SOURCES
+from train.engine.config import StageConfig
+from train.engine.trainer import Trainer
 from train.evaluation.nlvr2 import evaluate_nlvr2, score_nlvr2
 from train.tasks import TASKS
 from vlbert import VLBertConfig, VLBertForPairClassification, VLBertForPreTraining, load_pretrained
@@ -224,3 +230,22 @@ def test_the_task_evaluator_scores_merges_shards_and_writes_what_evaluate_scores
     assert result["consistency"] == round(result["official"]["consistency"] / 100, 4)
     whole.write(tmp_path / "dev.csv")
     assert evaluate_nlvr2(tmp_path / "data" / "dev.json", tmp_path / "dev.csv") == result["official"]
+
+
+def test_a_tiny_model_trained_on_the_demo_world_in_nlvr2s_layout_scores_above_the_majority_class(tiny_world, tmp_path):
+    """Published layout → prepare → extract (tiny detector) → train → accuracy on the training split
+    (the demo world's val split is too small to show learning in seconds) above always saying false."""
+    assert write_world_nlvr2(tiny_world / "world", tmp_path / "nlvr2") == {"train": 240, "dev": 48}
+    summary = prepare_dataset(SOURCES["nlvr2"], tmp_path / "nlvr2", tmp_path / "prepared", log=lambda _: None)
+    assert summary["splits"]["train"]["items"] == 240 and summary["splits"]["train"]["image_pairs"] == 20
+    run_extraction(tmp_path / "nlvr2", tmp_path / "cache", "tiny", image_list=tmp_path / "prepared" / "images.txt",
+                   batch_size=4, progress=False)
+    train = str(tmp_path / "prepared" / "train.jsonl")
+    stage = StageConfig("nlvr2", "nlvr2", steps=150, batch_size=8, base_lr=5e-4, num_workers=0)
+    # The run folder outside the read-only world (an absolute `out` stays itself under the world's root).
+    run = run_config(tiny_world, str(tmp_path / "run"), [stage], store=str(tmp_path / "cache"),
+                     train_annotations=train, eval_annotations=train)
+    result = Trainer(run).fit()[0]
+    assert result["metric"] == "nlvr2_accuracy" and result["samples"] == 240
+    assert result["chance"] == 0.65 and result["value"] > result["chance"]
+    assert result["official"]["statements"] == 120 and 0 <= result["consistency"] <= result["value"]
