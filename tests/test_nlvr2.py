@@ -7,26 +7,30 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from click.testing import CliRunner
 
 from extract.job import run_extraction
 from pipelines.cli import main
 from pipelines.world.nlvr2 import write_world_nlvr2
-from tests.helpers.pipelines import write_image
+from tests.helpers.pipelines import run_pipeline_file, tiny_checkpoints, write_image
 from tests.helpers.worlds import run_config
 from train.data.annotations import AnnotationFile, read_annotations
 from train.data.files import DataError
 from train.data.prepare import prepare_dataset
 from train.data.sources import SOURCES
 from train.engine.config import StageConfig
+from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from train.evaluation.nlvr2 import evaluate_nlvr2, score_nlvr2
 from train.tasks import TASKS
 from vlbert import VLBertConfig, VLBertForPairClassification, VLBertForPreTraining, load_pretrained
 
+ROOT = Path(__file__).parents[1]
 SENTENCES = ("there are two dogs in total", "one image shows a red square", "the left image has a car")
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=128, geometry_frequencies=8, hidden_dropout_prob=0.0,
@@ -249,3 +253,39 @@ def test_a_tiny_model_trained_on_the_demo_world_in_nlvr2s_layout_scores_above_th
     assert result["metric"] == "nlvr2_accuracy" and result["samples"] == 240
     assert result["chance"] == 0.65 and result["value"] > result["chance"]
     assert result["official"]["statements"] == 120 and 0 <= result["consistency"] <= result["value"]
+
+
+# ---- the pipeline ------------------------------------------------------------------------------------
+
+
+def shrunk_pipeline(tmp_path: Path) -> Path:
+    """The shipped pipeline with 2-step stages of batch 2."""
+    pipeline = yaml.safe_load((ROOT / "pipelines" / "configs" / "nlvr2.yaml").read_text())
+    for step in pipeline["steps"]:
+        for stage in step.get("stages", []):
+            stage.update(steps=2, batch_size=2, grad_accumulation=1, warmup_steps=1)
+    path = tmp_path / "nlvr2.yaml"
+    path.write_text(yaml.safe_dump(pipeline))
+    return path
+
+
+def test_the_nlvr2_pipeline_prepares_extracts_finetunes_and_scores_dev_and_test1(tmp_path):
+    data = tmp_path / "nlvr2"
+    write_nlvr2(data, {"train": range(2)}, subfolders=True)
+    write_nlvr2(data, {"dev": range(2, 4), "test1": range(4, 6)})
+    settings = {"data": str(data), "images": str(data), **tiny_checkpoints(tmp_path, " ".join(SENTENCES).split())}
+    out = tmp_path / "run"
+    run_pipeline_file(shrunk_pipeline(tmp_path), out, settings)
+
+    summary = json.loads((out / "data" / "summary.json").read_text())
+    assert {s: v["items"] for s, v in summary["splits"].items()} == {"train": 8, "dev": 8, "test1": 8}
+    stage = RunFolder(out / "finetune").stage(0, "nlvr2")
+    result = stage.evaluation()
+    assert result["metric"] == "nlvr2_accuracy" and result["samples"] == 8 and result["chance"] == 0.5
+    assert json.loads((out / "dev_scores" / "scores.json").read_text()) == result["official"]
+    assert result["value"] == round(result["official"]["accuracy"] / 100, 4)
+    items = json.loads(stage.item_scores("dev").read_text())["items"]
+    assert len(items) == 8 and round(float(np.mean(list(items.values()))), 4) == result["value"]
+    test_scores = json.loads((out / "test1_scores" / "scores.json").read_text())
+    assert test_scores == evaluate_nlvr2(data / "test1.json", stage.predictions("test1", ".csv"))
+    assert test_scores["count"] == 8
