@@ -211,10 +211,15 @@ def test_evaluate_nlvr2_scores_a_predictions_file_and_refuses_a_wrong_one(tmp_pa
 def test_the_task_evaluator_scores_merges_shards_and_writes_what_evaluate_scores(tmp_path):
     write_nlvr2(tmp_path / "data", {"dev": range(2)})
     prepare_dataset(SOURCES["nlvr2"], tmp_path / "data", tmp_path / "out", log=lambda _: None)
-    data = SimpleNamespace(regions=None, tokenizer=None, max_length=32)  # the evaluator reads no sample
-    dataset = TASKS["nlvr2"].dataset(data, None, AnnotationFile(tmp_path / "out" / "dev.jsonl"), 0, False)
+    held = {f"dev/dev-{s}-{p}-img{side}" for s in range(2) for p in range(2) for side in range(2)}
+    data = SimpleNamespace(regions=held, tokenizer=None, max_length=32)  # the evaluator reads no sample
+    annotations = AnnotationFile(tmp_path / "out" / "dev.jsonl")
+    lacking = SimpleNamespace(**{**vars(data), "regions": held - {"dev/dev-1-0-img1"}})
+    partial = TASKS["nlvr2"].dataset(lacking, None, annotations, 0, False)
+    assert len(partial) == 6 and partial.missing_right == 2  # a right image the store lacks: its statements left out
+    dataset = TASKS["nlvr2"].dataset(data, None, annotations, 0, False)
     statements = [dataset.item(index)[1] for index in range(len(dataset))]
-    assert len(statements) == 8
+    assert len(statements) == 8 and dataset.missing_right == 0
     logits = torch.eye(2)[[1, 1, 0, 1, 0, 0, 1, 1]]  # rows: predicted false, true
 
     def evaluator(rows):

@@ -14,8 +14,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from train.data.annotations import AnnotationFile
 from train.data.datasets import AnnotatedDataset, SampleGroup, pair_sample
+from train.data.regions import RegionBank
 from train.evaluation.nlvr2 import consistent, score_nlvr2, statement_scores, write_nlvr2_predictions
 from train.tasks.base import Evaluator, Task, TaskData, scored, union, unscored
 from vlbert.losses import IGNORE_INDEX
@@ -26,9 +29,17 @@ from vlbert.tokenization import word_pieces
 class VisualReasoning(AnnotatedDataset):
     """A statement's sample: a group of two, the statement with the left image's RoIs and with the
     right image's; target its truth value (1 true, 0 false) in both (the loss ignores an unlabelled
-    statement)."""
+    statement). Statements whose right image the store lacks are left out."""
 
     KIND = "nlvr2"
+
+    def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
+                 seed: int = 0) -> None:
+        super().__init__(annotations, regions, tokenizer, max_length, seed)
+        # The annotation file leaves out the records of left images that the store lacks; the
+        # statements whose right image it lacks are left out here, counted in `missing_right`.
+        held = np.array([self.item(index)[1].right_image_id in regions for index in range(len(self.items))], bool)
+        self.items, self.missing_right = self.items[held], int((~held).sum())
 
     def sample(self, index: int) -> SampleGroup:
         annotation, statement = self.item(index)
