@@ -87,7 +87,7 @@ def test_prepare_puts_a_pairs_statements_on_its_left_image_and_finds_images_in_s
     assert annotation.items("nlvr2")[0].right_image_id == "train/0/train-0-0-img1"
     skipped = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
     assert skipped == [{"split": "dev", "id": "dev-3-1", "reason": skipped[0]["reason"]}]
-    assert "dev/dev-3-1-img1" in skipped[0]["reason"]
+    assert "dev/[*/]dev-3-1-img1" in skipped[0]["reason"]
     images = (tmp_path / "out" / "images.txt").read_text().splitlines()
     assert len(images) == 2 * (4 + 3) and images[-2:] == ["dev/dev-3-0-img0.png", "dev/dev-3-0-img1.png"]
 
@@ -108,6 +108,16 @@ def test_a_line_that_is_not_a_statement_fails_the_preparation_naming_the_file_an
         prepare_dataset(SOURCES["nlvr2"], tmp_path / "data", tmp_path / "out", log=lambda _: None)
     assert str(error.value) == f"{tmp_path / 'data' / 'dev.json'}:5: {message}"
     assert not (tmp_path / "out").exists()
+
+
+def test_two_images_of_one_name_in_a_splits_folders_fail_the_preparation(tmp_path):
+    write_nlvr2(tmp_path / "data", {"train": range(2)}, subfolders=True)
+    first = next((tmp_path / "data" / "train").rglob("train-0-0-img0.png"))
+    (tmp_path / "data" / "train" / "99").mkdir()
+    (tmp_path / "data" / "train" / "99" / first.name).write_bytes(first.read_bytes())
+    with pytest.raises(DataError, match=rf"{first.relative_to(tmp_path / 'data').as_posix()} and train/99/"
+                                        r"train-0-0-img0.png: two images named train-0-0-img0; keep one"):
+        prepare_dataset(SOURCES["nlvr2"], tmp_path / "data", tmp_path / "out", log=lambda _: None)
 
 
 def test_an_identifier_given_twice_fails_the_preparation(tmp_path):

@@ -86,14 +86,21 @@ def read_statements(path: Path) -> Iterator[StatementLine]:
 
 def split_images(preparation: Preparation, split: str) -> dict[str, str]:
     """Every image of a split's folder and of the folders directly under it: its stem → its file
-    relative to the images root."""
+    relative to the images root. DataError when two of them share a name: which one a statement
+    means would be a guess."""
     try:
         with os.scandir(preparation.images / split) as entries:
             folders = [split] + sorted(f"{split}/{entry.name}" for entry in entries if entry.is_dir())
     except (FileNotFoundError, NotADirectoryError):
         return {}
-    return {stem: f"{folder}/{name}" for folder in folders
-            for stem, name in preparation.finder.stems(folder).items()}
+    images: dict[str, str] = {}
+    for folder in folders:
+        for stem, name in preparation.finder.stems(folder).items():
+            if stem in images:
+                raise DataError(f"{preparation.images}: {images[stem]} and {folder}/{name}: two images named {stem}; "
+                                "keep one")
+            images[stem] = f"{folder}/{name}"
+    return images
 
 
 def prepare(preparation: Preparation) -> None:
@@ -108,7 +115,7 @@ def prepare(preparation: Preparation) -> None:
             for pair, statements in pairs.items():
                 left, right = (images.get(statements[0].image(side)) for side in (0, 1))
                 if left is None or right is None:
-                    missing = f"{split}/{statements[0].image(0 if left is None else 1)}"
+                    missing = f"{split}/[*/]{statements[0].image(0 if left is None else 1)}"
                     writer.skip_missing_image(pair, missing, len(statements))
                     continue
                 items = [{"identifier": s.identifier, "sentence": s.sentence, "label": s.label, "right": right}
