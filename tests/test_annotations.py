@@ -83,7 +83,7 @@ def test_a_model_is_given_only_the_batch_entries_its_forward_takes():
 
 def test_every_task_names_a_model_dataset_and_evaluation():
     assert set(TASKS) == {"pretrain", "vqa", "choice", "vcr_q2a", "vcr_qa2r", "refexp", "retrieval",
-                          "snli_ve"}
+                          "snli_ve", "nlvr2"}
     for task in TASKS.values():
         assert callable(task.dataset) and callable(task.evaluator) and task.about
 

@@ -24,7 +24,7 @@ PRETRAIN_VARIANTS = [{"roi_masking": "feature"}, {"relationship": True}, {"text_
 
 @pytest.fixture(scope="module")
 def world(tiny_world, tmp_path_factory):
-    """The tiny world with every item kind on each training image (VCR's and SNLI-VE's added)."""
+    """The tiny world with every item kind on each training image (VCR's, SNLI-VE's and NLVR2's added)."""
     root = copy_world(tiny_world, tmp_path_factory.mktemp("unused"))
     lines = [json.loads(line) for line in (root / "world" / "train.jsonl").read_text().splitlines()]
     for number, line in enumerate(lines):
@@ -35,6 +35,8 @@ def world(tiny_world, tmp_path_factory):
                         "answer_label": number % 4, "rationale_label": (number + 1) % 4}]
         line["snli_ve"] = [{"pair_id": f"{number}#0", "hypothesis": line["captions"][0],
                             "label": ("entailment", "neutral", "contradiction")[number % 3]}]
+        line["nlvr2"] = [{"identifier": f"train-{number}-0-0", "sentence": line["captions"][0],
+                          "label": number % 2 == 0, "right": lines[(number + 1) % len(lines)]["file"]}]
     (root / "world" / "every-kind.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return root
 

@@ -11,8 +11,8 @@ _MODULES = {
     "vlbert.losses": ("IGNORE_INDEX",),
     "vlbert.modeling": (
         "PreTrainingOutput", "TaskOutput", "VLBertForImageTextMatching", "VLBertForMultipleChoice",
-        "VLBertForPreTraining", "VLBertForQuestionAnswering", "VLBertForReferringExpressions", "VLBertForSequenceClassification",
-        "VLBertModel",
+        "VLBertForPairClassification", "VLBertForPreTraining", "VLBertForQuestionAnswering",
+        "VLBertForReferringExpressions", "VLBertForSequenceClassification", "VLBertModel",
         "VLBertOutput", "VLBertPreTrainedModel", "box_geometry_embedding", "load_pretrained",
     ),
     "vlbert.tokenization": (

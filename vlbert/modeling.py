@@ -805,6 +805,55 @@ class VLBertForSequenceClassification(VLBertPreTrainedModel):
         return TaskOutput(encoded, logits, loss)
 
 
+class PairClassificationHead(nn.Module):
+    """Two images' pooled outputs, joined → Dense → activation → LayerNorm → Dropout → Linear (the
+    recipe of LXMERT's and UNITER's NLVR2 heads): two classes, false and true."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        width = 2 * config.hidden_size
+        self.dense = nn.Linear(width, width)
+        self.activation = ACT2FN[config.hidden_act]
+        self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(width, 2)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        """pooled: (2B, H), each pair's left then right image → (B, 2) logits."""
+        joined = pooled.reshape(-1, 2 * pooled.shape[-1])
+        return self.classifier(self.dropout(self.layer_norm(self.activation(self.dense(joined)))))
+
+
+class VLBertForPairClassification(VLBertPreTrainedModel):
+    """NLVR2: whether a statement is true of a pair of images. Each image is encoded with the
+    statement (`[CLS] statement [SEP] [IMG]… [END]`); the two pooled [CLS] outputs, joined, are
+    classified false (0) or true (1)."""
+
+    def __init__(self, config: VLBertConfig):
+        if not config.with_pooler:
+            raise ValueError("pair classification needs with_pooler=True")
+        super().__init__(config)
+        self.vlbert = VLBertModel(config)
+        self.pair_head = PairClassificationHead(config)
+        self.init_weights()
+
+    def _init_head_weights(self) -> None:
+        _xavier_classifier(self.pair_head)
+
+    def forward(self, *, labels: torch.Tensor | None = None, **inputs) -> TaskOutput:
+        """inputs: 2B sequences, each pair's left then right image; labels: (B,) or, as a batch of
+        B groups of two samples gives them, (B, 2) with both columns the pair's label; -100
+        (unlabelled) is left out of the cross-entropy. Logits: (B, 2)."""
+        encoded = self.vlbert(**inputs)
+        logits = self.pair_head(encoded.pooled_output)
+        if labels is not None and labels.dim() == 2:
+            if labels.shape[1] != 2 or not bool((labels[:, 0] == labels[:, 1]).all()):
+                raise ValueError(f"labels {tuple(labels.shape)}: expected one label per pair, given to both images")
+            labels = labels[:, 0]
+        loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
+        return TaskOutput(encoded, logits, loss)
+
+
 def load_pretrained(directory: str | Path) -> VLBertPreTrainedModel:
     """Load a `save_pretrained` directory as the task model it was saved from."""
     architecture = json.loads((Path(directory) / CONFIG_NAME).read_text()).get("architecture")

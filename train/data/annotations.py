@@ -11,7 +11,9 @@ from the benchmarks' published files; the demo world writes it too).
      "vcr": [{"annot_id": "val-0", "question": TAGGED, "answer_choices": [TAGGED x4],
               "rationale_choices": [TAGGED x4], "answer_label": 1, "rationale_label": 2}],
      "objects": ["person", "horse", ...],                # VCR: the category of each given box
-     "snli_ve": [{"pair_id": "...", "hypothesis": "...", "label": "entailment"}]}   # label null: unlabelled
+     "snli_ve": [{"pair_id": "...", "hypothesis": "...", "label": "entailment"}],   # label null: unlabelled
+     "nlvr2": [{"identifier": "dev-850-0-0", "sentence": "...", "label": true,        # label null: unlabelled
+                "right": "dev/dev-850-0-img1.png"}]}   # on the left image's record; the right image's file
 
 Every key but `file` is optional; `{"question", "answer"}` is read as one answer. TAGGED is a list
 of tokens, each a word or [word, object] where `object` indexes the image's boxes (the boxes file
@@ -82,6 +84,22 @@ class EntailmentPair:
     pair_id: str
     hypothesis: str
     label: str | None = None  # one of ENTAILMENT_LABELS; None where unlabelled
+
+
+@dataclass
+class StatementPair:
+    """An NLVR2 item: a statement about a pair of images, true or false of the pair; the item sits on
+    the left image's record and names the right image's file."""
+
+    identifier: str  # split-setid-pairid-sentenceid, as published
+    sentence: str
+    right: str  # the right image's file, relative to the images root
+    label: bool | None = None  # None where unlabelled
+
+    @property
+    def right_image_id(self) -> str:
+        """The right image's FeatureStore key."""
+        return Path(self.right).with_suffix("").as_posix()
 
 
 @dataclass
@@ -190,6 +208,15 @@ def _entailment_pair(item: Any) -> EntailmentPair:
     return EntailmentPair(pair_id, hypothesis, label)
 
 
+def _statement_pair(item: Any) -> StatementPair:
+    identifier, sentence, right, label = item["identifier"], item["sentence"], item["right"], item.get("label")
+    if not all(isinstance(value, str) for value in (identifier, sentence, right)):
+        raise TypeError(f"an nlvr2 item needs a string identifier, sentence and right, found {item!r}")
+    if label is not None and not isinstance(label, bool):
+        raise ValueError(f"statement {identifier!r}: label {label!r} is not true, false or null")
+    return StatementPair(identifier, sentence, right, label)
+
+
 # Every item kind, by its JSON key in a record; the file indexes each of them when it is opened.
 ITEM_KINDS: dict[str, ItemKind] = {
     "captions": ItemKind(lambda c, record: _text(c), texts=list),
@@ -200,6 +227,8 @@ ITEM_KINDS: dict[str, ItemKind] = {
     "vcr": ItemKind(lambda v, record: _commonsense(v, len(record.get("objects", []))), texts=_commonsense_texts),
     "snli_ve": ItemKind(lambda pair, record: _entailment_pair(pair),
                         texts=lambda pairs: [pair.hypothesis for pair in pairs]),
+    "nlvr2": ItemKind(lambda item, record: _statement_pair(item),
+                      texts=lambda statements: [statement.sentence for statement in statements]),
 }
 
 

@@ -93,6 +93,10 @@ class ImageFinder:
         found = name if name in names else by_stem.get(os.path.splitext(name)[0])
         return f"{folder}/{found}" if folder and found else found
 
+    def stems(self, folder: str) -> dict[str, str]:
+        """Every image of `folder` (relative to the root): its stem → its name there."""
+        return self._listing(folder)[1]
+
     def _listing(self, folder: str) -> tuple[set[str], dict[str, str]]:
         if folder in self._listings:
             self._listings.move_to_end(folder)

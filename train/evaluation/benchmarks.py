@@ -71,6 +71,12 @@ def _score_snli_ve(values: Mapping[str, Any], keep: Path | None) -> dict[str, An
     return evaluate_snli_ve(values["annotations"], values["predictions"])
 
 
+def _score_nlvr2(values: Mapping[str, Any], keep: Path | None) -> dict[str, Any]:
+    from train.evaluation.nlvr2 import evaluate_nlvr2
+
+    return evaluate_nlvr2(values["annotations"], values["predictions"])
+
+
 def _refer(dataset: str) -> Benchmark:
     return Benchmark(dataset, "{\"accuracy\", \"count\"}: the share of expressions whose box has IoU ≥ 0.5 with the "
                               "referred object's.", (
@@ -98,4 +104,9 @@ BENCHMARKS: dict[str, Benchmark] = {benchmark.name: benchmark for benchmark in (
         Input("annotations", "file", "snli_ve_<split>.jsonl as published"),
         Input("predictions", "file", '[{"pair_id": str, "label": str}]'),
     ), _score_snli_ve),
+    Benchmark("nlvr2", '{"accuracy", "consistency", "count", "statements"}: the share of statements given their '
+                       'truth value, and of distinct statements (set, sentence) right on every image pair.', (
+        Input("annotations", "file", "<split>.json as published (dev.json, test1.json)"),
+        Input("predictions", "file", "The leaderboard's CSV: identifier,True|False per line"),
+    ), _score_nlvr2),
 )}

@@ -11,9 +11,9 @@ section (`options`).
 
 from __future__ import annotations
 
-from train.tasks import choice, pretrain, refexp, retrieval, snli_ve, vcr, vqa
+from train.tasks import choice, nlvr2, pretrain, refexp, retrieval, snli_ve, vcr, vqa
 from train.tasks.base import Task
 
 # Every task by name, in this order; a new task module adds its records here.
 TASKS: dict[str, Task] = {task.name: task for task in (pretrain.TASK, vqa.TASK, choice.TASK, *vcr.TASKS, refexp.TASK,
-                                                       retrieval.TASK, snli_ve.TASK)}
+                                                       retrieval.TASK, snli_ve.TASK, nlvr2.TASK)}
