@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from extract.job import run_extraction
 from pipelines.cli import main
 from pipelines.world.nlvr2 import write_world_nlvr2
+from tests.helpers.models import make_batch
 from tests.helpers.pipelines import run_pipeline_file, tiny_checkpoints, write_image
 from tests.helpers.worlds import run_config
 from train.data.annotations import AnnotationFile, read_annotations
@@ -130,23 +131,14 @@ def test_an_identifier_given_twice_fails_the_preparation(tmp_path):
 
 # ---- the head ----------------------------------------------------------------------------------------
 
-
-def batch(config: VLBertConfig, size: int = 6, text: int = 6, regions: int = 5) -> dict[str, torch.Tensor]:
-    """`size` sequences: size / 2 pairs, each pair's left image then its right."""
-    g = torch.Generator().manual_seed(0)
-    boxes = torch.tensor([0.0, 0.0, 60.0, 40.0]).repeat(size, regions, 1)
-    boxes[:, 1:, 2:] = torch.rand(size, regions - 1, 2, generator=g) * 30 + 1
-    return dict(input_ids=torch.randint(5, config.vocab_size, (size, text), generator=g),
-                token_type_ids=torch.zeros(size, text, dtype=torch.long),
-                text_mask=torch.ones(size, text, dtype=torch.bool),
-                appearance=torch.rand(size, regions, config.visual_feature_size, generator=g), boxes=boxes,
-                box_mask=torch.ones(size, regions, dtype=torch.bool), image_size=torch.tensor([[60.0, 40.0]] * size))
+# Six sequences, three pairs: each pair's left image, then its right.
+PAIRS = dict(text_lengths=(7, 5, 6, 4, 6, 5), region_counts=(5, 3, 4, 5, 4, 5))
 
 
 def test_pair_classification_joins_each_pairs_two_pooled_outputs_and_scores_them_with_cross_entropy():
     torch.manual_seed(0)
     model = VLBertForPairClassification(VLBertConfig.tiny(**TINY)).eval()
-    inputs = batch(model.config)
+    inputs = make_batch(model.config, **PAIRS)
     output = model(**inputs, labels=torch.tensor([[1, 1], [0, 0], [-100, -100]]))
     assert output.logits.shape == (3, 2)
     pooled = model.vlbert(**inputs).pooled_output
@@ -169,7 +161,8 @@ def test_pair_classification_saves_loads_and_starts_from_a_pretraining_checkpoin
     model.save_pretrained(tmp_path / "nlvr2")
     loaded = load_pretrained(tmp_path / "nlvr2").eval()
     assert type(loaded) is VLBertForPairClassification and loaded.config == model.config
-    assert torch.equal(loaded(**batch(model.config)).logits, model(**batch(model.config)).logits)
+    inputs = make_batch(model.config, **PAIRS)
+    assert torch.equal(loaded(**inputs).logits, model(**inputs).logits)
 
     pretrained = VLBertForPreTraining(VLBertConfig.tiny(**TINY))
     pretrained.save_pretrained(tmp_path / "pretrained")

@@ -15,6 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from pipelines.cli import main
+from tests.helpers.models import make_batch
 from tests.helpers.pipelines import run_pipeline_file, tiny_checkpoints, write_image
 from train.data.annotations import ENTAILMENT_LABELS, AnnotationFile, read_annotations
 from train.data.files import DataError
@@ -109,21 +110,10 @@ def test_a_pair_id_given_twice_fails_the_preparation(tmp_path):
 # ---- the head ----------------------------------------------------------------------------------------
 
 
-def batch(config: VLBertConfig, size: int = 4, text: int = 6, regions: int = 5) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    boxes = torch.tensor([0.0, 0.0, 60.0, 40.0]).repeat(size, regions, 1)
-    boxes[:, 1:, 2:] = torch.rand(size, regions - 1, 2, generator=g) * 30 + 1
-    return dict(input_ids=torch.randint(5, config.vocab_size, (size, text), generator=g),
-                token_type_ids=torch.zeros(size, text, dtype=torch.long),
-                text_mask=torch.ones(size, text, dtype=torch.bool),
-                appearance=torch.rand(size, regions, config.visual_feature_size, generator=g), boxes=boxes,
-                box_mask=torch.ones(size, regions, dtype=torch.bool), image_size=torch.tensor([[60.0, 40.0]] * size))
-
-
 def test_sequence_classification_scores_the_pooled_cls_with_cross_entropy():
     torch.manual_seed(0)
     model = VLBertForSequenceClassification(VLBertConfig.tiny(**TINY, num_labels=3)).eval()
-    inputs = batch(model.config)
+    inputs = make_batch(model.config)
     labels = torch.tensor([0, 2, 1, -100])
     output = model(**inputs, labels=labels)
     assert output.logits.shape == (4, 3)
@@ -144,7 +134,7 @@ def test_sequence_classification_saves_loads_and_starts_from_a_pretraining_check
     model.save_pretrained(tmp_path / "ve")
     loaded = load_pretrained(tmp_path / "ve").eval()
     assert type(loaded) is VLBertForSequenceClassification and loaded.config == model.config
-    assert torch.equal(loaded(**batch(model.config)).logits, model(**batch(model.config)).logits)
+    assert torch.equal(loaded(**make_batch(model.config)).logits, model(**make_batch(model.config)).logits)
 
     pretrained = VLBertForPreTraining(VLBertConfig.tiny(**TINY))
     pretrained.save_pretrained(tmp_path / "pretrained")

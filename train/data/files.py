@@ -92,3 +92,14 @@ def shown(value: Any) -> str:
     the square of the file's size."""
     return _SHOWN.repr(value)
 
+
+
+def string_fields(value: Any, fields: tuple[str, ...], path: str | Path, line: int) -> dict[str, Any]:
+    """`value`, a JSON line of a published file, when it is an object whose `fields` are strings;
+    DataError naming the file and line otherwise."""
+    if not isinstance(value, dict):
+        raise DataError(f"{path}:{line}: expected a JSON object, found {type(value).__name__}")
+    for key in fields:
+        if not isinstance(value.get(key), str):
+            raise DataError(f"{path}:{line}: {key!r}: expected a string, found {shown(value.get(key))}")
+    return value

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from train.data.files import DataError, iter_jsonl, shown
+from train.data.files import DataError, iter_jsonl, shown, string_fields
 from train.data.prepare import Preparation, Source
 
 SPLITS = ("train", "dev", "test1")
@@ -55,11 +55,7 @@ class StatementLine:
 
 def parse_line(value: Any, path: Path, line: int) -> StatementLine:
     """The statement on `line` of `path`; DataError naming the line when it is not one."""
-    if not isinstance(value, dict):
-        raise DataError(f"{path}:{line}: expected a JSON object, found {type(value).__name__}")
-    for key in FIELDS:
-        if not isinstance(value.get(key), str):
-            raise DataError(f"{path}:{line}: {key!r}: expected a string, found {shown(value.get(key))}")
+    value = string_fields(value, FIELDS, path, line)
     identifier = value["identifier"]
     parts = identifier.split("-")
     if len(parts) != 4 or not all(part.isdigit() for part in parts[1:]):

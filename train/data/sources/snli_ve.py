@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from train.data.annotations import ENTAILMENT_LABELS
-from train.data.files import DataError, iter_jsonl, shown
+from train.data.files import DataError, iter_jsonl, shown, string_fields
 from train.data.prepare import Preparation, Source
 
 SPLITS = ("train", "dev", "test")
@@ -47,11 +47,7 @@ class EntailmentLine:
 
 def parse_line(value: Any, path: Path, line: int) -> EntailmentLine:
     """The pair on `line` of `path`; DataError naming the line when it is not one."""
-    if not isinstance(value, dict):
-        raise DataError(f"{path}:{line}: expected a JSON object, found {type(value).__name__}")
-    for key in FIELDS:
-        if not isinstance(value.get(key), str):
-            raise DataError(f"{path}:{line}: {key!r}: expected a string, found {shown(value.get(key))}")
+    value = string_fields(value, FIELDS, path, line)
     label = value["gold_label"]
     if label not in (*ENTAILMENT_LABELS, NO_CONSENSUS):
         raise DataError(f"{path}:{line}: 'gold_label' is {shown(label)}, expected one of "
