@@ -11,11 +11,12 @@ import json
 import reprlib
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from vlbert.errors import UserError
 
 BOM = codecs.BOM_UTF8
+T = TypeVar("T")
 
 
 class DataError(UserError):
@@ -103,3 +104,17 @@ def string_fields(value: Any, fields: tuple[str, ...], path: str | Path, line: i
         if not isinstance(value.get(key), str):
             raise DataError(f"{path}:{line}: {key!r}: expected a string, found {shown(value.get(key))}")
     return value
+
+
+def read_lines_once_each(path: Path, parse: Callable[[Any, Path, int], T], key: Callable[[T], str], what: str,
+                         why: str = "") -> Iterator[T]:
+    """Every line of a published JSON-lines file, parsed (`parse(value, path, line)`), in its order,
+    streamed; DataError naming the line where an item's `key` (a `what`) was seen before."""
+    first_line: dict[str, int] = {}
+    for line, value in iter_jsonl(path):
+        item = parse(value, path, line)
+        if key(item) in first_line:
+            raise DataError(f"{path}:{line}: {what} {shown(key(item))} appears again (first on line "
+                            f"{first_line[key(item)]}){why}")
+        first_line[key(item)] = line
+        yield item

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from train.data.files import DataError, iter_jsonl, shown, string_fields
+from train.data.files import DataError, read_lines_once_each, shown, string_fields
 from train.data.prepare import Preparation, Source
 
 SPLITS = ("train", "dev", "test1")
@@ -70,14 +70,7 @@ def parse_line(value: Any, path: Path, line: int) -> StatementLine:
 def read_statements(path: Path) -> Iterator[StatementLine]:
     """Every statement of a published file, in its order, streamed; DataError for a bad line or an
     identifier seen before."""
-    first_line: dict[str, int] = {}
-    for line, value in iter_jsonl(path):
-        statement = parse_line(value, path, line)
-        if statement.identifier in first_line:
-            raise DataError(f"{path}:{line}: identifier {shown(statement.identifier)} appears again (first on line "
-                            f"{first_line[statement.identifier]})")
-        first_line[statement.identifier] = line
-        yield statement
+    return read_lines_once_each(path, parse_line, lambda statement: statement.identifier, "identifier")
 
 
 def split_images(preparation: Preparation, split: str) -> dict[str, str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from train.data.annotations import ENTAILMENT_LABELS
-from train.data.files import DataError, iter_jsonl, shown, string_fields
+from train.data.files import DataError, read_lines_once_each, shown, string_fields
 from train.data.prepare import Preparation, Source
 
 SPLITS = ("train", "dev", "test")
@@ -58,14 +58,8 @@ def parse_line(value: Any, path: Path, line: int) -> EntailmentLine:
 def read_pairs(path: Path) -> Iterator[EntailmentLine]:
     """Every pair of a published file, in its order, streamed; DataError for a bad line or a pairID
     seen before."""
-    first_line: dict[str, int] = {}
-    for line, value in iter_jsonl(path):
-        pair = parse_line(value, path, line)
-        if pair.pair_id in first_line:
-            raise DataError(f"{path}:{line}: pairID {shown(pair.pair_id)} appears again (first on line "
-                            f"{first_line[pair.pair_id]}); `vlbert evaluate snli-ve` needs each once")
-        first_line[pair.pair_id] = line
-        yield pair
+    return read_lines_once_each(path, parse_line, lambda pair: pair.pair_id, "pairID",
+                                "; `vlbert evaluate snli-ve` needs each once")
 
 
 def image_file(image_id: str) -> str:
