@@ -19,7 +19,7 @@ import numpy as np
 from train.data.annotations import AnnotationFile
 from train.data.datasets import AnnotatedDataset, SampleGroup, pair_sample
 from train.data.regions import RegionBank
-from train.evaluation.nlvr2 import consistent, score_nlvr2, statement_scores, write_nlvr2_predictions
+from train.evaluation.nlvr2 import score_nlvr2, statement_scores, write_nlvr2_predictions
 from train.tasks.base import Evaluator, Task, TaskData, scored, union, unscored
 from vlbert.losses import IGNORE_INDEX
 from vlbert.modeling import VLBertForPairClassification
@@ -75,12 +75,11 @@ class ReasoningAccuracy(Evaluator):
         truth = self._predicted_truth()
         if not truth:
             return unscored(self.metric, len(self.predicted))
-        scores = statement_scores(truth, self.predicted)
-        groups = consistent(scores, self.sentences)
+        right = sum(statement_scores(truth, self.predicted).values())
         more_frequent = Counter(truth.values()).most_common(1)[0][1]
-        return {**scored(self.metric, sum(scores.values()), more_frequent, len(truth)),
-                "consistency": round(sum(groups) / len(groups), 4),
-                "official": score_nlvr2(truth, self.sentences, self.predicted)}
+        official = score_nlvr2(truth, self.sentences, self.predicted)
+        return {**scored(self.metric, right, more_frequent, len(truth)),
+                "consistency": round(official["consistency"] / 100, 4), "official": official}
 
     def write(self, path: Path) -> None:
         write_nlvr2_predictions(path, self.predicted)
