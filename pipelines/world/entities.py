@@ -65,7 +65,8 @@ class Sentence:
         return word
 
     def noun_phrase(self, obj: SceneObject, entity: int | None) -> int:
-        """"a small red circle": det and amod on the shape, the phrase an entity (None: unbracketed)."""
+        """A noun phrase ("a small red circle"): det and amod on the shape, the phrase an entity (None:
+        unbracketed)."""
         article, *modifiers, shape = _with_article(_name(obj)).split()
         first = self.add(article, "DET")
         adjectives = [self.add(word, "ADJ") for word in modifiers]
@@ -117,8 +118,9 @@ class Entities:
 
 
 def listing(objects: tuple[SceneObject, ...], background: str, ids: Entities) -> Sentence:
-    """"a red circle, a blue square and a star on a noisy background.": the first shape the root, the
-    others its conjuncts (a comma or "and" hangs on the conjunct after it, as UD attaches them)."""
+    """The first caption ("a red circle, a blue square and a star on a noisy background."): the
+    first shape the root, the others its conjuncts (a comma or "and" hangs on the conjunct after it,
+    as UD attaches them)."""
     sentence = Sentence()
     root = 0
     for k, obj in enumerate(objects):
@@ -142,7 +144,8 @@ def listing(objects: tuple[SceneObject, ...], background: str, ids: Entities) ->
 
 def _prepositional(sentence: Sentence, head: int, preposition: str, words: list[str], entity: int,
                    relation: str = "nmod") -> int:
-    """"on a noisy background" hung on `head` (case and det, amod on the noun), a scene entity."""
+    """A prepositional phrase ("on a noisy background") hung on `head` (case and det, amod on the
+    noun), a scene entity."""
     case = sentence.add(preposition, "ADP")
     first = sentence.add(words[0], "DET")
     adjectives = [sentence.add(word, "ADJ") for word in words[1:-1]]
@@ -157,8 +160,8 @@ def _prepositional(sentence: Sentence, head: int, preposition: str, words: list[
 
 
 def counting(objects: tuple[SceneObject, ...], ids: Entities) -> Sentence:
-    """"there are three shapes in the picture.": existential be the root, "three shapes" its subject
-    (every object, scored against the union of their boxes)."""
+    """The second caption ("there are three shapes in the picture."): existential be the root, "three
+    shapes" its subject (every object, scored against the union of their boxes)."""
     sentence = Sentence()
     one = len(objects) == 1
     there = sentence.add("there", "PRON")
@@ -175,8 +178,8 @@ def counting(objects: tuple[SceneObject, ...], ids: Entities) -> Sentence:
 
 
 def placing(objects: tuple[SceneObject, ...], i: int, j: int, bracketed: bool) -> Sentence:
-    """"a red circle to the left of a blue square." (or above, below): the first shape the root; "to
-    the left of" a nmod with its own case and det, the second shape hung on "left"."""
+    """The third caption ("a red circle to the left of a blue square.", or above, below): the first
+    shape the root; "to the left of" a nmod with its own case and det, the second shape hung on "left"."""
     sentence = Sentence()
     root = sentence.noun_phrase(objects[i], i + 1 if bracketed else None)
     relation = _relation(objects[i], objects[j]).split()
@@ -186,7 +189,8 @@ def placing(objects: tuple[SceneObject, ...], i: int, j: int, bracketed: bool) -
         sentence.attach(case, other, "case")
         sentence.attach(other, root, "nmod")
     else:  # to the left of
-        case, article, side, of = (sentence.add(word, tag) for word, tag in zip(relation, ("ADP", "DET", "NOUN", "ADP")))
+        case, article, side, of = (sentence.add(word, tag)
+                                   for word, tag in zip(relation, ("ADP", "DET", "NOUN", "ADP")))
         other = sentence.noun_phrase(objects[j], j + 1 if bracketed else None)
         sentence.attach(case, side, "case")
         sentence.attach(article, side, "det")
@@ -198,7 +202,8 @@ def placing(objects: tuple[SceneObject, ...], i: int, j: int, bracketed: bool) -
 
 
 def alone(objects: tuple[SceneObject, ...], ids: Entities) -> Sentence:
-    """"a picture with a red circle and nothing else.": "picture" the root (a scene)."""
+    """The third caption where no two objects are clearly apart ("a picture with a red circle and nothing
+    else."): "picture" the root (a scene)."""
     sentence = Sentence()
     article = sentence.add("a", "DET")
     root = sentence.add("picture", "NOUN")
@@ -208,7 +213,8 @@ def alone(objects: tuple[SceneObject, ...], ids: Entities) -> Sentence:
     noun = sentence.noun_phrase(objects[0], 1)
     sentence.attach(case, noun, "case")
     sentence.attach(noun, root, "nmod")
-    conjunction, nothing, other = sentence.add("and", "CCONJ"), sentence.add("nothing", "PRON"), sentence.add("else", "ADV")
+    conjunction, nothing = sentence.add("and", "CCONJ"), sentence.add("nothing", "PRON")
+    other = sentence.add("else", "ADV")
     sentence.attach(conjunction, nothing, "cc")
     sentence.attach(nothing, noun, "conj")
     sentence.attach(other, nothing, "advmod")
