@@ -338,3 +338,14 @@ def test_the_spacy_parser_where_spacy_and_an_english_model_are_installed(world, 
                             tmp_path / "out", parser="spacy")
     # spaCy tokenizes the captions itself: every parse aligns, and the noun phrases' adjectives are amod.
     assert result["skipped"] == [] and any(row["relation"] == "amod" for row in result["relations"])
+
+
+def test_world_entities_command_writes_the_same_files_again(world, tiny_world, tmp_path):
+    result = CliRunner().invoke(main, ["world", "entities", "--world", str(tiny_world / "world"), "--out",
+                                       str(tmp_path / "entities")])
+    counts = world["counts"]
+    assert result.exit_code == 0 and result.output == (
+        f"{tmp_path / 'entities'}: train.txt and train.conllu ({counts['train']} captions), val.txt and val.conllu "
+        f"({counts['val']} captions)\n")
+    for name in ("train.conllu", "val.conllu", "val.txt", "Sentences/" + world["records"][0]["id"] + ".txt"):
+        assert (tmp_path / "entities" / name).read_text() == (world["root"] / "entities" / name).read_text()
