@@ -1,9 +1,11 @@
-"""`vlbert analyze …`: looking inside a trained model (`grounding`: which regions phrases attend to)."""
+"""`vlbert analyze …`: looking inside a trained model (`grounding`: which regions phrases attend to;
+`syntax`: which regions the words of a dependency arc attend to)."""
 
 from pathlib import Path
 
 import click
 
+from train.analysis.parses import PARSERS
 from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS
 
 _folder = click.Path(exists=True, file_okay=False, path_type=Path)
@@ -58,6 +60,62 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
         ids = [phrase["item_id"] for phrase in result["left_out"]]
         click.echo(f"{len(ids)} phrases left out, their box no box (NaN, or x2 <= x1 or y2 <= y1): "
                    f"{', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''} (all in grounding.json, left_out)")
+
+
+@analyze_group.command("syntax")
+@click.option("--model", "model_dir", required=True, type=_folder,
+              help="A saved model folder, e.g. a run stage's final model (docs/training.md).")
+@click.option("--store", required=True, type=_folder, help="The FeatureStore of the captions' images.")
+@click.option("--annotations", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Flickr30K Entities' split file (val.txt), Sentences/ and Annotations/ beside it.")
+@click.option("--parses", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="CoNLL-U parses of the split's captions, one sentence per caption in the order of the split "
+                   "file's images and of their Sentences lines (--parser conllu).")
+@click.option("--parser", type=click.Choice(list(PARSERS)), default="conllu", show_default=True,
+              help="conllu: read --parses; spacy: parse the captions with an installed English spaCy model "
+                   "(the syntax extra; nothing is downloaded).")
+@click.option("--vocabulary", required=True, type=_folder, help="The tokenizer folder (vocab.txt).")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--plot", "plot", multiple=True,
+              help="A relation to draw as VisualBERT's Figure 4 (its label in the parses, or a Stanford name of "
+                   "the paper's table); repeat for several. Default: pobj, nsubj and amod where they occur.")
+@click.option("--min-region-attention", type=click.FloatRange(0.0, 1.0, max_open=True),
+              help="Choose best heads among those giving more than this share of their attention to the RoIs "
+                   "(the paper: 0.2). Default: every head.")
+@click.option("--max-items", type=click.IntRange(min=1), help="Analyse only the first N captions.")
+@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-length", type=click.IntRange(min=MIN_LENGTH),
+              help="Cap on text + RoIs (default: the model's position count).")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--fresh-weights", is_flag=True,
+              help="Analyse the model's config with freshly initialised weights: the before-training reference.")
+def syntax_command(model_dir: Path, store: Path, annotations: Path, parses: Path | None, parser: str,
+                   vocabulary: Path, out: Path, plot: tuple[str, ...], min_region_attention: float | None,
+                   max_items: int | None, batch_size: int, max_length: int | None, device: str,
+                   fresh_weights: bool) -> None:
+    """Per dependency relation and head, the share of arcs (w1 an entity word, w2 the other end)
+    whose w2 attends most to a RoI with IoU ≥ 0.5 with w1's box, against a random RoI and the most
+    confident RoI (VisualBERT's Table 2): OUT/syntax.json, OUT/syntax.md (the table, the paper's
+    figures beside), OUT/relations.png (relations × heads) and OUT/layers/<relation>.png (Figure 4)."""
+    from extract.paths import check_apart
+    from train.analysis.syntax import analyze_syntax
+
+    check_apart(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
+                      ("--parses", parses), ("--vocabulary", vocabulary)))
+    result = analyze_syntax(model_dir, store, annotations, vocabulary, out, parses=parses, parser=parser,
+                            plot=list(plot) or None, min_region_attention=min_region_attention, max_items=max_items,
+                            batch_size=batch_size, device=device, max_length=max_length, fresh_weights=fresh_weights)
+    click.echo(f"{result['arcs']} arcs of {len(result['relations'])} relations in {result['captions']} captions; "
+               f"{out / 'syntax.md'}, {out / 'syntax.json'}")
+    for row in result["relations"][:3]:
+        best = row["best"]
+        click.echo(f"  {row['relation']}: {row['arcs']} arcs, most confident RoI {row['confidence_baseline']:.3f}, "
+                   + ("no head passes --min-region-attention" if best is None else
+                      f"best head {best['layer']}-{best['head']} {best['accuracy']:.3f}"))
+    if result["skipped"]:
+        names = [f"{item['image_id']}/{item['caption']}" for item in result["skipped"]]
+        click.echo(f"{len(names)} captions skipped, their parse not their text: {', '.join(names[:5])}"
+                   f"{', ...' if len(names) > 5 else ''} (all in syntax.json, skipped)")
 
 
 COMMANDS = [analyze_group]

@@ -23,6 +23,22 @@ def generate(out_dir: Path, images: int, seed: int) -> None:
     click.echo(f"{out_dir}: {meta['splits']['train']} train, {meta['splits']['val']} val images, corpus.txt")
 
 
+@world_group.command("entities")
+@click.option("--world", "world_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
+def entities_command(world_dir: Path, out: Path) -> None:
+    """Write WORLD in Flickr30K Entities' layout to OUT (train.txt, val.txt, Sentences/, Annotations/,
+    flickr30k-images/) with CoNLL-U parses of the captions (train.conllu, val.conllu), for `vlbert
+    analyze grounding --format flickr30k-entities` and `vlbert analyze syntax`."""
+    from extract.paths import check_apart
+    from pipelines.world.entities import write_world_entities
+
+    check_apart(out, (("--world", world_dir),))
+    counts = write_world_entities(world_dir, out)
+    click.echo(f"{out}: " + ", ".join(f"{split}.txt and {split}.conllu ({count} captions)"
+                                      for split, count in counts.items()))
+
+
 @world_group.command("train-detector")
 @click.option("--world", "world_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", "weights", required=True, type=click.Path(dir_okay=False, path_type=Path),

@@ -46,7 +46,7 @@ def write_world_nlvr2(world: str | Path, out: str | Path) -> dict[str, int]:
                 right = records[(set_id + 1 + pair_id) % len(records)]
                 pair = f"{split}-{set_id}-{pair_id}"
                 for side, record in enumerate((left, right)):
-                    _link(world / record["file"], out / split / f"{pair}-img{side}.png")
+                    link_file(world / record["file"], out / split / f"{pair}-img{side}.png")
                 number = 0
                 for shape in CLASS_NAMES:
                     for template, truth in SENTENCES:
@@ -59,7 +59,8 @@ def write_world_nlvr2(world: str | Path, out: str | Path) -> dict[str, int]:
     return counts
 
 
-def _link(source: Path, target: Path) -> None:
+def link_file(source: Path, target: Path) -> None:
+    """`target` a hard link to `source` (a copy where the file system links none), replacing it."""
     if target.exists():
         target.unlink()
     try:

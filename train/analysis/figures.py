@@ -1,8 +1,10 @@
-"""The grounding analysis's pictures: the layers × heads heat map and one phrase's attention drawn over
-its image's boxes (an `Example`, which the analysis keeps for drawing)."""
+"""The attention analyses' pictures: heat maps (layers × heads for grounding, relations × heads for
+syntax), the accuracy of each head by layer (VisualBERT's Figure 4) and one phrase's attention drawn
+over its image's boxes (an `Example`, which the grounding analysis keeps for drawing)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from extract.atomic import writing  # noqa: E402
 from train.analysis.phrases import Phrase  # noqa: E402
 
 
@@ -32,20 +35,59 @@ def draw_heat_map(accuracy: np.ndarray, result: dict[str, Any], path: Path) -> P
     """Accuracy per layer (rows, from 1) and head (columns, from 1), each cell labelled, the
     baselines in the title."""
     layers, heads = accuracy.shape
-    figure, axes = plt.subplots(figsize=(1.0 + 0.6 * heads, 1.2 + 0.45 * layers))
-    image = axes.imshow(accuracy, vmin=0.0, vmax=1.0, cmap="viridis", origin="lower", aspect="auto")
-    for layer in range(layers):
-        for head in range(heads):
-            value = accuracy[layer, head]
-            axes.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                      color="black" if value > 0.6 else "white")
-    axes.set_xticks(range(heads), [str(h + 1) for h in range(heads)])
-    axes.set_yticks(range(layers), [str(layer + 1) for layer in range(layers)])
-    axes.set_xlabel("head")
-    axes.set_ylabel("layer")
-    axes.set_title(f"grounding accuracy, {result['phrases']} phrases\nrandom RoI {result['random_baseline']:.2f}, "
-                   f"most confident RoI {result['confidence_baseline']:.2f}", fontsize=8)
+    return draw_table(accuracy, [str(layer + 1) for layer in range(layers)], [str(h + 1) for h in range(heads)],
+                      ("head", "layer"), f"grounding accuracy, {result['phrases']} phrases\nrandom RoI "
+                      f"{result['random_baseline']:.2f}, most confident RoI {result['confidence_baseline']:.2f}", path)
+
+
+def draw_relation_heat_map(accuracy: np.ndarray, relations: list[str], path: Path, title: str) -> Path:
+    """Accuracy per relation (rows, top first) and head (columns, layer-head from 1): (relations,
+    layers, heads)."""
+    _, layers, heads = accuracy.shape
+    columns = [f"{layer + 1}-{head + 1}" for layer in range(layers) for head in range(heads)]
+    return draw_table(accuracy.reshape(len(relations), -1)[::-1], relations[::-1], columns,
+                      ("head (layer-head)", "relation"), title, path)
+
+
+def draw_table(values: np.ndarray, rows: list[str], columns: list[str], axis_names: tuple[str, str], title: str,
+               path: Path) -> Path:
+    """A heat map of accuracies (0 to 1), row 0 at the bottom; cells labelled where they are wide
+    enough to read (at most 24 columns)."""
+    figure, axes = plt.subplots(figsize=(min(1.0 + 0.6 * len(columns), 30.0), 1.2 + 0.45 * len(rows)))
+    image = axes.imshow(values, vmin=0.0, vmax=1.0, cmap="viridis", origin="lower", aspect="auto")
+    if len(columns) <= 24:
+        for row in range(len(rows)):
+            for column in range(len(columns)):
+                value = values[row, column]
+                axes.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                          color="black" if value > 0.6 else "white")
+    axes.set_xticks(range(len(columns)), columns, rotation=90 if len(columns) > 24 else 0,
+                    fontsize=7 if len(columns) <= 24 else 5)
+    axes.set_yticks(range(len(rows)), rows)
+    axes.set_xlabel(axis_names[0])
+    axes.set_ylabel(axis_names[1])
+    axes.set_title(title, fontsize=8)
     figure.colorbar(image, ax=axes)
+    figure.tight_layout()
+    return _save(figure, path)
+
+
+def draw_layer_plot(accuracy: np.ndarray, baselines: dict[str, float], title: str, path: Path) -> Path:
+    """VisualBERT's Figure 4: each head's accuracy (a dot) by layer (from 1), each baseline a line."""
+    layers, heads = accuracy.shape
+    figure, axes = plt.subplots(figsize=(max(5.0, 1.5 + 0.45 * layers), 3.5))
+    for layer in range(layers):
+        axes.scatter(np.full(heads, layer + 1), accuracy[layer], s=12, color="tab:blue",
+                     label="a head" if layer == 0 else None)
+    for (name, value), style in zip(baselines.items(), ("-", "--", ":")):
+        axes.axhline(value, color="tab:red", linestyle=style, linewidth=1, label=f"{name} {value:.2f}")
+    axes.set_xticks(range(1, layers + 1))
+    axes.set_xlim(0.5, layers + 0.5)
+    axes.set_ylim(0.0, 1.0)
+    axes.set_xlabel("layer")
+    axes.set_ylabel("accuracy")
+    axes.set_title(title, fontsize=8)
+    axes.legend(fontsize=6, loc="upper left")
     figure.tight_layout()
     return _save(figure, path)
 
@@ -83,7 +125,14 @@ def draw_example(example: Example, head: tuple[int, int], images: str | Path | N
 
 
 def _save(figure, path: Path) -> Path:
+    """The figure in `path`, whole or not at all (a temporary beside it, then renamed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with writing(path):
+            figure.savefig(temporary, dpi=100, format=path.suffix[1:])
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+        plt.close(figure)
     return path

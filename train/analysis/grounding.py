@@ -48,16 +48,24 @@ IOU_THRESHOLD = 0.5
 TIE_TOLERANCE = 1e-6  # relative
 
 
+def text_region_attention(attentions: tuple[torch.Tensor, ...], text_length: int, num_regions: int) -> torch.Tensor:
+    """(B, layers, heads, T, N): each layer's attention (B, heads, L, L) from the T text positions
+    (which come first) to the N region elements (right after the text)."""
+    stacked = torch.stack(attentions, 1).float()
+    return stacked[:, :, :, :text_length, text_length:text_length + num_regions]
+
+
+def pieces_mean(text_attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, layers, heads, N): `text_region_attention` rows averaged over the pieces of `mask` (B, T)."""
+    weights = mask.float() / mask.sum(1, keepdim=True).clamp(min=1)
+    return torch.einsum("blhtk,bt->blhk", text_attention, weights)
+
+
 def phrase_region_attention(attentions: tuple[torch.Tensor, ...], phrase_mask: torch.Tensor,
                             num_regions: int) -> torch.Tensor:
-    """(B, layers, heads, N): each layer's attention (B, heads, L, L) from the phrase's pieces
-    (`phrase_mask`, (B, T) over the text positions, which come first) to the N region elements
-    (right after the text), averaged over the pieces."""
-    stacked = torch.stack(attentions, 1).float()
-    text_length = phrase_mask.shape[1]
-    weights = phrase_mask.float() / phrase_mask.sum(1, keepdim=True).clamp(min=1)
-    rows = torch.einsum("blhtk,bt->blhk", stacked[:, :, :, :text_length], weights)
-    return rows[..., text_length:text_length + num_regions]
+    """(B, layers, heads, N): the attention from the phrase's pieces (`phrase_mask`, (B, T) over the
+    text positions) to the N regions, averaged over the pieces."""
+    return pieces_mean(text_region_attention(attentions, phrase_mask.shape[1], num_regions), phrase_mask)
 
 
 def most_attended(region_attention: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
@@ -118,15 +126,16 @@ class GroundingTally:
         grounded = self.scores()[0]
         return grounded.mean(0) if len(grounded) else np.zeros((self.layers, self.heads))
 
-    def result(self) -> dict[str, Any]:
-        """Layers and heads are numbered from 1 in `best` (row i of the tables is layer i + 1).
+    def result(self, allowed: np.ndarray | None = None) -> dict[str, Any]:
+        """Layers and heads are numbered from 1 in `best` (row i of the tables is layer i + 1); the
+        best head is chosen among the `allowed` ones ((layers, heads) bool; default all).
 
         The best head's accuracy is the maximum of layers × heads estimates, biased upwards on few
         phrases; `held_out_best` removes that bias: the head is chosen on the even-numbered phrases
         and scored on the odd-numbered ones, and compared there with the random RoI, phrase by phrase."""
         grounded, random, confident = self.scores()
         accuracy = self.accuracy()
-        layer, head = np.unravel_index(int(accuracy.argmax()), accuracy.shape)
+        chosen = best_head(accuracy, allowed)
         count = max(self.count, 1)
         result = {
             "phrases": self.count,
@@ -135,7 +144,8 @@ class GroundingTally:
             "iou_threshold": IOU_THRESHOLD,
             "accuracy": np.round(accuracy, 4).tolist(),
             "region_attention": np.round(self.region_share / count, 4).tolist(),
-            "best": {"layer": int(layer) + 1, "head": int(head) + 1, "accuracy": round(float(accuracy[layer, head]), 4)},
+            "best": None if chosen is None else {"layer": chosen[0] + 1, "head": chosen[1] + 1,
+                                                 "accuracy": round(float(accuracy[chosen]), 4)},
             "mean_accuracy": round(float(accuracy.mean()), 4),
             "random_baseline": round(float(random.mean()) if len(random) else 0.0, 4),
             "confidence_baseline": round(float(confident.mean()) if len(confident) else 0.0, 4),
@@ -143,19 +153,31 @@ class GroundingTally:
         if self.count >= 2:
             result["intervals"] = {
                 "level": LEVEL,
-                "best": _rounded(bootstrap_interval(grounded[:, layer, head])),
+                **({} if chosen is None else {"best": _rounded(bootstrap_interval(grounded[:, chosen[0], chosen[1]]))}),
                 "random_baseline": _rounded(bootstrap_interval(random)),
                 "confidence_baseline": _rounded(bootstrap_interval(confident)),
             }
-            result["held_out_best"] = held_out_best(grounded, random)
+            if chosen is not None:
+                result["held_out_best"] = held_out_best(grounded, random, allowed)
         return result
 
 
-def held_out_best(grounded: np.ndarray, random: np.ndarray) -> dict[str, Any]:
-    """The best head on the even-numbered phrases, scored on the odd-numbered ones, with its 95%
-    interval and a paired comparison with the random RoI on those phrases."""
+def best_head(accuracy: np.ndarray, allowed: np.ndarray | None = None) -> tuple[int, int] | None:
+    """(layer, head), from 0, of the most accurate head among the `allowed` ones (default all); None
+    when none is allowed."""
+    if allowed is not None:
+        if not allowed.any():
+            return None
+        accuracy = np.where(allowed, accuracy, -np.inf)
+    layer, head = np.unravel_index(int(accuracy.argmax()), accuracy.shape)
+    return int(layer), int(head)
+
+
+def held_out_best(grounded: np.ndarray, random: np.ndarray, allowed: np.ndarray | None = None) -> dict[str, Any]:
+    """The best (`allowed`) head on the even-numbered phrases, scored on the odd-numbered ones, with
+    its 95% interval and a paired comparison with the random RoI on those phrases."""
     choose, score = grounded[0::2], grounded[1::2]
-    layer, head = np.unravel_index(int(choose.mean(0).argmax()), choose.shape[1:])
+    layer, head = best_head(choose.mean(0), allowed)
     hits = score[:, layer, head]
     ids = [str(i) for i in range(len(hits))]
     comparison = paired_comparison(dict(zip(ids, random[1::2])), dict(zip(ids, hits)), ("random RoI", "head"))
@@ -217,19 +239,38 @@ def left_out(phrases: list[Phrase]) -> list[dict[str, str]]:
             for phrase in phrases if (problem := box_problem(phrase.box)) is not None]
 
 
-def phrase_sample(phrase: Phrase, regions: RegionBank, tokenizer, max_length: int) -> tuple[Sample, np.ndarray]:
-    """`[CLS] text [SEP]` with the image's RoIs, each region's IoU with the phrase's box as the
-    `iou` region target, and (sequence length,) bool: the phrase's pieces kept under the length cap
-    (a phrase cut off entirely has none: every head then ties among all RoIs, the random baseline)."""
-    encoding = tokenizer(phrase.text, add_special_tokens=False, return_offsets_mapping=True)
-    image = regions[phrase.image_id]
+def caption_sample(text: str, image_id: str, file: str, item_id: str, regions: RegionBank, tokenizer,
+                   max_length: int) -> tuple[Sample, list[tuple[int, int]]]:
+    """`[CLS] text [SEP]` with the image's RoIs, and the character offsets of the pieces kept under
+    the length cap (piece k is at position k + 1)."""
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    image = regions[image_id]
     sequence = build_caption_sequence(tokenizer, list(encoding["input_ids"]), len(image), max_length)
     image = image.truncated(sequence.num_regions)
-    pieces = encoding["offset_mapping"][:len(sequence) - 2]
-    inside = np.zeros(len(sequence), bool)
-    inside[1:1 + len(pieces)] = [start < phrase.span[1] and end > phrase.span[0] for start, end in pieces]
-    iou = box_iou(torch.from_numpy(image.boxes), torch.tensor([phrase.box], dtype=torch.float32))[:, 0].numpy()
-    return Sample(sequence, image, phrase.file, region_targets={"iou": iou}, item_id=phrase.item_id), inside
+    return Sample(sequence, image, file, item_id=item_id), list(encoding["offset_mapping"][:len(sequence) - 2])
+
+
+def span_pieces(offsets: list[tuple[int, int]], span: tuple[int, int], length: int) -> np.ndarray:
+    """(length,) bool over the sequence: the pieces (at `offsets`, from position 1) that overlap the
+    characters `span` (none for a span cut off entirely: every head then ties among all RoIs, the
+    random baseline)."""
+    inside = np.zeros(length, bool)
+    inside[1:1 + len(offsets)] = [start < span[1] and end > span[0] for start, end in offsets]
+    return inside
+
+
+def box_ious(boxes: np.ndarray, targets: list[list[float]]) -> np.ndarray:
+    """(N, len(targets)): each of the N `boxes`' IoU with each target box."""
+    return box_iou(torch.as_tensor(boxes, dtype=torch.float32), torch.tensor(targets, dtype=torch.float32)).numpy()
+
+
+def phrase_sample(phrase: Phrase, regions: RegionBank, tokenizer, max_length: int) -> tuple[Sample, np.ndarray]:
+    """The phrase's caption sample (`caption_sample`), each region's IoU with the phrase's box as the
+    `iou` region target, and (sequence length,) bool: the phrase's pieces (`span_pieces`)."""
+    sample, offsets = caption_sample(phrase.text, phrase.image_id, phrase.file, phrase.item_id, regions, tokenizer,
+                                     max_length)
+    sample.region_targets["iou"] = box_ious(sample.regions.boxes, [phrase.box])[:, 0]
+    return sample, span_pieces(offsets, phrase.span, len(sample.sequence))
 
 
 def read_phrases(annotations: str | Path, phrase_format: str, regions: RegionBank) -> list[Phrase]:
@@ -242,17 +283,29 @@ def read_phrases(annotations: str | Path, phrase_format: str, regions: RegionBan
     return phrases
 
 
+def batch_text_attention(model: VLBertModel, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
+    """(B, layers, heads, T, N) on the CPU: the model's attention from each text position to each
+    region (`text_region_attention`), as the model sees them at evaluation."""
+    inputs = to_device(batch, device)
+    given = model_inputs(model, inputs, training=False)
+    output = model(**given, output_attentions=True)
+    return text_region_attention(output.attentions, batch["text_mask"].shape[1], output.num_regions).cpu()
+
+
+def piece_masks(inside: tuple[np.ndarray, ...], text_length: int) -> torch.Tensor:
+    """(len(inside), T) bool: the masks over each sample's sequence, padded to the batch's text length."""
+    masks = torch.zeros(len(inside), text_length, dtype=torch.bool)
+    for row, mask in enumerate(inside):
+        masks[row, :len(mask)] = torch.from_numpy(mask)
+    return masks
+
+
 def batch_attention(model: VLBertModel, batch: dict[str, Any], inside: tuple[np.ndarray, ...],
                     device: torch.device) -> torch.Tensor:
     """(B, layers, heads, N) on the CPU: the model's attention from each sample's phrase pieces
     (`inside`, one mask per sample) to its regions, as the model sees them at evaluation."""
-    inputs = to_device(batch, device)
-    given = model_inputs(model, inputs, training=False)
-    output = model(**given, output_attentions=True)
-    phrase_mask = torch.zeros_like(batch["text_mask"])
-    for row, mask in enumerate(inside):
-        phrase_mask[row, :len(mask)] = torch.from_numpy(mask)
-    return phrase_region_attention(output.attentions, phrase_mask.to(device), output.num_regions).cpu()
+    text_attention = batch_text_attention(model, batch, device)
+    return pieces_mean(text_attention, piece_masks(inside, text_attention.shape[3]))
 
 
 @dataclass
@@ -283,8 +336,21 @@ def could_not_start() -> Iterator[None]:
 
 def open_inputs(model_dir: Path, store: Path, annotations: Path, vocabulary: Path, phrase_format: str,
                 device: torch.device, fresh_weights: bool, max_items: int | None) -> GroundingInputs:
-    """The model, its tokenizer, the store and the phrases; StoreMismatchError when the store's
-    features are not the size the model takes, DataError when the vocabulary is not the model's."""
+    """The model, its tokenizer, the store (`open_model`) and the phrases."""
+    model, tokenizer, regions = open_model(model_dir, store, vocabulary, device, fresh_weights)
+    phrases = read_phrases(annotations, phrase_format, regions)[:max_items]
+    usable, unusable = [phrase for phrase in phrases if box_problem(phrase.box) is None], left_out(phrases)
+    if not usable:
+        first = unusable[0]
+        raise DataError(f"{annotations}: no phrase has a box to score against (item {first['item_id']}: "
+                        f"{first['problem']}, {first['box']})")
+    return GroundingInputs(model, tokenizer, regions, usable, unusable)
+
+
+def open_model(model_dir: Path, store: Path, vocabulary: Path, device: torch.device,
+               fresh_weights: bool) -> tuple[VLBertModel, PreTrainedTokenizerFast, RegionBank]:
+    """The model, its tokenizer and the store; StoreMismatchError when the store's features are not
+    the size the model takes, DataError when the vocabulary is not the model's."""
     model = load_model(model_dir, device, fresh_weights)
     tokenizer = load_tokenizer(vocabulary)
     check_vocabulary_size(tokenizer, model.config.vocab_size, vocabulary)
@@ -293,13 +359,7 @@ def open_inputs(model_dir: Path, store: Path, annotations: Path, vocabulary: Pat
         raise StoreMismatchError(f"{store}: holds {regions.feature_dim}-d features, but the model {model_dir} takes "
                                  f"visual_feature_size {model.config.visual_feature_size}; analyse it on a store "
                                  "of the detector it was trained with")
-    phrases = read_phrases(annotations, phrase_format, regions)[:max_items]
-    usable, unusable = [phrase for phrase in phrases if box_problem(phrase.box) is None], left_out(phrases)
-    if not usable:
-        first = unusable[0]
-        raise DataError(f"{annotations}: no phrase has a box to score against (item {first['item_id']}: "
-                        f"{first['problem']}, {first['box']})")
-    return GroundingInputs(model, tokenizer, regions, usable, unusable)
+    return model, tokenizer, regions
 
 
 @torch.no_grad()

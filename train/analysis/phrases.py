@@ -110,11 +110,30 @@ def split_image_ids(split_file: Path) -> list[str]:
     return [line.strip() for line in lines if line.strip()]
 
 
-def flickr30k_entities_phrases(split_file: str | Path) -> list[Phrase]:
-    """Every boxed entity phrase of the split's captions."""
+@dataclass
+class Caption:
+    """One caption line of a Flickr30K Entities Sentences file, with its bracketed entities."""
+
+    image_id: str  # the Flickr30K image id
+    number: int  # the line's index in Sentences/<id>.txt, from 0
+    text: str  # without the brackets
+    entities: list[tuple[tuple[int, int], list[float] | None]]  # (characters in `text`, box or None: no box)
+
+    @property
+    def store_key(self) -> str:
+        return f"flickr30k-images/{self.image_id}"
+
+    @property
+    def file(self) -> str:
+        return f"flickr30k-images/{self.image_id}.jpg"
+
+
+def flickr30k_entities_captions(split_file: str | Path) -> list[Caption]:
+    """Every caption of the split's images (blank lines are none), in the order of the split file and
+    of each image's Sentences lines: the order in which parses of the captions are given."""
     split_file = Path(split_file)
     root = split_file.parent
-    phrases = []
+    captions = []
     for image_id in split_image_ids(split_file):
         sentences, annotations = root / "Sentences" / f"{image_id}.txt", root / "Annotations" / f"{image_id}.xml"
         if not (sentences.is_file() and annotations.is_file()):
@@ -122,11 +141,20 @@ def flickr30k_entities_phrases(split_file: str | Path) -> list[Phrase]:
                             f"Annotations/{image_id}.xml under {root}")
         boxes = entity_boxes(annotations)
         for number, line in enumerate(read_text(sentences).splitlines()):
+            if not line.strip():
+                continue
             text, spans = entity_sentence(line.strip())
-            phrases += [Phrase(f"{image_id}/{number}/{k}", f"flickr30k-images/{image_id}",
-                               f"flickr30k-images/{image_id}.jpg", text, (start, end), boxes[entity])
-                        for k, (start, end, entity) in enumerate(spans) if entity in boxes]
-    return phrases
+            captions.append(Caption(image_id, number, text,
+                                    [((start, end), boxes.get(entity)) for start, end, entity in spans]))
+    return captions
+
+
+def flickr30k_entities_phrases(split_file: str | Path) -> list[Phrase]:
+    """Every boxed entity phrase of the split's captions."""
+    return [Phrase(f"{caption.image_id}/{caption.number}/{k}", caption.store_key, caption.file, caption.text,
+                   span, box)
+            for caption in flickr30k_entities_captions(split_file)
+            for k, (span, box) in enumerate(caption.entities) if box is not None]
 
 
 PHRASE_READERS: dict[str, Callable[[str | Path], list[Phrase]]] = {
