@@ -206,6 +206,26 @@ def test_the_stanford_and_ud_names_map_both_ways():
     assert stanford_names("reparandum") == ()
 
 
+def test_spacys_clearnlp_labels_keep_their_own_meanings_of_case_and_nmod(tmp_path):
+    """ClearNLP's case is the possessive 's and its nmod has no row of the paper, where UD's case is
+    pobj's arc and nmod prep's; its Stanford names are themselves in either set."""
+    assert {label: paper_name(label, "clearnlp") for label in ("case", "nmod", "compound", "nummod", "acl", "pobj",
+                                                                "prep", "dobj", "relcl")} == {
+        "case": None, "nmod": None, "compound": "nn", "nummod": "num", "acl": "partmod", "pobj": "pobj",
+        "prep": "prep", "dobj": "dobj", "relcl": None}
+    assert stanford_names("case", "clearnlp") == ("possessive",) and stanford_names("relcl", "clearnlp") == ("rcmod",)
+    assert stanford_names("dative", "clearnlp") == ("iobj",) and stanford_names("nmod", "clearnlp") == ()
+    split, parses = write_entities(tmp_path)
+    inputs = read_syntax_inputs(split, "conllu", parses, None, None, labels="clearnlp")
+    tally = SyntaxTally(inputs.relations, layers=2, heads=2)
+    result = syntax_result(tally, inputs, None)
+    assert result["labels"] == "clearnlp"
+    assert {row["relation"]: row["paper"] and row["paper"]["relation"] for row in result["relations"]} == {
+        "amod": "amod", "det": "det", "nmod": None, "punct": "punct", "case": None, "nsubj": "nsubj", "nummod": "num"}
+    with pytest.raises(DataError, match="labels 'stanford': expected one of ud, clearnlp"):
+        read_syntax_inputs(split, "conllu", parses, None, None, labels="stanford")
+
+
 @pytest.mark.parametrize("parses, message", [
     (PARSES.split("\n\n# sent_id = 2/2")[0] + "\n\n",
      "{parses}: 3 sentences, but the split's Sentences files hold 4 captions; give one parse per caption, in the "

@@ -74,6 +74,9 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
 @click.option("--parser", type=click.Choice(list(PARSERS)), default="conllu", show_default=True,
               help="conllu: read --parses; spacy: parse the captions with an installed English spaCy model "
                    "(the syntax extra; nothing is downloaded).")
+@click.option("--labels", type=click.Choice(["ud", "clearnlp"]),
+              help="The parses' relation labels, to match them with the paper's Stanford names: ud (Universal "
+                   "Dependencies) or clearnlp (spaCy's English models). Default: conllu ud, spacy clearnlp.")
 @click.option("--vocabulary", required=True, type=_folder, help="The tokenizer folder (vocab.txt).")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--plot", "plot", multiple=True,
@@ -90,7 +93,7 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
 @click.option("--fresh-weights", is_flag=True,
               help="Analyse the model's config with freshly initialised weights: the before-training reference.")
 def syntax_command(model_dir: Path, store: Path, annotations: Path, parses: Path | None, parser: str,
-                   vocabulary: Path, out: Path, plot: tuple[str, ...], min_region_attention: float | None,
+                   labels: str | None, vocabulary: Path, out: Path, plot: tuple[str, ...], min_region_attention: float | None,
                    max_items: int | None, batch_size: int, max_length: int | None, device: str,
                    fresh_weights: bool) -> None:
     """Per dependency relation and head, the share of arcs (w1 an entity word, w2 the other end)
@@ -104,7 +107,8 @@ def syntax_command(model_dir: Path, store: Path, annotations: Path, parses: Path
                       ("--parses", parses), ("--vocabulary", vocabulary)))
     result = analyze_syntax(model_dir, store, annotations, vocabulary, out, parses=parses, parser=parser,
                             plot=list(plot) or None, min_region_attention=min_region_attention, max_items=max_items,
-                            batch_size=batch_size, device=device, max_length=max_length, fresh_weights=fresh_weights)
+                            batch_size=batch_size, device=device, max_length=max_length, fresh_weights=fresh_weights,
+                            labels=labels)
     click.echo(f"{result['arcs']} arcs of {len(result['relations'])} relations in {result['captions']} captions; "
                f"{out / 'syntax.md'}, {out / 'syntax.json'}")
     for row in result["relations"][:3]:

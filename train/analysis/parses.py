@@ -143,7 +143,13 @@ def spacy_parses(captions: list[Caption], parses: Path | None) -> list[ParsedSen
     return sentences
 
 
-PARSERS: dict[str, Callable[[list[Caption], Path | None], list[ParsedSentence]]] = {
-    "conllu": conllu_parses,
-    "spacy": spacy_parses,
+@dataclass(frozen=True)
+class Parser:
+    parse: Callable[[list[Caption], Path | None], list[ParsedSentence]]
+    labels: str  # the label set it writes (relations.LABEL_SETS), unless the user names another
+
+
+PARSERS = {
+    "conllu": Parser(conllu_parses, "ud"),
+    "spacy": Parser(spacy_parses, "clearnlp"),
 }

@@ -7,6 +7,11 @@ Where UD joins other words, the record says so: UD hangs a prepositional phrase'
 it modifies (obl, nmod) and the preposition on the noun (case), where Stanford chains word →
 preposition (prep) → noun (pobj). So `case` joins pobj's two words (head and dependent swapped),
 while obl/nmod join the modified word to the noun, not to the preposition as prep does.
+
+Parsers write one of two label sets (`LABEL_SETS`): UD's, or ClearNLP's (spaCy's English models),
+which keeps most Stanford names (pobj, prep, dobj) but spells a few as UD does and gives `case` and
+`nmod` other meanings than UD: `case` is the possessive 's, `nmod` a modifier with no Stanford
+counterpart in the paper's table.
 """
 
 from __future__ import annotations
@@ -61,21 +66,33 @@ def ud_names(stanford: str) -> tuple[str, ...]:
     return next((mapping.ud for mapping in LABEL_MAP if mapping.stanford == stanford), ())
 
 
-def stanford_names(label: str) -> tuple[str, ...]:
-    """The Stanford names a parser's label stands for: the label itself when it is a Stanford name
-    (spaCy's English models write pobj, prep, dobj), else those whose UD names hold it (a subtype
-    such as obl:agent falls back to its base, obl, where the map lacks it)."""
-    if label in STANFORD_NAMES:
-        return (label,)
+def _ud_stanford_names(label: str) -> tuple[str, ...]:
+    """Those whose UD names hold `label` (a subtype such as obl:agent falls back to its base, obl,
+    where the map lacks it)."""
     found = tuple(mapping.stanford for mapping in LABEL_MAP if label in mapping.ud)
     if not found and ":" in label:
-        return stanford_names(label.split(":")[0])
+        return _ud_stanford_names(label.split(":")[0])
     return found
 
 
-def paper_name(label: str) -> str | None:
+# ClearNLP's labels that are not Stanford names, with the Stanford names of the same arcs; any other
+# (nmod, attr, oprd, agent, pcomp, meta) has none.
+CLEARNLP_NAMES = {"compound": ("nn",), "nummod": ("num",), "acl": ("partmod", "infmod"), "relcl": ("rcmod",),
+                  "case": ("possessive",), "dative": ("iobj",), "intj": ("discourse",)}
+LABEL_SETS = {"ud": _ud_stanford_names, "clearnlp": lambda label: CLEARNLP_NAMES.get(label, ())}
+
+
+def stanford_names(label: str, labels: str = "ud") -> tuple[str, ...]:
+    """The Stanford names a parser's label stands for, in the parser's label set `labels`: the
+    label itself when it is a Stanford name, else the set's mapping of it."""
+    if label in STANFORD_NAMES:
+        return (label,)
+    return LABEL_SETS[labels](label)
+
+
+def paper_name(label: str, labels: str = "ud") -> str | None:
     """The relation of VisualBERT's Table 2 that a parser's label corresponds to, or None."""
-    return next((name for name in stanford_names(label) if name in PAPER_TABLE_2), None)
+    return next((name for name in stanford_names(label, labels) if name in PAPER_TABLE_2), None)
 
 
 @dataclass(frozen=True)

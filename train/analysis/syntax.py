@@ -37,7 +37,7 @@ from train.analysis.grounding import (IOU_THRESHOLD, GroundingTally, batch_text_
                                       pieces_mean, span_pieces)
 from train.analysis.parses import PARSERS, ParsedSentence, Word, align
 from train.analysis.phrases import Caption, Phrase, flickr30k_entities_captions
-from train.analysis.relations import PAPER_FIGURE_4, PAPER_TABLE_2, paper_name, stanford_names
+from train.analysis.relations import LABEL_SETS, PAPER_FIGURE_4, PAPER_TABLE_2, paper_name, stanford_names
 from train.data.collate import collate
 from train.data.files import DataError
 
@@ -117,16 +117,19 @@ class SyntaxInputs:
     left_out: list[dict[str, str]]
     relations: list[str]  # the arcs' relations, the most common first
     parser: str
+    labels: str  # the parses' label set (relations.LABEL_SETS)
 
 
 def read_syntax_inputs(annotations: Path, parser: str, parses: Path | None, images: Container[str] | None,
-                       max_items: int | None) -> SyntaxInputs:
+                       max_items: int | None, labels: str | None = None) -> SyntaxInputs:
     """The split's captions (those on `images`, the store's keys; the first `max_items`), their
     parses aligned and their arcs; DataError when none has an arc to score."""
     if parser not in PARSERS:
         raise DataError(f"parser {parser!r}: expected one of {', '.join(PARSERS)}")
+    if labels is not None and labels not in LABEL_SETS:
+        raise DataError(f"labels {labels!r}: expected one of {', '.join(LABEL_SETS)}")
     captions = flickr30k_entities_captions(annotations)
-    sentences = PARSERS[parser](captions, parses)
+    sentences = PARSERS[parser].parse(captions, parses)
     on_store = [(caption, sentence) for caption, sentence in zip(captions, sentences)
                 if images is None or caption.store_key in images][:max_items]
     if not on_store:
@@ -143,18 +146,19 @@ def read_syntax_inputs(annotations: Path, parser: str, parses: Path | None, imag
             "no parse word is the head of a boxed entity phrase"
         raise DataError(f"{annotations}: no dependency arc to score ({why})")
     relations = sorted(counts, key=lambda relation: (-counts[relation], relation))
-    return SyntaxInputs([item for item in parsed if item.arcs], skipped, left_out(entities), relations, parser)
+    return SyntaxInputs([item for item in parsed if item.arcs], skipped, left_out(entities), relations, parser,
+                        labels or PARSERS[parser].labels)
 
 
-def plotted_relations(chosen: list[str] | None, relations: list[str]) -> list[str]:
+def plotted_relations(chosen: list[str] | None, relations: list[str], labels: str) -> list[str]:
     """The relations to draw as Figure 4: `chosen` (each a parse label or a Stanford name of the
     paper, found through the label map), or by default those of the paper's Figure 4 that occur."""
     if chosen is None:
-        return [relation for name in PAPER_FIGURE_4 for relation in relations if name in stanford_names(relation)]
+        return [relation for name in PAPER_FIGURE_4 for relation in relations if name in stanford_names(relation, labels)]
     found = []
     for name in chosen:
         matches = [relation for relation in relations if relation == name] or \
-                  [relation for relation in relations if name in stanford_names(relation)]
+                  [relation for relation in relations if name in stanford_names(relation, labels)]
         if not matches:
             raise DataError(f"--plot {name}: no arc of the parses has this relation (nor a UD relation the "
                             f"Stanford name maps to); the relations found: {', '.join(relations)}")
@@ -204,7 +208,8 @@ def analyze_syntax(model_dir: str | Path, store: str | Path, annotations: str | 
                    out: str | Path, parses: str | Path | None = None, parser: str = "conllu",
                    plot: list[str] | None = None, min_region_attention: float | None = None,
                    max_items: int | None = None, batch_size: int = 16, device: str = "cpu",
-                   max_length: int | None = None, fresh_weights: bool = False) -> dict[str, Any]:
+                   max_length: int | None = None, fresh_weights: bool = False,
+                   labels: str | None = None) -> dict[str, Any]:
     """Syntactic grounding accuracy of every layer and head, per dependency relation, over the
     captions of a Flickr30K Entities split file (`annotations`; the first `max_items` captions on
     the store's images), parsed by `parser` (`parses`: its CoNLL-U file). Writes OUT/syntax.json
@@ -221,9 +226,9 @@ def analyze_syntax(model_dir: str | Path, store: str | Path, annotations: str | 
         model, tokenizer, regions = open_model(Path(model_dir), Path(store), Path(vocabulary), torch_device,
                                                fresh_weights)
         inputs = read_syntax_inputs(Path(annotations), parser, None if parses is None else Path(parses), regions,
-                                    max_items)
+                                    max_items, labels)
         figures = {relation: path_inside(out / "layers", f"{relation}.png", "relation")
-                   for relation in plotted_relations(plot, inputs.relations)}
+                   for relation in plotted_relations(plot, inputs.relations, inputs.labels)}
         out.mkdir(parents=True, exist_ok=True)
     max_length = max_length or model.config.max_position_embeddings
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
@@ -266,13 +271,14 @@ def syntax_result(tally: SyntaxTally, inputs: SyntaxInputs, min_region_attention
             del figures[shared]  # the same for every relation: given once
         if "held_out_best" in figures:
             figures["held_out_best"]["arcs"] = figures["held_out_best"].pop("phrases")
-        paper = paper_name(relation)
-        relations.append({"relation": relation, "stanford": list(stanford_names(relation)), "top": rank < TOP_RELATIONS,
+        paper = paper_name(relation, inputs.labels)
+        relations.append({"relation": relation, "stanford": list(stanford_names(relation, inputs.labels)), "top": rank < TOP_RELATIONS,
                           "arcs": figures.pop("phrases"), **figures,
                           "paper": None if paper is None else {"relation": paper, **asdict(PAPER_TABLE_2[paper])}})
     layers, heads = share.shape
     return {
         "parser": inputs.parser,
+        "labels": inputs.labels,
         "captions": len(inputs.captions),
         "arcs": sum(row["arcs"] for row in relations),
         "layers": layers,
