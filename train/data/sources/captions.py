@@ -42,12 +42,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 from train.data.files import BOM, DataError, read_json, shown
 from train.data.prepare import Preparation, SplitWriter, Source
+from train.data.sources.img2dataset import EMPTY_CAPTION, add_caption_row, decoded_caption, img2dataset_stem
 
 COCO_SPLITS = ("train2014", "val2014")
 CC_FILES = {"training": "Train_GCC-training.tsv", "validation": "Validation_GCC-1.1.0-Validation.tsv"}
-CC_SHARD_SIZE = 10_000  # img2dataset's --number_sample_per_shard default
 CC_HEADER = (b"caption", b"url")  # img2dataset's column names, as its CC3M example adds them
-EMPTY_CAPTION = "empty or whitespace-only caption"
 
 
 @dataclass
@@ -125,7 +124,7 @@ def add_captioned_images(preparation: Preparation, writer: SplitWriter, images: 
 
 def cc_image_stem(split: str, row: int) -> str:
     """The image path without extension that img2dataset writes for the 0-based TSV row `row`."""
-    return f"{split}/{row // CC_SHARD_SIZE:05d}/{row:09d}"
+    return img2dataset_stem(split, row)
 
 
 def cc_rows(path: Path, log: Callable[[str], None]) -> Iterator[tuple[int, int, bytes]]:
@@ -159,24 +158,7 @@ def parse_cc_row(line: bytes) -> str:
     fields = line.split(b"\t")
     if len(fields) != 2 or not fields[1].strip():
         raise ValueError("not a 'caption<TAB>url' line")
-    try:
-        caption = fields[0].decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise ValueError("the caption is not UTF-8 text") from None
-    if not caption:
-        raise ValueError(EMPTY_CAPTION)
-    return caption
-
-
-def add_cc_row(writer: SplitWriter, path: Path, number: int, row: int, line: bytes) -> None:
-    try:
-        caption = parse_cc_row(line)
-    except ValueError as exc:
-        writer.skip(row, f"{path}:{number}: {exc}")
-        return
-    file = writer.find_image(row, cc_image_stem(writer.name, row) + ".jpg")
-    if file is not None:
-        writer.add({"file": file, "captions": [caption]}, 1)
+    return decoded_caption(fields[0])
 
 
 def prepare_conceptual_captions(preparation: Preparation) -> None:
@@ -184,7 +166,8 @@ def prepare_conceptual_captions(preparation: Preparation) -> None:
     for split in preparation.present(files):
         with preparation.split(split) as writer:
             for number, row, line in preparation.progress(cc_rows(files[split], preparation.log), split):
-                add_cc_row(writer, files[split], number, row, line)
+                add_caption_row(writer, row, f"{files[split]}:{number}", lambda: parse_cc_row(line),
+                                cc_image_stem(split, row))
 
 
 COCO_CAPTIONS = Source("coco-captions", COCO_SPLITS, prepare_coco_captions,
