@@ -10,14 +10,25 @@ image's store key is `<shard>/<key>` under the output folder. A failed download 
 
 from __future__ import annotations
 
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
-from train.data.prepare import SplitWriter
+from extract.images import IMAGE_EXTENSIONS
+from extract.shards import find_shards, names_shards, read_shard
+from train.data.files import DataError
+from train.data.prepare import Preparation, SourceOption, SplitWriter, Source
 from vlbert.errors import UserError
 
 SHARD_SIZE = 10_000  # img2dataset's --number_sample_per_shard default
 EMPTY_CAPTION = "empty or whitespace-only caption"
+SPLIT = "training"  # the `img2dataset` source's split unless --split names another
+CAPTION_EXTENSION = "txt"
+STATUS_COLUMNS = ("key", "status", "error_message")  # of img2dataset's per-shard .parquet
+SUCCESS = "success"
 
 
 def img2dataset_stem(folder: str, row: int) -> str:
@@ -60,3 +71,121 @@ def pyarrow_parquet() -> ModuleType:
         raise UserError("reading and writing img2dataset's .parquet tables needs pyarrow: "
                         "pip install 'vlbert-pipeline[img2dataset]'") from None
     return pyarrow.parquet
+
+
+# ---- the `img2dataset` source: the captions img2dataset saved beside the images ---------------
+
+
+@dataclass
+class Downloaded:
+    """One sample img2dataset wrote: its image id (the store key), its image's extension (None:
+    no image), and its caption's bytes (None: no caption saved)."""
+
+    id: str
+    extension: str | None
+    caption: bytes | None
+
+
+def shard_samples(shard: Path, images: Path, on_damage: Callable[[str], None]) -> Iterator[Downloaded]:
+    """The samples of one webdataset shard, their captions read, image data skipped."""
+    for sample in read_shard(shard, images, (CAPTION_EXTENSION,), on_damage):
+        yield Downloaded(sample.id, sample.image_extension, sample.members.get(CAPTION_EXTENSION))
+
+
+def folder_samples(folder: Path, images: Path, on_damage: Callable[[str], None]) -> Iterator[Downloaded]:
+    """The samples of one shard folder of img2dataset's `files` output, in key order."""
+    members: dict[str, dict[str, str]] = {}  # key → extension → file name
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            key, dot, extension = entry.name.partition(".")
+            if dot and entry.is_file():
+                members.setdefault(key, {})[extension.lower()] = entry.name
+    prefix = folder.relative_to(images).as_posix()
+    for key in sorted(members):
+        names = members[key]
+        extension = next((extension for extension in names if f".{extension}" in IMAGE_EXTENSIONS), None)
+        caption = None
+        if CAPTION_EXTENSION in names:
+            try:
+                caption = (folder / names[CAPTION_EXTENSION]).read_bytes()
+            except OSError as exc:
+                on_damage(f"{folder / names[CAPTION_EXTENSION]}: cannot read ({exc.strerror or exc})")
+        yield Downloaded(f"{prefix}/{key}", extension, caption)
+
+
+def statuses(table: Path) -> Iterator[tuple[str, str, str]]:
+    """(key, status, error message) of every row of a shard's status parquet, streamed by batch;
+    DataError when it cannot be read or lacks those columns."""
+    parquet = pyarrow_parquet()
+    try:
+        rows = parquet.ParquetFile(table)
+        absent = [column for column in STATUS_COLUMNS if column not in rows.schema_arrow.names]
+        if absent:
+            raise DataError(f"{table}: not img2dataset's status table: no column {', '.join(absent)}")
+        for batch in rows.iter_batches(columns=list(STATUS_COLUMNS)):
+            yield from zip(*(batch.column(column).to_pylist() for column in STATUS_COLUMNS))
+    except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
+        raise DataError(f"{table}: cannot read as parquet ({exc})") from None
+
+
+def add_shard(writer: SplitWriter, samples: Iterable[Downloaded], table: Path, counts: Counter) -> None:
+    """A record per sample with an image and a caption. Skipped as missing images: the failures the
+    status table lists (by status and error), its successes without an image in the shard (damage),
+    and samples saved without an image that it does not list."""
+    written: set[str] = set()  # one shard's keys: at most --number_sample_per_shard
+    imageless: dict[str, str] = {}  # key → id
+    for sample in samples:
+        key = sample.id.rpartition("/")[2]
+        if sample.extension is None:
+            imageless[key] = sample.id
+            continue
+        written.add(key)
+        try:
+            if sample.caption is None:
+                raise ValueError(f"no caption (.{CAPTION_EXTENSION}) saved")
+            caption = decoded_caption(sample.caption)
+        except ValueError as exc:
+            writer.skip(sample.id, f"{sample.id}: {exc}")
+            continue
+        writer.add({"file": f"{sample.id}.{sample.extension}", "captions": [caption]}, 1)
+    if table.is_file():
+        prefix = table.with_suffix("").relative_to(writer.preparation.images).as_posix()
+        for key, status, error in statuses(table):
+            counts[status] += 1
+            imageless.pop(key, None)
+            if status != SUCCESS:
+                writer.skip_missing_image(f"{prefix}/{key}", f"{prefix}/{key}",
+                                          reason=f"{table}: {key}: img2dataset status {status}: {error}")
+            elif key not in written:
+                writer.skip_missing_image(f"{prefix}/{key}", f"{prefix}/{key}",
+                                          reason=f"{table}: {key}: downloaded, but no image in the shard")
+    for sample_id in imageless.values():
+        writer.skip_missing_image(sample_id, sample_id, reason=f"{sample_id}: saved without an image")
+
+
+def prepare_img2dataset(preparation: Preparation) -> None:
+    images = preparation.images
+    inside = os.path.relpath(preparation.root.resolve(), images.resolve())
+    if inside.split(os.sep)[0] == "..":
+        raise DataError(f"--root {preparation.root}: img2dataset's output folder must be --images {images} or lie "
+                        "inside it, so that its images are named under --images")
+    root = images / inside  # in the form of --images: ids are paths relative to it
+    split = preparation.options.get("split", SPLIT)
+    if names_shards(root):
+        shards = [(shard, shard_samples(shard, images, preparation.log)) for shard in find_shards(root)[1]]
+    else:
+        shards = [(folder, folder_samples(folder, images, preparation.log)) for folder in sorted(root.rglob("*"))
+                  if folder.is_dir() and folder.with_suffix(".parquet").is_file()]
+    preparation.log(f"img2dataset: {len(shards)} shards under {root}")
+    counts: Counter = Counter()
+    with preparation.split(split) as writer:
+        for shard, samples in preparation.progress(shards, split, total=len(shards)):
+            add_shard(writer, samples, shard.with_suffix(".parquet"), counts)
+        writer.extra["statuses"] = dict(sorted(counts.items()))
+
+
+SOURCE = Source("img2dataset", (SPLIT,), prepare_img2dataset,
+                "img2dataset's output (webdataset shards or files): the captions saved beside the images, "
+                "per-shard status parquet", options=(SourceOption("split", str, "the split name to write "
+                                                                  "(default: training)"),),
+                image_names="<shard>/<key>")
