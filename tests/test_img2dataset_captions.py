@@ -154,3 +154,26 @@ def test_cc_and_sbu_find_their_images_in_tar_shards_as_in_files(tmp_path: Path) 
     assert records["cc", True] == records["cc", False] == [
         {"file": f"training/{stem}.jpg", "captions": [f"caption {row}"]}
         for row, stem in ((0, "00000/000000000"), (2, "00000/000000002"), (10_000, "00001/000010000"))]
+
+
+def test_the_command_line_prepares_img2dataset_output_and_joins_sbu_files(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from pipelines.cli import main
+
+    images = tmp_path / "images"
+    write_output(images / "cc3m", {0: ("success", b"a dog"), 1: ("failed_to_resize", None)}, shards=True)
+    result = CliRunner().invoke(main, ["data", "prepare", "img2dataset", "--root", str(images / "cc3m"), "--images",
+                                       str(images), "--out", str(tmp_path / "out"), "--split", "validation"])
+    assert result.exit_code == 0, result.output
+    assert read_jsonl(tmp_path / "out" / "validation.jsonl") == [{"file": "cc3m/00000/000000000.jpg",
+                                                                  "captions": ["a dog"]}]
+    refused = CliRunner().invoke(main, ["data", "prepare", "img2dataset", "--root", str(images / "cc3m"), "--images",
+                                        str(images), "--out", str(tmp_path / "out2"), "--split", "../up"])
+    assert refused.exit_code != 0 and "--split '../up': expected a name" in refused.output
+    write_sbu(tmp_path / "sbu", [url(0), url(1)], [b"a dog", b"a cat"])
+    joined = CliRunner().invoke(main, ["data", "sbu-urls", "--root", str(tmp_path / "sbu"),
+                                       "--out", str(tmp_path / "sbu.parquet")])
+    assert joined.exit_code == 0, joined.output
+    assert pq.read_table(tmp_path / "sbu.parquet").to_pydict() == {"url": [url(0).decode(), url(1).decode()],
+                                                                   "caption": ["a dog", "a cat"]}

@@ -11,6 +11,7 @@ image's store key is `<shard>/<key>` under the output folder. A failed download 
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ SPLIT = "training"  # the `img2dataset` source's split unless --split names anot
 CAPTION_EXTENSION = "txt"
 STATUS_COLUMNS = ("key", "status", "error_message")  # of img2dataset's per-shard .parquet
 SUCCESS = "success"
+SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def img2dataset_stem(folder: str, row: int) -> str:
@@ -171,6 +173,9 @@ def prepare_img2dataset(preparation: Preparation) -> None:
                         "inside it, so that its images are named under --images")
     root = images / inside  # in the form of --images: ids are paths relative to it
     split = preparation.options.get("split", SPLIT)
+    if not SPLIT_NAME.fullmatch(split):
+        raise DataError(f"--split {split!r}: expected a name of letters, digits, '.', '_' and '-' (it names "
+                        "the split's file)")
     if names_shards(root):
         shards = [(shard, shard_samples(shard, images, preparation.log)) for shard in find_shards(root)[1]]
     else:
