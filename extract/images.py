@@ -7,8 +7,10 @@ they are, as OpenCV's imread does); 16- and 32-bit integer images are scaled to 
 
 from __future__ import annotations
 
+import io
 import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +42,26 @@ def is_utf8(text: str) -> bool:
     return True
 
 
-def load_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
-    """(H, W, 3) uint8 RGB. An image whose header declares more than `max_pixels` pixels is refused
-    before it is decoded."""
-    path = Path(path)
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image file's bytes read from elsewhere (a tar shard's member), and the name messages give it."""
+
+    name: str
+    data: bytes = field(repr=False)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def load_image(path: str | Path | EncodedImage, max_pixels: int | None = None) -> np.ndarray:
+    """(H, W, 3) uint8 RGB of an image file or of an image file's bytes (`EncodedImage`), with the same
+    conversions. An image whose header declares more than `max_pixels` pixels is refused before it is
+    decoded."""
+    path = path if isinstance(path, EncodedImage) else Path(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
+            with Image.open(io.BytesIO(path.data) if isinstance(path, EncodedImage) else path) as image:
                 width, height = image.size
                 if max_pixels is not None and width * height > max_pixels:
                     raise ImageError(f"{path}: {width}x{height} is {width * height} pixels, more than the limit of "

@@ -31,8 +31,9 @@ from extract.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, image_id, is_ut
 from extract.loader import DecodingPipeline, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
-from extract.paths import OutsidePathError, check_apart, path_inside
+from extract.paths import OutsidePathError, check_apart, outside_reason, path_inside
 from extract.progress import progress_bar
+from extract.shards import find_shards, names_shards
 from extract.store.layout import META
 from extract.store.reader import FeatureStore
 from extract.store.schema import FEATURE_ENCODINGS, MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
@@ -65,6 +66,9 @@ class ExtractionSummary:
     bytes_written: int
     threads: int = 0  # CPU compute lanes, or on a GPU torch's host-side threads (extract/threads.py)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (image, error) of this run
+    tar_shards: int | None = None  # from tar shards: this task's (None: from image files)
+    tar_shards_done: int = 0  # of those, complete before this run (not read again)
+    damaged: int = 0  # damage met in the tar shards read (each also a failure)
 
     @property
     def images_per_second(self) -> float:
@@ -79,6 +83,10 @@ class ExtractionSummary:
             f"{self.bytes_written / 2**20:.1f} MiB written ({per_image / 1024:.1f} KiB per image), "
             f"{self.threads} CPU thread(s)",
         ]
+        if self.tar_shards is not None:
+            lines.insert(1, f"tar shards: {self.tar_shards} in this shard, {self.tar_shards_done} complete before "
+                            f"(skipped), {self.tar_shards - self.tar_shards_done} read; {self.damaged} damage(s) met "
+                            "(among the failures)")
         lines += [f"  failed: {image}: {error}" for image, error in self.failures[:10]]
         if len(self.failures) > 10:
             lines.append(f"  ... and {len(self.failures) - 10} more (see {self.store / 'failures.jsonl'})")
@@ -133,10 +141,7 @@ def work_items(images: Path, boxes_file: Path | None,
     items, refused, seen = [], [], {}
     for path in paths:
         if not is_utf8(path):
-            # No id, LMDB key or log line can hold the name: it is shown with its undecodable bytes escaped.
-            shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-            refused.append((WorkItem(shown, shown), "file name is not valid UTF-8 (its undecodable bytes are shown "
-                                                    "as \\xNN): rename the file"))
+            refused.append(_not_utf8(path))
             continue
         try:
             file = path_inside(images, path, "listed path", record_id=False)
@@ -152,6 +157,26 @@ def work_items(images: Path, boxes_file: Path | None,
             seen[item.image_id] = path
             items.append(item)
     return items, refused
+
+
+def _not_utf8(path: str) -> tuple[WorkItem, str]:
+    # No id, LMDB key or log line can hold the name: it is shown with its undecodable bytes escaped.
+    shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return WorkItem(shown, shown), "file name is not valid UTF-8 (its undecodable bytes are shown as \\xNN): rename the file"
+
+
+def listed_ids(image_list: Path) -> tuple[set[str], list[tuple[WorkItem, str]]]:
+    """The ids of the images an image list names (each path without its extension), for tar shards;
+    and the lines refused (not UTF-8, a path that would leave the images root)."""
+    ids, refused = set(), []
+    for path in read_image_list(image_list):
+        if not is_utf8(path):
+            refused.append(_not_utf8(path))
+        elif reason := outside_reason(path, record_id=False):
+            refused.append((WorkItem(path, path), f"listed path {path!r} {reason}"))
+        else:
+            ids.add(image_id(path, "."))
+    return ids, refused
 
 
 def read_image_list(path: Path) -> list[str]:
@@ -233,15 +258,20 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
                    max_pixels: int = DEFAULT_MAX_PIXELS, threads: int | None = None,
                    initial_map_size: int = DEFAULT_MAP_SIZE) -> ExtractionSummary:
     """Extracts every image under `images` (or every image named in the `boxes` file or in
-    `image_list`) that `out` does not hold yet into the FeatureStore `out`. `top_k_classes=None` stores full class
+    `image_list`) that `out` does not hold yet into the FeatureStore `out`. `images` may name tar
+    shards (img2dataset's webdataset output; extract.shards.names_shards): their images get the ids
+    of img2dataset's files output, `shard` takes whole tar shards, and a tar shard committed whole is
+    not read again (extract/shard_source.py). `top_k_classes=None` stores full class
     distributions. `decode_workers` processes decode the image files (0: this process).
     `precision` (fp32, tf32, bf16) is the detector's arithmetic, recorded in meta.json. An image of
     more than `max_pixels` pixels is a failure, refused from its header before decoding. `threads`
     is the number of batches computed at once on the CPU, each with single-threaded ops (default: one
     per core, at most 4, unless OMP_NUM_THREADS is set), or torch's host-side threads on a GPU.
     Raises StoreMismatchError when `out` was written with other settings."""
+    from extract.shard_source import ShardSource
+
     start = time.perf_counter()
-    images, out = Path(images).resolve(), Path(out)
+    out, tar_shards = Path(out), names_shards(images)
     check_arguments(dict(batch_size=batch_size, mask_variants=mask_variants, mask_prob=mask_prob, mask_seed=mask_seed,
                          decode_workers=decode_workers, threads=threads, max_pixels=max_pixels,
                          top_k_classes=top_k_classes, initial_map_size=initial_map_size, shard=shard,
@@ -250,10 +280,21 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     find_precision(precision).check(check_device(device))  # before anything else is read or built
     if boxes is not None and image_list is not None:
         raise JobError("give a boxes file or an image list, not both: the boxes file lists its images")
+    if tar_shards and boxes is not None:
+        raise JobError(f"--boxes with tar shards ({images}): a boxes file names image files; extract from "
+                       "img2dataset's files output to give boxes")
+    root = (find_shards(images)[0] if tar_shards else Path(images)).resolve()
     # Nothing is written before: an out over an input (OutputOverlapError) leaves every file as it was.
-    check_apart(out, (("--images", images), ("--weights", weights), ("--boxes", boxes), ("--list", image_list)))
-    items, refused = work_items(images, Path(boxes) if boxes is not None else None,
-                                Path(image_list) if image_list is not None else None)
+    check_apart(out, (("--images", root), ("--weights", weights), ("--boxes", boxes), ("--list", image_list)))
+    source = None
+    if tar_shards:
+        listed, refused = listed_ids(Path(image_list)) if image_list is not None else (None, [])
+        source = ShardSource(images, out, shard, listed)
+        refused += [(WorkItem(i, i), f"listed, but no tar shard of {images} would hold it") for i in source.unknown]
+        items = []
+    else:
+        items, refused = work_items(root, Path(boxes) if boxes is not None else None,
+                                    Path(image_list) if image_list is not None else None)
     model = build_extractor(detector, weights=weights, device=device, overrides=overrides, precision=precision)
     if mask_variants and boxes is None and model.cfg.box_source == "regressed":
         # Variants re-pool the stored boxes; with regressed boxes those are not the pooled proposals,
@@ -268,7 +309,7 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
         top_k_classes=top_k_classes, num_classes=model.cfg.num_classes + 1,
         class_names=model.cfg.class_names, attribute_names=model.cfg.attribute_names,
         has_attributes=model.cfg.num_attributes > 0, mask_variants=mask_variants, mask_prob=mask_prob,
-        mask_seed=mask_seed, images_root=str(images),
+        mask_seed=mask_seed, images_root=str(root), source=f"tar shards {images}" if tar_shards else None,
     )
     stored: set[str] = set()
     if (out / META).exists():
@@ -276,11 +317,13 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
             stored = set(existing.keys())
     items = [item for item in items if in_shard(item.image_id, shard)]
     refused = [(item, error) for item, error in refused if in_shard(item.image_id, shard)]
-    pending = [item for item in items if item.image_id not in stored]
+    pending = source.items(stored) if source else [item for item in items if item.image_id not in stored]
     compute = _region_computer(model, given=boxes is not None,
                                top_k=meta["class_probs"]["top_k"], mask_variants=mask_variants,
                                mask_prob=mask_prob, mask_seed=mask_seed)
-    summary = ExtractionSummary(out, shard, len(items) + len(refused), len(items) - len(pending), 0, 0, 0.0, 0)
+    summary = ExtractionSummary(out, shard, len(items) + len(refused), len(items) - len(pending), 0, 0, 0.0, 0) \
+        if source is None else ExtractionSummary(out, shard, 0, 0, 0, 0, 0.0, 0, tar_shards=len(source.tars),
+                                                 tar_shards_done=len(source.tars) - len(source.pending))
 
     def committed(records: Mapping[str, Any], failures: Mapping[str, tuple[str, str]], written: int) -> None:
         """Counts a batch once its transaction is in (on the commit thread)."""
@@ -288,7 +331,11 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
         summary.written += len(records)
         summary.failed += len(failures)
         summary.failures += list(failures.values())
-        bar.update(len(records) + len(failures))
+        if source is None:
+            bar.update(len(records) + len(failures))
+        else:  # the bar counts tar shards (source.on_finished), the images beside it
+            bar.set_postfix(images=summary.written + summary.failed)
+            source.committed([*records, *failures])
 
     # On the CPU, `lanes` threads each compute a batch with single-threaded ops (extract/threads.py);
     # on a GPU one lane, torch's host-side threads as the thread policy says.
@@ -299,11 +346,14 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     with configured_threads(1 if on_cpu else threads) as torch_threads, \
             DecodingPipeline(decode, pending, decode_workers, (lanes + 1) * batch_size) as files, \
             FeatureStoreWriter(out, meta, shard, initial_map_size) as writer, \
-            progress_bar(len(pending) + len(refused), unit="img", enabled=progress) as bar, \
+            progress_bar(len(pending) + len(refused) if source is None else len(source.pending),
+                         unit="img" if source is None else "shard", enabled=progress) as bar, \
             CommitThread(writer, committed) as commits, \
             ComputeLanes(lambda batch: _isolating_failures(compute, batch) if batch else ({}, []), lanes,
                          partial(_hand_to_commits, commits)) as computing:
         summary.threads = lanes if on_cpu else torch_threads
+        if source is not None:
+            source.on_finished = bar.update
         batch, failures = [], list(refused)
         try:
             for item, decoded, error in files:
@@ -312,10 +362,11 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
                 else:
                     pixels, image_boxes = decoded
                     batch.append((item, (model.prepare(pixels), image_boxes)))
+                failures += source.take_failures() if source else []
                 if len(batch) + len(failures) >= batch_size:
                     computing.submit(batch, failures)
                     batch, failures = [], []
-            computing.submit(batch, failures)
+            computing.submit(batch, failures + (source.take_failures() if source else []))
             computing.finish()
         except Exception as exc:
             # Leaving the `with` lets the commit thread write the batches already submitted; those
@@ -325,6 +376,10 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
                                         "flight were not recorded: rerun the same command to resume "
                                         "(CUDA_LAUNCH_BLOCKING=1 names the failing kernel)") from exc
             raise
+    if source is not None:
+        # The images met: the tar shards' count is known once they are read.
+        summary.skipped, summary.damaged = source.skipped, source.damaged
+        summary.images = summary.skipped + summary.written + summary.failed - summary.damaged
     summary.seconds = time.perf_counter() - start
     return summary
 
@@ -421,7 +476,12 @@ class ExtractionIncomplete(UserError):
 def images_not_in_store(images: str | Path, out: str | Path, boxes: str | Path | None = None,
                         image_list: str | Path | None = None) -> list[str]:
     """The ids of the job's images that the store `out` holds neither as records nor as failures (in
-    any shard): what a shard that stopped early left undone."""
+    any shard): what a shard that stopped early left undone. For tar shards, the tar shards (`KEY.tar`)
+    that no ledger records as committed whole."""
+    if names_shards(images):
+        from extract.shard_source import unfinished_tar_shards
+
+        return unfinished_tar_shards(images, Path(out))
     items, refused = work_items(Path(images).resolve(), Path(boxes) if boxes is not None else None,
                                 Path(image_list) if image_list is not None else None)
     with FeatureStore(out) as store:

@@ -3,7 +3,9 @@
 A worker is a forked process that runs `decode` on the items it is sent, one at a time, and
 sends each result back through its own pipe from a sender thread, so it goes on decoding while
 the job computes. Results come out in the items' order, at most `depth` items ahead of the
-consumer, so memory stays bounded whatever the job's size.
+consumer, so memory stays bounded whatever the job's size. The items may be a stream (an
+iterator): each is taken from it when it is sent, so one that carries its image's bytes (read from a
+tar shard) is read only `depth` items ahead.
 
 A worker that dies on an item (a decoder's segfault, os._exit, the kernel's OOM killer) makes
 that item a failure; a fresh worker takes over the items the dead one had not answered.
@@ -21,7 +23,7 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sized
 
 import torch
 
@@ -31,6 +33,7 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PRCTL = getattr(ctypes.CDLL(None), "prctl", None)
 IDLE_CHECK_SECONDS = 1.0  # how often an idle worker checks that the job still runs (where PDEATHSIG is missing)
 IDLE = -1  # a worker's entry in the "decoding now" table between items
+_END = object()  # the end of the items
 
 
 class Item(Protocol):
@@ -43,17 +46,18 @@ def failure_reason(exc: BaseException) -> str:
 
 
 class DecodingPipeline:
-    """Iterates `(item, decode(item), None)` or `(item, None, why it failed)` in the order of `items`.
+    """Iterates `(item, decode(item), None)` or `(item, None, why it failed)` in the order of `items`
+    (a sequence, or an iterator read as the items are sent).
 
     `workers=0` decodes in the calling process. Workers are forked when the pipeline is created,
     so create it before opening files a worker must not keep open. Use it as a context manager:
     leaving it stops the workers.
     """
 
-    def __init__(self, decode: Callable[[Any], Any], items: Sequence[Item], workers: int, depth: int) -> None:
+    def __init__(self, decode: Callable[[Any], Any], items: Iterable[Item], workers: int, depth: int) -> None:
         self.decode, self.items = decode, items
-        self._pool = _WorkerPool(decode, items, min(workers, len(items)), max(1, depth)) \
-            if workers > 0 and items else None
+        count = min(workers, len(items)) if isinstance(items, Sized) else workers
+        self._pool = _WorkerPool(decode, items, count, max(1, depth)) if count > 0 else None
 
     def __iter__(self) -> Iterator[tuple[Any, Any, str | None]]:
         if self._pool is not None:
@@ -81,18 +85,19 @@ class DecodingPipeline:
 @dataclass
 class _Worker:
     process: multiprocessing.Process
-    tasks: Connection  # item indices to the worker; None stops it
+    tasks: Connection  # (index, item) to the worker; None stops it
     results: Connection  # pickled (index, decoded, error) from it
     unanswered: list[int] = field(default_factory=list)  # indices sent, in the order sent
 
 
 class _WorkerPool:
-    def __init__(self, decode: Callable[[Any], Any], items: Sequence[Item], count: int, depth: int) -> None:
+    def __init__(self, decode: Callable[[Any], Any], items: Iterable[Item], count: int, depth: int) -> None:
         self.decode, self.items, self.depth = decode, items, depth
+        self.sent: dict[int, Item] = {}  # the items sent and not yet handed on, by index
         # Which item each worker is decoding (IDLE between items), in memory the forked workers
         # share: after a crash it names the item to blame, and only that one.
         self.decoding = memoryview(mmap.mmap(-1, 8 * count)).cast("q")
-        self.context = multiprocessing.get_context("fork")  # workers inherit `decode` and `items` as they are
+        self.context = multiprocessing.get_context("fork")  # workers inherit `decode` as it is
         self.workers = [self._start(position) for position in range(count)]
 
     def _start(self, position: int) -> _Worker:
@@ -100,7 +105,7 @@ class _WorkerPool:
         tasks, to_worker = self.context.Pipe(duplex=False)
         from_worker, results = self.context.Pipe(duplex=False)
         process = self.context.Process(target=_serve, daemon=True, name=f"vlbert-extract-decoder-{position}",
-                                       args=(self.decode, self.items, tasks, results, self.decoding, position,
+                                       args=(self.decode, tasks, results, self.decoding, position,
                                              os.getpid()))
         process.start()
         # Only the worker holds its ends, so its death is an end of file here.
@@ -110,19 +115,23 @@ class _WorkerPool:
 
     def results(self) -> Iterator[tuple[Any, Any, str | None]]:
         done: dict[int, tuple[Any, str | None]] = {}
-        sent = 0
-        for index, item in enumerate(self.items):
-            while sent < min(len(self.items), index + self.depth):
-                self._send(min(self.workers, key=lambda w: len(w.unanswered)), sent)
-                sent += 1
+        items, taken, index = iter(self.items), 0, 0
+        while True:
+            while taken < index + self.depth and (item := next(items, _END)) is not _END:
+                self.sent[taken] = item
+                self._send(min(self.workers, key=lambda w: len(w.unanswered)), taken)
+                taken += 1
+            if index == taken:
+                return
             while index not in done:
                 self._collect(done)
-            yield (item, *done.pop(index))
+            yield (self.sent.pop(index), *done.pop(index))
+            index += 1
 
     def _send(self, worker: _Worker, index: int) -> None:
         worker.unanswered.append(index)
         try:
-            worker.tasks.send(index)
+            worker.tasks.send((index, self.sent[index]))
         except OSError:
             pass  # the worker has died: `_collect` hands its unanswered items to a fresh one
 
@@ -139,7 +148,7 @@ class _WorkerPool:
             replacement = self.workers[position] = self._start(position)
             for index in worker.unanswered:
                 if index == crashed:
-                    done[index] = (None, f"worker crashed while decoding: {self.items[index].file} "
+                    done[index] = (None, f"worker crashed while decoding: {self.sent[index].file} "
                                          f"({_exit_description(worker.process.exitcode)})")
                 else:
                     self._send(replacement, index)
@@ -176,8 +185,8 @@ class _WorkerPool:
         worker.results.close()
 
 
-def _serve(decode: Callable[[Any], Any], items: Sequence[Item], tasks: Connection, results: Connection,
-           decoding: memoryview, position: int, parent: int) -> None:
+def _serve(decode: Callable[[Any], Any], tasks: Connection, results: Connection, decoding: memoryview,
+           position: int, parent: int) -> None:
     """A worker's loop: decode the items asked for, one at a time, until told to stop. A sender
     thread writes the answers, so that a full pipe (the job busy computing) does not stop decoding."""
     _exit_with_parent(parent)
@@ -190,12 +199,13 @@ def _serve(decode: Callable[[Any], Any], items: Sequence[Item], tasks: Connectio
         while not tasks.poll(IDLE_CHECK_SECONDS):
             if os.getppid() != parent:
                 return
-        index = tasks.recv()
-        if index is None:
+        task = tasks.recv()
+        if task is None:
             break
+        index, item = task
         decoding[position] = index
         try:
-            answer = pickle.dumps((index, decode(items[index]), None), protocol=pickle.HIGHEST_PROTOCOL)
+            answer = pickle.dumps((index, decode(item), None), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - one bad image is a failure, the job goes on
             answer = pickle.dumps((index, None, failure_reason(exc)))
         decoding[position] = IDLE

@@ -23,9 +23,21 @@ def _top_k(value: str) -> int | None:
     return k
 
 
+def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Path:
+    """Tar shards as named (a pattern need not exist as a path), else an existing directory."""
+    from extract.shards import names_shards
+
+    if names_shards(value):
+        return value
+    return click.Path(exists=True, file_okay=False, path_type=Path).convert(value, param, ctx)
+
+
 @click.command("extract")
-@click.option("--images", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Directory of images; an image's id is its path relative to it, without extension.")
+@click.option("--images", required=True, callback=_images,
+              help="Directory of images; an image's id is its path relative to it, without extension. Or "
+                   "img2dataset's webdataset tar shards: a .tar file, a folder of them, a glob ('R/*.tar') or a "
+                   "brace range ('R/{00000..00331}.tar'); the image of member KEY.jpg of R/00000.tar has the id "
+                   "00000/KEY, as the file R/00000/KEY.jpg of img2dataset's files output.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="FeatureStore directory (created, or resumed when it exists).")
 @click.option("--detector", required=True,
@@ -55,7 +67,8 @@ def _top_k(value: str) -> int | None:
               help="Probability of masking each box in a variant (at least one box is masked).")
 @click.option("--mask-seed", default=0, show_default=True, type=int)
 @click.option("--shard", default=None, metavar="i/n",
-              help="Process slice i of n (default: RANK/WORLD_SIZE from a launcher, else everything).")
+              help="Process slice i of n (default: RANK/WORLD_SIZE from a launcher, else everything); with tar "
+                   "shards, every n-th tar shard from the i-th.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=0),
               help="Image decoding processes (0: decode in the job's process). A worker that crashes on a file "
                    "makes that file a failure and is replaced.")
@@ -68,7 +81,7 @@ def _top_k(value: str) -> int | None:
               help="Images with more pixels (width x height, read from the file's header) are failures, refused "
                    "before decoding: a small file can declare a huge image. At most Pillow's decompression-bomb "
                    "limit, PIL.Image.MAX_IMAGE_PIXELS (about 89 MP).")
-@click.option("--strict", is_flag=True, help="Exit with status 1 when any image failed.")
+@click.option("--strict", is_flag=True, help="Exit with status 1 when any image failed (or a tar shard was damaged).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract_command(images, out, detector, weights, overrides, boxes, image_list, batch_size, device, precision,
                     feature_dtype, top_k_classes, mask_variants, mask_prob, mask_seed, shard, workers, threads,

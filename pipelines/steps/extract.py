@@ -17,6 +17,7 @@ from typing import Any
 from pipelines.steps.base import (Foreknown, Layout, Log, StepKind, device_problems, field_names, missing_paths,
                                   parse, takes_gpu)
 from train.engine.errors import RunConfigError
+from vlbert.errors import UserError
 from vlbert.typed_config import at_least
 
 
@@ -94,8 +95,9 @@ def _close_extract(params: dict[str, Any], folder: Path, log: Log) -> None:
     options = _extraction_options(params)
     missing = images_not_in_store(options["images"], folder, options["boxes"], options["image_list"])
     if missing:
-        raise ExtractionIncomplete(f"{folder}: {len(missing)} image(s) of the job are neither stored nor failures "
-                                   f"(e.g. {missing[0]!r}): a shard stopped early; run the step again to finish them")
+        raise ExtractionIncomplete(f"{folder}: {len(missing)} image(s) (or tar shards) of the job are neither stored "
+                                   f"nor failures (e.g. {missing[0]!r}): a shard stopped early; run the step again to "
+                                   "finish them")
     log(f"{folder}: every shard complete")
 
 
@@ -106,8 +108,18 @@ def _verify_extract(params: dict[str, Any], folder: Path, known: Foreknown) -> l
     from extract.config import ConfigError
     from extract.presets import load_config
 
+    from extract.shards import find_shards, names_shards
+
     options = _extraction_options(params)
-    problems = missing_paths([(name, options[name]) for name in ("images", "weights", "boxes", "image_list")], known)
+    images = options["images"]
+    problems = missing_paths([(name, options[name]) for name in ("weights", "boxes", "image_list")], known)
+    if not (known.checkable(images) and names_shards(images)):
+        problems = missing_paths([("images", images)], known) + problems
+    else:
+        try:
+            find_shards(images)  # a pattern of tar shards that matches none
+        except UserError as exc:
+            problems.insert(0, str(exc))
     problems += device_problems(options["device"], [options["precision"]], known)
     detector = options["detector"]
     prefix = next(backend.prefix for backend in BACKENDS if detector.startswith(backend.prefix))

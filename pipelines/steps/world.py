@@ -15,14 +15,23 @@ from vlbert.typed_config import SEEDS, at_least
 class WorldParams:
     images: int = dataclasses.field(default=1000, metadata=at_least(1))
     seed: int = dataclasses.field(default=0, metadata=SEEDS)
+    # also the images as img2dataset writes them (pipelines/world/shards.py): img2dataset/webdataset/
+    # (tar shards) and img2dataset/files/, `samples_per_shard` images a shard
+    img2dataset: bool = False
+    samples_per_shard: int = dataclasses.field(default=10_000, metadata=at_least(1))
 
 
 def world(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
-    """The synthetic demo world: images, train/val annotations, corpus.txt."""
+    """The synthetic demo world: images, train/val annotations, corpus.txt; with `img2dataset`, its
+    images as img2dataset's webdataset and files outputs too."""
     from pipelines.world import generate_world
+    from pipelines.world.shards import OUTPUT_FORMATS, write_img2dataset
 
     chosen = parse(WorldParams, params)
     generate_world(folder, chosen.images, chosen.seed)
+    if chosen.img2dataset:
+        for output_format in OUTPUT_FORMATS:
+            write_img2dataset(folder, folder / "img2dataset" / output_format, output_format, chosen.samples_per_shard)
 
 
 KIND = StepKind(world, functools.partial(parse, WorldParams), field_names(WorldParams), light=True)
