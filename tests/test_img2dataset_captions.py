@@ -113,7 +113,7 @@ def test_img2dataset_root_outside_images_and_a_parquet_without_status_are_refuse
         prepare_dataset(SOURCE, other, tmp_path / "out", log=lambda _: None)
 
 
-def test_missing_pyarrow_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_pyarrow_is_one_line_saying_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 
     real_import = builtins.__import__
@@ -124,7 +124,7 @@ def test_missing_pyarrow_is_one_line_naming_the_extra(monkeypatch: pytest.Monkey
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_pyarrow)
-    with pytest.raises(img2dataset.UserError, match=r"needs pyarrow: pip install 'vlbert-pipeline\[img2dataset\]'"):
+    with pytest.raises(img2dataset.UserError, match=r"needs pyarrow, a dependency of vlbert-pipeline that is not installed here: pip install 'pyarrow>=14'$"):
         img2dataset.pyarrow_parquet()
 
 

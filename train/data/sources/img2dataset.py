@@ -66,12 +66,13 @@ def add_caption_row(writer: SplitWriter, row: int, where: str, caption: Callable
 
 
 def pyarrow_parquet() -> ModuleType:
-    """pyarrow.parquet; a UserError naming the extra that installs it where it is not importable."""
+    """pyarrow.parquet; a UserError saying how to install it where it is not importable (a
+    dependency of the project, which an install with --no-deps, as on the GPU hosts, may lack)."""
     try:
         import pyarrow.parquet
     except ImportError:
-        raise UserError("reading and writing img2dataset's .parquet tables needs pyarrow: "
-                        "pip install 'vlbert-pipeline[img2dataset]'") from None
+        raise UserError("reading and writing img2dataset's .parquet tables needs pyarrow, a dependency of "
+                        "vlbert-pipeline that is not installed here: pip install 'pyarrow>=14'") from None
     return pyarrow.parquet
 
 
