@@ -6,6 +6,17 @@ in the shard). Its `files` output holds that image as `<shard>/<key>.jpg` (besid
 caption, and `<key>.json`); its `webdataset` output holds it as the member `<key>.jpg` of
 `<shard>.tar`, which extraction reads as the folder of its name (extract/shards.py): either way the
 image's store key is `<shard>/<key>` under the output folder. A failed download leaves no image.
+
+The `img2dataset` source reads that output itself: `--root` is an output folder (`webdataset`
+shards, or the `files` output's shard folders, each found by the status table beside it), lying in
+`--images` or being it; `--split` names the split (default `training`). A record per sample with an
+image and a `.txt` caption (surrounding whitespace removed), its file `<shard>/<key>.<ext>` relative
+to `--images`, in shard and key order; a blank, non-UTF-8 or absent caption is skipped with the
+reason. Each shard's `<shard>.parquet` (key, status, error_message, ...) gives the failed downloads:
+skipped as missing images with their status and error, and counted by status in the split's summary
+(`statuses`); a row it calls a success whose image the shard lacks (damage) is a missing image too.
+A sample's `.json` repeats the parquet's row and is not read. One shard's keys are held at a time:
+memory does not grow with the number of shards.
 """
 
 from __future__ import annotations
@@ -180,8 +191,10 @@ def prepare_img2dataset(preparation: Preparation) -> None:
     if names_shards(root):
         shards = [(shard, shard_samples(shard, images, preparation.log)) for shard in find_shards(root)[1]]
     else:
-        shards = [(folder, folder_samples(folder, images, preparation.log)) for folder in sorted(root.rglob("*"))
-                  if folder.is_dir() and folder.with_suffix(".parquet").is_file()]
+        # The files output's shard folders, found by the status table beside each (only the tables
+        # are listed: the output holds millions of files).
+        folders = sorted(table.with_suffix("") for table in root.rglob("*.parquet"))
+        shards = [(folder, folder_samples(folder, images, preparation.log)) for folder in folders if folder.is_dir()]
     preparation.log(f"img2dataset: {len(shards)} shards under {root}")
     counts: Counter = Counter()
     with preparation.split(split) as writer:
