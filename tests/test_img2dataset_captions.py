@@ -177,3 +177,22 @@ def test_the_command_line_prepares_img2dataset_output_and_joins_sbu_files(tmp_pa
     assert joined.exit_code == 0, joined.output
     assert pq.read_table(tmp_path / "sbu.parquet").to_pydict() == {"url": [url(0).decode(), url(1).decode()],
                                                                    "caption": ["a dog", "a cat"]}
+
+
+def test_a_truncated_shard_gives_its_whole_samples_and_names_the_damage(tmp_path: Path) -> None:
+    """prepare finds the images before a shard's damage; the rows after it are missing images."""
+    images = tmp_path / "images"
+    write_sbu(tmp_path / "sbu", [url(row) for row in range(4)], [f"photo {row}".encode() for row in range(4)])
+    write_output(images / "sbu", {row: ("success", b"x") for row in range(4)}, shards=True)
+    tar = images / "sbu" / "00000.tar"
+    with tarfile.open(tar) as archive:
+        cut = next(member for member in archive.getmembers() if member.name == "000000002.jpg").offset_data + 3
+    tar.write_bytes(tar.read_bytes()[:cut])  # truncated inside row 2's image
+    logged: list[str] = []
+
+    summary = prepare_dataset(SBU, tmp_path / "sbu", tmp_path / "out", images, log=logged.append)
+
+    assert [record["file"] for record in read_jsonl(tmp_path / "out" / "training.jsonl")] == [
+        "sbu/00000/000000000.jpg", "sbu/00000/000000001.jpg"]
+    assert summary["splits"]["training"]["missing_images"] == 2
+    assert any(message.startswith(f"{tar}: truncated in member 000000002.jpg") for message in logged), logged
