@@ -23,7 +23,9 @@ number `i` is then
     {split}/{i // 10000:05d}/{i:09d}.{jpg | png | webp | jpeg}
 
 (img2dataset's key is 10**4 * shard + index in the shard, zero-padded to 9 digits; its encoder
-writes .jpg unless `--encode_format` says otherwise; any extension extraction reads is found). Row
+writes .jpg unless `--encode_format` says otherwise; any extension extraction reads is found). With
+`--output_format webdataset` the image is the member `{i:09d}.jpg` of `{split}/{i // 10000:05d}.tar`,
+which reads as the folder of its name, under the same name (train/data/prepare.py). Row
 `i` is line i + 1 of the published file; where the first line is that header (a leading UTF-8 BOM
 dropped), the header is recognised, logged and skipped, and row `i` is line i + 2, so that captions
 stay on their images either way. Blank lines are not rows (img2dataset's CSV reader skips them). A row without a downloaded image (img2dataset writes no image for a
@@ -174,6 +176,7 @@ COCO_CAPTIONS = Source("coco-captions", COCO_SPLITS, prepare_coco_captions,
                        "COCO Captions 2014: captions_{train,val}2014.json under ROOT or ROOT/annotations",
                        image_names="<split>/<file_name without extension>")
 CONCEPTUAL_CAPTIONS = Source("cc", tuple(CC_FILES), prepare_conceptual_captions,
-                             "Conceptual Captions: the published TSVs, images as img2dataset's files output",
+                             "Conceptual Captions: the published TSVs, images as img2dataset writes them "
+                             "(files or webdataset)",
                              image_names="<split>/<row // 10000:05d>/<row:09d>")
 SOURCES = (COCO_CAPTIONS, CONCEPTUAL_CAPTIONS)
