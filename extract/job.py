@@ -28,11 +28,12 @@ from extract.checkpoint import file_sha256
 from extract.detector import REGION_ARRAYS, Detector, regions_numpy
 from extract.device import StickyDeviceError, check_device, is_sticky_cuda_error, launcher_variable, rank_device
 from extract.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, image_id, is_utf8, list_images, load_image
-from extract.loader import DecodingPipeline, failure_reason
+from extract.loader import DecodingPipeline, WorkItem, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
 from extract.paths import OutsidePathError, check_apart, outside_reason, path_inside
 from extract.progress import progress_bar
+from extract.shard_source import ShardSource, unfinished_tar_shards
 from extract.shards import find_shards, names_shards
 from extract.store.layout import META
 from extract.store.reader import FeatureStore
@@ -44,14 +45,6 @@ from vlbert.errors import FAILED, UserError
 
 class JobError(UserError):
     """Job arguments that cannot be used (shard spec, boxes file, ...); nothing has been written."""
-
-
-@dataclass
-class WorkItem:
-    path: str  # relative to the images root, as given (the failures.jsonl `image`)
-    image_id: str
-    file: Path | None = None
-    boxes: Any = None  # given-box mode: the boxes file's entry, checked when the image is prepared
 
 
 @dataclass
@@ -268,8 +261,6 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     is the number of batches computed at once on the CPU, each with single-threaded ops (default: one
     per core, at most 4, unless OMP_NUM_THREADS is set), or torch's host-side threads on a GPU.
     Raises StoreMismatchError when `out` was written with other settings."""
-    from extract.shard_source import ShardSource
-
     start = time.perf_counter()
     out, tar_shards = Path(out), names_shards(images)
     check_arguments(dict(batch_size=batch_size, mask_variants=mask_variants, mask_prob=mask_prob, mask_seed=mask_seed,
@@ -479,8 +470,6 @@ def images_not_in_store(images: str | Path, out: str | Path, boxes: str | Path |
     any shard): what a shard that stopped early left undone. For tar shards, the tar shards (`KEY.tar`)
     that no ledger records as committed whole."""
     if names_shards(images):
-        from extract.shard_source import unfinished_tar_shards
-
         return unfinished_tar_shards(images, Path(out))
     items, refused = work_items(Path(images).resolve(), Path(boxes) if boxes is not None else None,
                                 Path(image_list) if image_list is not None else None)

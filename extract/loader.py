@@ -40,6 +40,16 @@ class Item(Protocol):
     file: Any  # named in the failure of a worker that crashed on the item
 
 
+@dataclass
+class WorkItem:
+    """An image of the extraction job."""
+
+    path: str  # relative to the images root, as given (the failures.jsonl `image`)
+    image_id: str
+    file: Any = None  # the image file's Path, or its bytes (extract.images.EncodedImage)
+    boxes: Any = None  # given-box mode: the boxes file's entry, checked when the image is prepared
+
+
 def failure_reason(exc: BaseException) -> str:
     """One line for failures.jsonl: our ValueErrors name the input and the problem already."""
     return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator
 
 from extract.atomic import write_atomically
 from extract.images import EncodedImage
-from extract.job import WorkItem
+from extract.loader import WorkItem
 from extract.shards import IMAGE_MEMBER_EXTENSIONS, ShardSample, find_shards, read_shard, shard_id
 from extract.store.layout import shard_name
 

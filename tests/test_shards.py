@@ -152,18 +152,20 @@ def test_unreadable_members_are_named_and_skipped_and_the_rest_is_read(tmp_path)
 
 def test_member_whose_data_cannot_be_read_is_left_out_of_its_sample(tmp_path, monkeypatch):
     shard = write_tar(tmp_path / "00000.tar", sample("a") + sample("b"))
-    extractfile = tarfile.TarFile.extractfile
+    with tarfile.open(shard) as archive:
+        bad = archive.getmember("a.jpg").offset_data
 
-    def failing(self, member):
-        if member.name == "a.jpg":
-            raise OSError(5, "Input/output error")
-        return extractfile(self, member)
+    class FailingAtA(io.FileIO):  # a disk error under a.jpg's data
+        def read(self, size=-1):
+            if self.tell() == bad:
+                raise OSError(5, "Input/output error")
+            return super().read(size)
 
-    monkeypatch.setattr(tarfile.TarFile, "extractfile", failing)
+    monkeypatch.setattr(shards, "open", lambda path, mode: FailingAtA(path, mode), raising=False)
     samples, damage = read_all(shard, tmp_path)
     assert [s.id for s in samples] == ["00000/a", "00000/b"]
     assert samples[0].unreadable == ("a.jpg",) and "jpg" not in samples[0].members
-    assert samples[0].extensions == ("jpg", "txt", "json")
+    assert samples[0].extensions == ("jpg", "txt", "json") and samples[1].members["jpg"] == b"\xff\xd8image"
     assert damage == [f"{shard}: member a.jpg cannot be read ([Errno 5] Input/output error); skipped"]
 
 
