@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from train.data.sources.captions import CC_FILES, CC_SHARD_SIZE, cc_image_stem
+from train.data.sources.captions import CC_FILES, cc_image_stem
+from train.data.sources.img2dataset import SHARD_SIZE as CC_SHARD_SIZE
 from train.data.sources.vqa2 import ANNOTATIONS, QUESTIONS, image_file
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -65,4 +65,20 @@ def _parameter_type(option: SourceOption) -> click.ParamType:
 
 prepare_command.params.extend(_source_options())
 
+
+@data_group.command("sbu-urls")
+@click.option("--root", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The folder holding SBU_captioned_photo_dataset_{urls,captions}.txt.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The parquet file to write (e.g. sbu.parquet).")
+def sbu_urls_command(root: Path, out: Path) -> None:
+    """img2dataset's input for SBU Captions: the two published files joined into a parquet table
+    (url, caption), a row per line, so that img2dataset's keys are what `vlbert data prepare sbu`
+    names images by. Then: img2dataset --url_list OUT --input_format parquet --url_col url
+    --caption_col caption --output_format webdataset --output_folder IMAGES/sbu"""
+    from train.data.sources.sbu import write_sbu_url_table
+
+    rows = write_sbu_url_table(root, out)
+    click.echo(f"{rows} rows: {out}")
+
 COMMANDS = [data_group]

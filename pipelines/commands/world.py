@@ -39,6 +39,20 @@ def entities_command(world_dir: Path, out: Path) -> None:
                                       for split, count in counts.items()))
 
 
+@world_group.command("corpora")
+@click.option("--world", "world_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
+def corpora_command(world_dir: Path, out_dir: Path) -> None:
+    """Write WORLD's images as Conceptual Captions' and SBU Captions' published files and their
+    img2dataset webdataset shards to OUT (pipelines/configs/pretrain_cc_sbu.yaml reads them)."""
+    from extract.paths import check_apart
+    from pipelines.world.corpus_files import write_corpus_files
+
+    check_apart(out_dir, (("--world", world_dir),))
+    rows = write_corpus_files(world_dir, out_dir)
+    click.echo(f"{out_dir}: " + ", ".join(f"{folder} {count} rows" for folder, count in rows.items()))
+
+
 @world_group.command("train-detector")
 @click.option("--world", "world_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", "weights", required=True, type=click.Path(dir_okay=False, path_type=Path),

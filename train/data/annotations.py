@@ -243,7 +243,21 @@ def parse_annotation_line(line: bytes, path: str | Path, number: int) -> ImageAn
         raise DataError(f"{path}:{number}: not an annotation record ({what})") from None
 
 
-class AnnotationFile:
+class IndexedAnnotations:
+    """Annotations read by index: `a[i]` parses the i-th kept line, `items(kind)` lists (line,
+    position) of every item of a kind, `item` reads one. Subclasses give `__len__`, `__getitem__`
+    and `items`."""
+
+    def __iter__(self) -> Iterator[ImageAnnotation]:
+        return (self[i] for i in range(len(self)))
+
+    def item(self, line_and_position: np.ndarray, kind: str):
+        line, position = (int(v) for v in line_and_position)
+        annotation = self[line]
+        return annotation, annotation.items(kind)[position]
+
+
+class AnnotationFile(IndexedAnnotations):
     """An annotation file, indexed: `file[i]` parses the i-th kept line, `items(kind)` lists (line,
     position) of every item of a kind. `keep(image_id)` drops images (those the store lacks) while
     indexing; `dropped` counts them."""
@@ -291,9 +305,6 @@ class AnnotationFile:
         self._handle.seek(int(self.offsets[index]))
         return parse_annotation(parse_json_line(self._handle.readline(), self.path, 0))
 
-    def __iter__(self) -> Iterator[ImageAnnotation]:
-        return (self[i] for i in range(len(self)))
-
     def items(self, kind: str) -> np.ndarray:
         """(M, 2) int: the line (index among kept lines) and position of each item of `kind`."""
         counts = self._counts[kind]
@@ -301,13 +312,46 @@ class AnnotationFile:
         starts = np.repeat(np.cumsum(counts, dtype=np.int64) - counts, counts)
         return np.stack([lines, np.arange(len(lines), dtype=np.int64) - starts], 1)
 
-    def item(self, line_and_position: np.ndarray, kind: str):
-        line, position = (int(v) for v in line_and_position)
-        annotation = self[line]
-        return annotation, annotation.items(kind)[position]
+    def item_counts(self) -> dict[str, int]:
+        """The number of items of each kind the kept lines hold (kinds with none left out)."""
+        return {kind: int(counts.sum()) for kind, counts in self._counts.items() if counts.sum()}
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_handle": None, "_handle_pid": None}
+
+
+class MixedAnnotations(IndexedAnnotations):
+    """Several annotation files read as one (a stage that trains on two corpora): their lines one
+    after the other, so that an epoch's permutation draws each file's items in proportion to its
+    number of items."""
+
+    def __init__(self, files: list[AnnotationFile]) -> None:
+        self.files = files
+        self.path = " + ".join(str(file.path) for file in files)  # for messages
+        self.dropped = sum(file.dropped for file in files)
+        self._starts = np.cumsum([0] + [len(file) for file in files])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, index: int) -> ImageAnnotation:
+        part = int(np.searchsorted(self._starts, index, side="right")) - 1
+        return self.files[part][index - int(self._starts[part])]
+
+    def items(self, kind: str) -> np.ndarray:
+        parts = [file.items(kind) + np.array([start, 0]) for file, start in zip(self.files, self._starts)]
+        return np.concatenate(parts).astype(np.int64, copy=False)
+
+    def mixture(self) -> list[dict[str, Any]]:
+        """Each file with its images, its items of each kind, and its share of them: the proportion
+        of that kind's samples drawn from it."""
+        counts = [file.item_counts() for file in self.files]
+        totals = Counter()
+        for count in counts:
+            totals.update(count)
+        return [{"file": str(file.path), "images": len(file), "items": count,
+                 "share": {kind: round(n / totals[kind], 6) for kind, n in count.items()}}
+                for file, count in zip(self.files, counts)]
 
 
 def read_annotations(path: str | Path) -> list[ImageAnnotation]:

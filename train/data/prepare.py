@@ -10,7 +10,9 @@ The output folder holds:
     summary.json     {"source", "splits": {SPLIT: {"items", "skipped", "missing_images", ...}}, "absent"}
 An image is found by its path without extension, with any extension extraction reads
 (extract.images.IMAGE_EXTENSIONS); a name outside the images folder (absolute, or with `..`) is not
-looked for. Items whose image is missing are skipped and counted; `max_missing` fails the
+looked for. Where `--images` holds tar shards (img2dataset's webdataset output; extract/shards.py),
+a shard reads as the folder of its name: `a/00000/KEY.jpg` is found as the image member `KEY.jpg` of
+`a/00000.tar`, from the tar headers only, and names the same store key as the file would. Items whose image is missing are skipped and counted; `max_missing` fails the
 preparation when a split misses a larger share, and a preparation that yields no item fails.
 
 Outputs never replace inputs: `--out` may not be, lie inside or hold `--root`, `--images` or an
@@ -34,6 +36,7 @@ from extract.atomic import write_atomically
 from extract.images import IMAGE_EXTENSIONS, is_utf8
 from extract.paths import check_apart, outside_reason
 from extract.progress import progress_bar
+from extract.shards import SHARD_SUFFIX, names_shards, read_shard
 from train.data.files import DataError, shown
 
 SUMMARY = "summary.json"
@@ -128,6 +131,30 @@ class ImageFinder:
             return
 
 
+class ShardImageFinder(ImageFinder):
+    """An ImageFinder over tar shards: the folder `a/00000` is the shard `a/00000.tar`, its images the
+    samples holding an image member (read from the headers; damage is logged)."""
+
+    def __init__(self, root: Path, log: Callable[[str], None]) -> None:
+        super().__init__(root)
+        self.log = log
+
+    def _image_names(self, folder: str) -> Iterator[tuple[str, str, int]]:
+        shard = self.root / f"{folder}{SHARD_SUFFIX}"
+        if not shard.is_file():
+            return
+        for sample in read_shard(shard, self.root, (), self.log):
+            shard_folder, _, key = sample.id.rpartition("/")
+            extension = sample.image_extension
+            if extension is not None and shard_folder == folder:
+                yield f"{key}.{extension}", key, EXTENSION_RANK[f".{extension}"]
+
+
+def image_finder(images: Path, log: Callable[[str], None]) -> ImageFinder:
+    """The finder of the images under `images`: tar shards where it holds them, else files."""
+    return ShardImageFinder(images, log) if names_shards(images) else ImageFinder(images)
+
+
 def outside(file: str) -> bool:
     """Whether `file`, given as relative to a folder, could name something outside it."""
     return outside_reason(file, record_id=False) is not None
@@ -147,7 +174,7 @@ class Preparation:
         # end a preparation, whose skipped.jsonl is not kept.
         self.first_skip: str | None = None
         self.first_missing: str | None = None
-        self.finder = ImageFinder(images)
+        self.finder = image_finder(images, log)
         self._staged: dict[str, IO[bytes]] = {}  # output name → its temporary file
         self._images_list = self.stage(IMAGES)
         self._skipped = self.stage(SKIPPED)
@@ -261,11 +288,13 @@ class SplitWriter:
         line = json.dumps({"split": self.name, "id": item_id, "reason": reason})
         self.preparation._skipped.write(line.encode() + b"\n")
 
-    def skip_missing_image(self, item_id: Any, file: str, items: int = 1) -> None:
+    def skip_missing_image(self, item_id: Any, file: str, items: int = 1, reason: str | None = None) -> None:
+        """Leaves out `items` items whose image `file` is missing; `reason` says why where it is
+        known (img2dataset's status of a failed download), else where it was looked for."""
         self.counts["missing_images"] += items
         looked_for = f"{self.preparation.images / os.path.splitext(file)[0]}.{ANY_IMAGE_EXTENSION}"
         self.preparation.first_missing = self.preparation.first_missing or looked_for
-        self.skip(item_id, f"no image found as {looked_for}", items)
+        self.skip(item_id, reason or f"no image found as {looked_for}", items)
 
     def find_image(self, item_id: Any, file: str, items: int = 1) -> str | None:
         """The image `file` (relative to the images root) as found, with any image extension; None

@@ -123,13 +123,27 @@ def model_settings(value: Any, where: str = "model") -> dict[str, Any]:
 
 
 
+def annotation_files(value: Any, where: str) -> str | list[str]:
+    """`train_annotations`: one file, or a list of two or more different files."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(item, str) for item in value):
+        raise RunConfigError(f"{where}: expected an annotation file or a list of them, found {describe(value)}")
+    repeated = sorted({item for item in value if list(value).count(item) > 1})
+    if repeated:
+        raise RunConfigError(f"{where}: {repeated[0]} is listed twice (a file's weight is its number of items)")
+    return value[0] if len(value) == 1 else list(value)
+
+
 @dataclass
 class RunConfig:
     SETTINGS: ClassVar[str] = "run settings"
 
     out: str
     store: str = field(metadata=EXISTING_PATH)  # FeatureStore directory
-    train_annotations: str = field(metadata=EXISTING_PATH)
+    # A file, or a list of files (corpora) that every stage mixes in proportion to their items; run.json
+    # records the mixture.
+    train_annotations: str | list[str] = field(metadata={**EXISTING_PATH, "checked_by": annotation_files})
     eval_annotations: str = field(metadata=EXISTING_PATH)
     vocabulary: str = field(metadata=EXISTING_PATH)  # directory with the tokenizer's vocab.txt
     stages: list[StageConfig]

@@ -3,7 +3,9 @@ writes it and for the reports, pipeline steps, benches and tests that read it.
 
     run.json                        the resolved run config (another config is refused in this folder),
                                     under "world" its number of processes and every change of it, and
-                                    under "precision" each stage's arithmetic (`auto` resolved)
+                                    under "precision" each stage's arithmetic (`auto` resolved), and
+                                    under "mixture" (several train_annotations) each file's images,
+                                    items and share of them
     train.lock                      held by the process that trains the run (its pid and host inside)
     metrics.jsonl                   one JSON object per optimiser step and per evaluation
     tensorboard/<i>-<name>/         the stage's TensorBoard scalars
@@ -34,6 +36,7 @@ from extract.atomic import temporaries, write_atomically
 _RUN_FILE = "run.json"
 _WORLD = "world"  # run.json's record of the processes, beside the config's fields
 _PRECISION = "precision"  # run.json's record of each stage's precision as its device resolved it
+_MIXTURE = "mixture"  # run.json's record of the training files' items and shares, where there are several
 _LOCK = "train.lock"
 _METRICS = "metrics.jsonl"
 _TENSORBOARD = "tensorboard"
@@ -128,7 +131,7 @@ class RunFolder:
 
     def config(self) -> dict[str, Any]:
         """The run config recorded in run.json."""
-        return {k: v for k, v in self._recorded().items() if k not in (_WORLD, _PRECISION)}
+        return {k: v for k, v in self._recorded().items() if k not in (_WORLD, _PRECISION, _MIXTURE)}
 
     def world(self) -> dict[str, Any]:
         """run.json's record of the processes: {"size": the latest session's, "changes": [{"stage",
@@ -140,14 +143,21 @@ class RunFolder:
         {} for a run from before the record."""
         return self._recorded().get(_PRECISION, {})
 
+    def mixture(self) -> list[dict[str, Any]]:
+        """run.json's record of a run on several training files: [{"file", "images", "items": {kind: n},
+        "share": {kind: its share of that kind's items}}, ...]; [] for a run on one file."""
+        return self._recorded().get(_MIXTURE, [])
+
     def _recorded(self) -> dict[str, Any]:
         return json.loads(self.config_file.read_text())
 
     def write_config(self, config: dict[str, Any], world: dict[str, Any] | None = None,
-                     precisions: dict[str, str] | None = None) -> None:
-        """run.json: `config`, and `world` (see `world()`) and `precisions` when given."""
+                     precisions: dict[str, str] | None = None, mixture: list[dict[str, Any]] | None = None) -> None:
+        """run.json: `config`, and `world` (see `world()`), `precisions` and `mixture` (see `mixture()`)
+        when given."""
         self.root.mkdir(parents=True, exist_ok=True)
-        records = {name: value for name, value in ((_WORLD, world), (_PRECISION, precisions)) if value}
+        records = {name: value for name, value in ((_WORLD, world), (_PRECISION, precisions), (_MIXTURE, mixture))
+                   if value}
         write_atomically(self.config_file, json.dumps({**config, **records}, indent=1))
 
     @property

@@ -32,7 +32,7 @@ from extract.device import check_device, rank_device, use_device
 from extract.locks import lock_holder, take_lock
 from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision, resolved_precision
 from extract.progress import progress_bar
-from train.data.annotations import AnnotationFile
+from train.data.annotations import AnnotationFile, MixedAnnotations
 from train.data.files import read_json
 from train.data.regions import RegionBank
 from train.end2end import EndToEndVisual, with_appearance
@@ -130,7 +130,7 @@ class Trainer:
         self._check_store_feeds_every_stage()
         self.tokenizer = load_tokenizer(run.vocabulary)
         self._check_tokenizer_fits_model()
-        self.data = TaskData(self.regions, self.tokenizer, run.max_length, self._annotations(run.train_annotations))
+        self.data = TaskData(self.regions, self.tokenizer, run.max_length, self._train_annotations())
         for stage in run.stages:
             TASKS[stage.task].read_inputs(self.data, stage.options)
         self.eval_annotations = self._annotations(run.eval_annotations, required=True)
@@ -193,6 +193,16 @@ class Trainer:
             config = read_json(Path(self.run.start[1]) / CONFIG_NAME)
             if isinstance(config, dict) and isinstance(config.get("vocab_size"), int):
                 check_vocabulary_size(self.tokenizer, config["vocab_size"], self.run.vocabulary)
+
+    def _train_annotations(self) -> AnnotationFile | MixedAnnotations:
+        """The training annotations: one file, or several mixed by their numbers of items."""
+        if isinstance(self.run.train_annotations, str):
+            return self._annotations(self.run.train_annotations)
+        mixed = MixedAnnotations([self._annotations(path) for path in self.run.train_annotations])
+        for part in mixed.mixture():
+            self.log(f"training mixture: {part['file']}: {part['images']} images, "
+                     + ", ".join(f"{n} {kind} ({part['share'][kind]:.1%})" for kind, n in part["items"].items()))
+        return mixed
 
     def _annotations(self, path: str, required: bool = False) -> AnnotationFile:
         """The annotations of `path` whose images the store holds (says how many it lacks);
@@ -258,7 +268,8 @@ class Trainer:
                 self._remove_outputs()
             changes = self.folder.world().get("changes", []) if self.folder.is_run else []
             self.folder.write_config(self.run.to_dict(), {"size": self.world.size, "changes": changes},
-                                     {name: chosen.name for name, chosen in self.precisions.items()})
+                                     {name: chosen.name for name, chosen in self.precisions.items()},
+                                     self.data.train.mixture() if isinstance(self.data.train, MixedAnnotations) else None)
             self._sweep_temporaries()
         barrier(self.world)
 

@@ -23,7 +23,9 @@ number `i` is then
     {split}/{i // 10000:05d}/{i:09d}.{jpg | png | webp | jpeg}
 
 (img2dataset's key is 10**4 * shard + index in the shard, zero-padded to 9 digits; its encoder
-writes .jpg unless `--encode_format` says otherwise; any extension extraction reads is found). Row
+writes .jpg unless `--encode_format` says otherwise; any extension extraction reads is found). With
+`--output_format webdataset` the image is the member `{i:09d}.jpg` of `{split}/{i // 10000:05d}.tar`,
+which reads as the folder of its name, under the same name (train/data/prepare.py). Row
 `i` is line i + 1 of the published file; where the first line is that header (a leading UTF-8 BOM
 dropped), the header is recognised, logged and skipped, and row `i` is line i + 2, so that captions
 stay on their images either way. Blank lines are not rows (img2dataset's CSV reader skips them). A row without a downloaded image (img2dataset writes no image for a
@@ -42,12 +44,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 from train.data.files import BOM, DataError, read_json, shown
 from train.data.prepare import Preparation, SplitWriter, Source
+from train.data.sources.img2dataset import EMPTY_CAPTION, add_caption_row, decoded_caption, img2dataset_stem
 
 COCO_SPLITS = ("train2014", "val2014")
 CC_FILES = {"training": "Train_GCC-training.tsv", "validation": "Validation_GCC-1.1.0-Validation.tsv"}
-CC_SHARD_SIZE = 10_000  # img2dataset's --number_sample_per_shard default
 CC_HEADER = (b"caption", b"url")  # img2dataset's column names, as its CC3M example adds them
-EMPTY_CAPTION = "empty or whitespace-only caption"
 
 
 @dataclass
@@ -125,7 +126,7 @@ def add_captioned_images(preparation: Preparation, writer: SplitWriter, images: 
 
 def cc_image_stem(split: str, row: int) -> str:
     """The image path without extension that img2dataset writes for the 0-based TSV row `row`."""
-    return f"{split}/{row // CC_SHARD_SIZE:05d}/{row:09d}"
+    return img2dataset_stem(split, row)
 
 
 def cc_rows(path: Path, log: Callable[[str], None]) -> Iterator[tuple[int, int, bytes]]:
@@ -159,24 +160,7 @@ def parse_cc_row(line: bytes) -> str:
     fields = line.split(b"\t")
     if len(fields) != 2 or not fields[1].strip():
         raise ValueError("not a 'caption<TAB>url' line")
-    try:
-        caption = fields[0].decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise ValueError("the caption is not UTF-8 text") from None
-    if not caption:
-        raise ValueError(EMPTY_CAPTION)
-    return caption
-
-
-def add_cc_row(writer: SplitWriter, path: Path, number: int, row: int, line: bytes) -> None:
-    try:
-        caption = parse_cc_row(line)
-    except ValueError as exc:
-        writer.skip(row, f"{path}:{number}: {exc}")
-        return
-    file = writer.find_image(row, cc_image_stem(writer.name, row) + ".jpg")
-    if file is not None:
-        writer.add({"file": file, "captions": [caption]}, 1)
+    return decoded_caption(fields[0])
 
 
 def prepare_conceptual_captions(preparation: Preparation) -> None:
@@ -184,13 +168,15 @@ def prepare_conceptual_captions(preparation: Preparation) -> None:
     for split in preparation.present(files):
         with preparation.split(split) as writer:
             for number, row, line in preparation.progress(cc_rows(files[split], preparation.log), split):
-                add_cc_row(writer, files[split], number, row, line)
+                add_caption_row(writer, row, f"{files[split]}:{number}", lambda: parse_cc_row(line),
+                                cc_image_stem(split, row))
 
 
 COCO_CAPTIONS = Source("coco-captions", COCO_SPLITS, prepare_coco_captions,
                        "COCO Captions 2014: captions_{train,val}2014.json under ROOT or ROOT/annotations",
                        image_names="<split>/<file_name without extension>")
 CONCEPTUAL_CAPTIONS = Source("cc", tuple(CC_FILES), prepare_conceptual_captions,
-                             "Conceptual Captions: the published TSVs, images as img2dataset's files output",
+                             "Conceptual Captions: the published TSVs, images as img2dataset writes them "
+                             "(files or webdataset)",
                              image_names="<split>/<row // 10000:05d>/<row:09d>")
 SOURCES = (COCO_CAPTIONS, CONCEPTUAL_CAPTIONS)

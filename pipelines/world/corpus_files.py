@@ -1,0 +1,66 @@
+"""The demo world's images as pre-training corpora are published and downloaded: Conceptual
+Captions' two TSVs and SBU Captions' two line-aligned files, each row a world image (its first
+caption, a made-up URL), and the images as img2dataset's webdataset output of each file
+(pipelines/world/shards.py), so that `vlbert data prepare cc|sbu` and `vlbert extract` read them as
+they read the real corpora. Written under OUT:
+
+    cc/Train_GCC-training.tsv, cc/Validation_GCC-1.1.0-Validation.tsv    caption<TAB>url, a row a line
+    sbu/SBU_captioned_photo_dataset_{urls,captions}.txt                  a URL / a caption a line
+    images/{training,validation,sbu}/NNNNN.tar (+ .parquet, _stats.json) img2dataset's output of each
+
+Conceptual Captions' training rows are the first two thirds of the world's training images, SBU's
+the last third, Conceptual Captions' validation rows the world's validation images. The last row
+of each file is a failed download (a parquet row, no image), as real downloads have them. Shards
+hold img2dataset's default 10,000 samples, which the cc and sbu readers' image names assume.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pipelines.world.generate import SPLITS, load_split
+from pipelines.world.shards import URL_PREFIX, write_img2dataset
+from train.data.sources.captions import CC_FILES
+from train.data.sources.img2dataset import SHARD_SIZE
+from train.data.sources.sbu import CAPTIONS, IMAGES_FOLDER, URLS
+
+CC_FOLDER, SBU_FOLDER, IMAGES = "cc", "sbu", "images"
+
+
+def write_corpus_files(world: str | Path, out: str | Path) -> dict[str, int]:
+    """Writes the world's corpora to `out` (see the module's text); returns each file's row count."""
+    world, out = Path(world), Path(out)
+    train, val = load_split(world, "train"), load_split(world, "val")
+    cut = len(train) * 2 // 3
+    parts = {"training": train[:cut], "validation": val, IMAGES_FOLDER: train[cut:]}
+    rows = {folder: _download(world, out, folder, records) for folder, records in parts.items()}
+    (out / CC_FOLDER).mkdir(parents=True, exist_ok=True)
+    for split, name in CC_FILES.items():
+        (out / CC_FOLDER / name).write_text("".join(f"{row['caption']}\t{row['url']}\n" for row in rows[split]))
+    (out / SBU_FOLDER).mkdir(parents=True, exist_ok=True)
+    for name, column in ((URLS, "url"), (CAPTIONS, "caption")):
+        (out / SBU_FOLDER / name).write_text("".join(f"{row[column]}\n" for row in rows[IMAGES_FOLDER]))
+    return {folder: len(folder_rows) for folder, folder_rows in rows.items()}
+
+
+def _download(world: Path, out: Path, folder: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """img2dataset's output of `records` (the world's image records) in `out/images/folder`, its last
+    row failed; its rows, in order. The shard writer reads a world folder: a view of these records
+    is written beside the output and removed after."""
+    if not records:
+        raise ValueError(f"{world}: too few images for the {folder} corpus")
+    view = out / f".{folder}-rows"
+    shutil.rmtree(view, ignore_errors=True)
+    view.mkdir(parents=True)
+    try:
+        (view / "images").symlink_to((world / "images").resolve(), target_is_directory=True)
+        for split in SPLITS:
+            chosen = records if split == SPLITS[0] else []
+            (view / f"{split}.jsonl").write_text("".join(json.dumps(record) + "\n" for record in chosen))
+        failed = {URL_PREFIX + records[-1]["file"]}
+        return write_img2dataset(view, out / IMAGES / folder, "webdataset", SHARD_SIZE, failed)
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
