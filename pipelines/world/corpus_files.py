@@ -16,13 +16,11 @@ hold img2dataset's default 10,000 samples, which the cc and sbu readers' image n
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-from pipelines.world.generate import SPLITS, load_split
-from pipelines.world.shards import URL_PREFIX, write_img2dataset
+from pipelines.world.generate import load_split
+from pipelines.world.shards import image_rows, write_img2dataset
 from train.data.sources.captions import CC_FILES
 from train.data.sources.img2dataset import SHARD_SIZE
 from train.data.sources.sbu import CAPTIONS, IMAGES_FOLDER, URLS
@@ -48,19 +46,8 @@ def write_corpus_files(world: str | Path, out: str | Path) -> dict[str, int]:
 
 def _download(world: Path, out: Path, folder: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """img2dataset's output of `records` (the world's image records) in `out/images/folder`, its last
-    row failed; its rows, in order. The shard writer reads a world folder: a view of these records
-    is written beside the output and removed after."""
+    row failed; its rows, in order."""
     if not records:
         raise ValueError(f"{world}: too few images for the {folder} corpus")
-    view = out / f".{folder}-rows"
-    shutil.rmtree(view, ignore_errors=True)
-    view.mkdir(parents=True)
-    try:
-        (view / "images").symlink_to((world / "images").resolve(), target_is_directory=True)
-        for split in SPLITS:
-            chosen = records if split == SPLITS[0] else []
-            (view / f"{split}.jsonl").write_text("".join(json.dumps(record) + "\n" for record in chosen))
-        failed = {URL_PREFIX + records[-1]["file"]}
-        return write_img2dataset(view, out / IMAGES / folder, "webdataset", SHARD_SIZE, failed)
-    finally:
-        shutil.rmtree(view, ignore_errors=True)
+    rows = image_rows(records)
+    return write_img2dataset(world, out / IMAGES / folder, "webdataset", SHARD_SIZE, {rows[-1]["url"]}, rows)

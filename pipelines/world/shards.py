@@ -44,22 +44,29 @@ PARQUET_SCHEMA = pa.schema([
 ])
 
 
-def world_rows(world: Path) -> list[dict[str, Any]]:
-    """img2dataset's input rows for a world: each image (train, then val) with its url and first caption."""
+def image_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """img2dataset's input rows for world image records: each with its url and first caption."""
     return [{"url": URL_PREFIX + record["file"], "caption": record["captions"][0], "file": record["file"]}
-            for split in SPLITS for record in load_split(world, split)]
+            for record in records]
+
+
+def world_rows(world: Path) -> list[dict[str, Any]]:
+    """img2dataset's input rows for a world: each image, train then val."""
+    return image_rows([record for split in SPLITS for record in load_split(world, split)])
 
 
 def write_img2dataset(world: str | Path, out: str | Path, output_format: str = "webdataset",
-                      samples_per_shard: int = 10_000, failed: Collection[str] = ()) -> list[dict[str, Any]]:
-    """Writes the world's images to `out` as img2dataset's `output_format` output and returns the
-    parquet rows of every shard, in order (with `file`, the world's image file of the row). The rows
-    whose url is in `failed` are failed downloads."""
+                      samples_per_shard: int = 10_000, failed: Collection[str] = (),
+                      rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Writes the world's images (those of `rows`, img2dataset's input rows; default: every image,
+    `world_rows`) to `out` as img2dataset's `output_format` output and returns the parquet rows of
+    every shard, in order (with `file`, the world's image file of the row). The rows whose url is in
+    `failed` are failed downloads."""
     if output_format not in OUTPUT_FORMATS:
         raise ValueError(f"output_format {output_format!r}: expected one of {', '.join(OUTPUT_FORMATS)}")
     world, out = Path(world), Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = world_rows(world)
+    rows = world_rows(world) if rows is None else rows
     key_digits = math.ceil(math.log10(samples_per_shard)) + SHARD_DIGITS
     written = []
     for shard, first in enumerate(range(0, len(rows), samples_per_shard)):
