@@ -11,6 +11,21 @@ from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS
 _folder = click.Path(exists=True, file_okay=False, path_type=Path)
 
 
+def _running_options(command):
+    """How an analysis runs the model: the options every analysis shares."""
+    options = (
+        click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1)),
+        click.option("--max-length", type=click.IntRange(min=MIN_LENGTH),
+                     help="Cap on text + RoIs (default: the model's position count)."),
+        click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
+        click.option("--fresh-weights", is_flag=True, help="Analyse the model's config with freshly initialised "
+                                                           "weights: the before-training reference."),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @click.group("analyze")
 def analyze_group() -> None:
     """Analyses of a trained model's attention."""
@@ -31,12 +46,7 @@ def analyze_group() -> None:
 @click.option("--examples", default=0, show_default=True, type=click.IntRange(min=0),
               help="Phrases to draw (the first ones).")
 @click.option("--max-items", type=click.IntRange(min=1), help="Analyse only the first N phrases.")
-@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--max-length", type=click.IntRange(min=MIN_LENGTH),
-              help="Cap on text + RoIs (default: the model's position count).")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
-@click.option("--fresh-weights", is_flag=True,
-              help="Analyse the model's config with freshly initialised weights: the before-training reference.")
+@_running_options
 def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_format: str, vocabulary: Path,
                       out: Path, images: Path | None, examples: int, max_items: int | None, batch_size: int,
                       max_length: int | None, device: str, fresh_weights: bool) -> None:
@@ -86,15 +96,10 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
               help="Choose best heads among those giving more than this share of their attention to the RoIs "
                    "(the paper: 0.2). Default: every head.")
 @click.option("--max-items", type=click.IntRange(min=1), help="Analyse only the first N captions.")
-@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--max-length", type=click.IntRange(min=MIN_LENGTH),
-              help="Cap on text + RoIs (default: the model's position count).")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
-@click.option("--fresh-weights", is_flag=True,
-              help="Analyse the model's config with freshly initialised weights: the before-training reference.")
+@_running_options
 def syntax_command(model_dir: Path, store: Path, annotations: Path, parses: Path | None, parser: str,
-                   labels: str | None, vocabulary: Path, out: Path, plot: tuple[str, ...], min_region_attention: float | None,
-                   max_items: int | None, batch_size: int, max_length: int | None, device: str,
+                   labels: str | None, vocabulary: Path, out: Path, plot: tuple[str, ...],
+                   min_region_attention: float | None, max_items: int | None, batch_size: int, max_length: int | None, device: str,
                    fresh_weights: bool) -> None:
     """Per dependency relation and head, the share of arcs (w1 an entity word, w2 the other end)
     whose w2 attends most to a RoI with IoU ≥ 0.5 with w1's box, against a random RoI and the most
