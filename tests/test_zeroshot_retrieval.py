@@ -201,6 +201,19 @@ def test_a_model_without_a_relationship_head_is_a_one_line_error(world) -> None:
     assert not (world / "no_head" / "stages").exists() or not RunFolder(world / "no_head").stage(0, "zero_shot").done
 
 
+def test_a_retrieval_model_evaluated_again_is_not_zero_shot_and_its_heads_must_be_there(world) -> None:
+    """Evaluating a retrieval checkpoint again is evaluation only, not zero-shot; one whose matching
+    head is not the relationship head cannot be scored by a relationship head."""
+    Trainer(zero_shot_run(world, "first", pretrained(world))).fit()
+    again = Trainer(zero_shot_run(world, "again", RunFolder(world / "first").stage(0, "zero_shot").final)).fit()[0]
+    assert again["evaluation_only"] and not again["zero_shot"]
+    tuned = run_config(world, "tuned", [StageConfig("tune", "retrieval", steps=1, batch_size=2)])
+    Trainer(tuned).fit()
+    start = RunFolder(world / "tuned").stage(0, "tune").final
+    with pytest.raises(RunConfigError, match=f"{start} has no relationship_head$"):
+        Trainer(zero_shot_run(world, "matching_head", start)).fit()
+
+
 def test_evaluation_only_needs_every_weight_of_the_task_model(world) -> None:
     """`score: matching` from a pre-trained model: its matching head would be random."""
     run = zero_shot_run(world, "random_head", pretrained(world), score="matching")

@@ -332,8 +332,9 @@ class VLBertPreTrainedModel(nn.Module):
         save_file(state, directory / WEIGHTS_NAME, metadata={"format": "pt"})
 
     # The state-dict names that `from_pretrained` found no weights for under their own names in the
-    # checkpoint of another task (new heads, a pooler): they start from their initialisation, or from
-    # another head's (`_init_heads_from`). Empty for a checkpoint of this model, which loads strictly.
+    # checkpoint (another task's, or this task's with other heads: new heads, a pooler): they start from
+    # their initialisation, or from another head's (`_init_heads_from`). Empty for a checkpoint of this
+    # model with these heads, which loads strictly.
     fresh_weights: tuple[str, ...] = ()
 
     @property
@@ -345,24 +346,30 @@ class VLBertPreTrainedModel(nn.Module):
     def from_pretrained(cls, directory: str | Path, **config_overrides) -> VLBertPreTrainedModel:
         """Load a directory written by `save_pretrained`.
 
-        A checkpoint of another task (typically pre-training) gives the shared VL-BERT weights;
-        this task's heads absent from it start fresh or from the matching pre-training head.
+        A checkpoint of another task (typically pre-training) gives the shared VL-BERT weights and
+        the heads of the same name (pre-training's relationship head to retrieval's); this task's
+        other heads start fresh or from the matching pre-training head (`fresh_weights` names them).
         """
         directory = Path(directory)
         values = json.loads((directory / CONFIG_NAME).read_text())
         architecture = values.pop("architecture", cls.__name__)
         model = cls(VLBertConfig.from_dict({**values, **config_overrides}))
         state = load_file(directory / WEIGHTS_NAME)
-        if architecture == cls.__name__:
+        if architecture == cls.__name__ and set(state) == set(model.state_dict()):
             model.load_state_dict(state, strict=True)
             return model
+        # Another task's checkpoint, or this task's with other heads (retrieval's matching head against
+        # its relationship head): the shared weights, and the heads both have.
         saved_prefix = "" if architecture == VLBertModel.__name__ else "vlbert."
         backbone = {name[len(saved_prefix) :]: tensor for name, tensor in state.items() if name.startswith(saved_prefix)}
         heads = {name: tensor for name, tensor in state.items() if not name.startswith(saved_prefix)}
         model.load_backbone(backbone, source=str(directory))
+        own = model.state_dict()
+        shared_heads = {name: tensor for name, tensor in heads.items() if name in own}
+        model.load_state_dict(shared_heads, strict=False)  # pre-training's relationship head into retrieval's
         model._init_heads_from(heads)
-        given = {model.backbone_prefix + name for name in backbone} | set(heads)
-        model.fresh_weights = tuple(name for name in model.state_dict() if name not in given)
+        given = {model.backbone_prefix + name for name in backbone} | set(shared_heads)
+        model.fresh_weights = tuple(name for name in own if name not in given)
         return model
 
     @classmethod
@@ -777,13 +784,6 @@ class VLBertForImageTextMatching(VLBertPreTrainedModel):
         else:
             self.match_head = PredictionHead(config, 1, dropout=config.classifier_dropout)
         self.init_weights()
-
-    def _init_heads_from(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """The pre-training relationship head, where this model scores with it and the checkpoint has it."""
-        if self.config.with_relationship_head:
-            own = self.state_dict()
-            self.load_state_dict({name: tensor for name, tensor in state_dict.items()
-                                  if name.startswith("relationship_head.") and name in own}, strict=False)
 
     def score(self, pooled: torch.Tensor) -> torch.Tensor:
         """(B, H) pooled outputs → (B,) matching scores."""
