@@ -51,7 +51,8 @@ def retrieval_tables(rows: list[dict[str, Any]]) -> list[str]:
         for row in shown:
             found = row["retrieval"]["protocols"][protocol]
             intervals = found["recall_intervals"] or {}
-            cells = [f"{found['recalls'][n]:.3f} {_interval(intervals.get(n))}".strip() for n in RECALLS]
+            cells = [f"{found['recalls'][n]:.3f} {_interval(intervals.get(n))}{_above(intervals.get(n), found, n)}".strip()
+                     for n in RECALLS]
             lines.append(f"| {row['name']} | {row['retrieval']['setting']} | {row['init_from'] or 'scratch'} | "
                          f"{row['retrieval']['images']} × {row['retrieval']['captions']} | " + " | ".join(cells) + " |")
         chance = shown[0]["retrieval"]["protocols"][protocol]["chance_recalls"]
@@ -64,6 +65,11 @@ def _header(name: str) -> str:
     return f"{'image→text' if direction == 'i2t' else 'text→image'} R@{k}"
 
 
+def _above(interval: list[float] | None, found: dict[str, Any], name: str) -> str:
+    """" ▲" where the whole interval lies above the random ranking's recall."""
+    return " ▲" if interval is not None and interval[0] > found["chance_recalls"][name] else ""
+
+
 def _interval(interval: list[float] | None) -> str:
     return "" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
 
@@ -74,4 +80,5 @@ RETRIEVAL_NOTE = (
     "the folds' recalls (every fold ranks its own images and captions only, as COCO's 1K test averages 5 folds\n"
     "of 1,000 images) and the queries are resampled within each fold. `zero-shot` rows trained nothing: an\n"
     "evaluation-only stage (`steps: 0`) of a model that was never trained on retrieval (pre-trained with\n"
-    "`relationship: true`, scored by that head). The random ranking's recalls are those of the first row's split.\n")
+    "`relationship: true`, scored by that head). ▲: the interval lies above the random ranking's recall on the\n"
+    "row's split (the last line gives the first row's).\n")

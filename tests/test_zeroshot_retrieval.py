@@ -79,6 +79,22 @@ def test_images_after_the_last_full_fold_belong_to_none() -> None:
     assert folds(SCORES, CAPTION_IMAGE, 5) == []
 
 
+def test_the_report_table_marks_intervals_above_the_random_ranking() -> None:
+    from pipelines.report_retrieval import RECALLS, retrieval_tables
+
+    chance = dict.fromkeys(RECALLS, 0.1)
+    found = {"recalls": dict.fromkeys(RECALLS, 0.3), "chance_recalls": chance,
+             "recall_intervals": {**dict.fromkeys(RECALLS, [0.2, 0.4]), "i2t_r1": [0.1, 0.5]}}
+    row = {"name": "zero_shot", "init_from": "pretrain/final",
+           "retrieval": {"setting": "zero-shot", "images": 4, "captions": 6, "protocols": {"whole split": found}}}
+    lines = retrieval_tables([row, {"name": "vqa", "retrieval": None}])
+    (line,) = [line for line in lines if line.startswith("| zero_shot |")]
+    cells = [cell.strip() for cell in line.split("|")[5:-1]]
+    assert cells[0] == "0.300 [0.100, 0.500]"  # the low end equals chance: not above it
+    assert cells[1:] == ["0.300 [0.200, 0.400] ▲"] * 5
+    assert "| random ranking | | | | 0.100 |" in "\n".join(lines) and "### whole split" in lines
+
+
 # ---- retrieval options -------------------------------------------------------------------------
 
 
