@@ -15,6 +15,7 @@ from pathlib import Path
 
 from extract.atomic import write_atomically
 from pipelines import STEP_FILE
+from pipelines.report_retrieval import RETRIEVAL_NOTE, retrieval_summary, retrieval_tables
 from train.data.files import DataError
 from train.engine.run_folder import RunFolder
 from train.evaluation.statistics import (RESAMPLES, Comparison, average_over_seeds, bootstrap_interval,
@@ -75,6 +76,8 @@ def run_results(folder: Path, resamples: int = RESAMPLES) -> RunResults:
            "samples_per_s": round(sum(s["samples_per_s"] for s in summaries) / len(summaries), 2),
            "stages": [f"{e['stage']} ({e['visual']})" for e in first],
            "init_from": _relative(summaries[0]["init_from"], folder.parent)}
+    if last["task"] == "retrieval" and "recalls" in last:
+        row["retrieval"] = retrieval_summary([s["evals"][-1] for s in summaries], sum(e["steps"] for e in first))
     return RunResults(row, scores)
 
 
@@ -169,6 +172,9 @@ def write_report(run_dirs: list[str], out: Path, compare: list[tuple[str, str]] 
     document = {"resamples": resamples, "runs": rows, "comparisons": [_comparison_record(c) for c in comparisons]}
     write_atomically(report_json, json.dumps(document, indent=1) + "\n")
     text = "# Runs side by side\n\n" + "\n".join(_runs_table(rows)) + "\n\n" + RUNS_NOTE
+    retrieval = retrieval_tables(rows)
+    if retrieval:
+        text += "\n## Image–text retrieval\n\n" + "\n".join(retrieval) + "\n" + RETRIEVAL_NOTE
     if comparisons:
         text += "\n## Comparisons\n\n" + "\n".join(_comparisons_table(comparisons)) + "\n\n" + COMPARISONS_NOTE
     report_md = out / "report.md"

@@ -68,7 +68,8 @@ def single_process_evaluation(world: Path, final: Path) -> tuple[dict, dict]:
 
 def without_rates(result: dict) -> dict:
     return {k: v for k, v in result.items() if k not in ("pairs_per_s", "stage", "task", "visual", "steps", "wall_s",
-                                                         "samples_per_s", "data_wait_share", "damaged_skipped")}
+                                                         "samples_per_s", "data_wait_share", "damaged_skipped",
+                                                         "evaluation_only", "zero_shot")}
 
 
 def test_one_to_two_processes_doubles_the_learning_rate_says_so_and_evaluates_as_one(world, uninterrupted):

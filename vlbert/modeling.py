@@ -331,6 +331,12 @@ class VLBertPreTrainedModel(nn.Module):
         state = {name: tensor.detach().contiguous().cpu() for name, tensor in self.state_dict().items()}
         save_file(state, directory / WEIGHTS_NAME, metadata={"format": "pt"})
 
+    # The state-dict names that `from_pretrained` found no weights for under their own names in the
+    # checkpoint (another task's, or this task's with other heads: new heads, a pooler): they start from
+    # their initialisation, or from another head's (`_init_heads_from`). Empty for a checkpoint of this
+    # model with these heads, which loads strictly.
+    fresh_weights: tuple[str, ...] = ()
+
     @property
     def backbone_prefix(self) -> str:
         """Where the shared VL-BERT weights sit in this model's state dict."""
@@ -340,22 +346,30 @@ class VLBertPreTrainedModel(nn.Module):
     def from_pretrained(cls, directory: str | Path, **config_overrides) -> VLBertPreTrainedModel:
         """Load a directory written by `save_pretrained`.
 
-        A checkpoint of another task (typically pre-training) gives the shared VL-BERT weights;
-        this task's heads absent from it start fresh or from the matching pre-training head.
+        A checkpoint of another task (typically pre-training) gives the shared VL-BERT weights and
+        the heads of the same name (pre-training's relationship head to retrieval's); this task's
+        other heads start fresh or from the matching pre-training head (`fresh_weights` names them).
         """
         directory = Path(directory)
         values = json.loads((directory / CONFIG_NAME).read_text())
         architecture = values.pop("architecture", cls.__name__)
         model = cls(VLBertConfig.from_dict({**values, **config_overrides}))
         state = load_file(directory / WEIGHTS_NAME)
-        if architecture == cls.__name__:
+        if architecture == cls.__name__ and set(state) == set(model.state_dict()):
             model.load_state_dict(state, strict=True)
             return model
+        # Another task's checkpoint, or this task's with other heads (retrieval's matching head against
+        # its relationship head): the shared weights, and the heads both have.
         saved_prefix = "" if architecture == VLBertModel.__name__ else "vlbert."
         backbone = {name[len(saved_prefix) :]: tensor for name, tensor in state.items() if name.startswith(saved_prefix)}
         heads = {name: tensor for name, tensor in state.items() if not name.startswith(saved_prefix)}
         model.load_backbone(backbone, source=str(directory))
+        own = model.state_dict()
+        shared_heads = {name: tensor for name, tensor in heads.items() if name in own}
+        model.load_state_dict(shared_heads, strict=False)  # pre-training's relationship head into retrieval's
         model._init_heads_from(heads)
+        given = {model.backbone_prefix + name for name in backbone} | set(shared_heads)
+        model.fresh_weights = tuple(name for name in own if name not in given)
         return model
 
     @classmethod
@@ -755,22 +769,35 @@ class VLBertForReferringExpressions(VLBertPreTrainedModel):
 
 
 class VLBertForImageTextMatching(VLBertPreTrainedModel):
-    """Retrieval: an image–text matching score from the pooled [CLS]."""
+    """Retrieval: an image–text matching score from the pooled [CLS]: a matching head's, or, with
+    `config.with_relationship_head`, the pre-training sentence–image relationship head's log-odds of
+    "matches", log p(match) − log p(no match), which ranks pairs as that head's matching probability
+    does (sigmoid(score) is the probability) without the float ties of probabilities near 1."""
 
     def __init__(self, config: VLBertConfig):
         if not config.with_pooler:
             raise ValueError("image-text matching needs with_pooler=True")
         super().__init__(config)
         self.vlbert = VLBertModel(config)
-        self.match_head = PredictionHead(config, 1, dropout=config.classifier_dropout)
+        if config.with_relationship_head:
+            self.relationship_head = PredictionHead(config, 2)
+        else:
+            self.match_head = PredictionHead(config, 1, dropout=config.classifier_dropout)
         self.init_weights()
+
+    def score(self, pooled: torch.Tensor) -> torch.Tensor:
+        """(B, H) pooled outputs → (B,) matching scores."""
+        if self.config.with_relationship_head:
+            logits = self.relationship_head(pooled).float()
+            return logits[:, 1] - logits[:, 0]  # label 1 = the caption matches the image (pre-training's)
+        return self.match_head(pooled).squeeze(-1)
 
     def forward(self, *, labels: torch.Tensor | None = None, **inputs) -> TaskOutput:
         """labels: (B,) 1 for a matching pair, 0 otherwise (binary cross-entropy, pair by pair); or
         (G, 1 + 2n) for G groups of pairs (positive first, then n negative captions and n negative
         images, as `RetrievalPairs` makes them): `config.matching_loss` of each group."""
         encoded = self.vlbert(**inputs)
-        logits = self.match_head(encoded.pooled_output).squeeze(-1)
+        logits = self.score(encoded.pooled_output)
         loss = None
         if labels is not None and labels.dim() == 2:
             if not bool((labels[:, 0] == 1).all() and (labels[:, 1:] == 0).all()) or labels.shape[1] % 2 == 0:

@@ -48,7 +48,9 @@ class StageConfig:
 
     name: str
     task: str  # a name in train.tasks.TASKS
-    steps: int = field(metadata=at_least(1))
+    # 0: evaluation only: the stage scores the model it starts from (init_from or the previous stage's)
+    # as it is, with no optimiser step; every weight of its task's model must be in that checkpoint
+    steps: int = field(metadata=at_least(0))
     # per process; a task's extra streams (text-only samples) add as many each
     batch_size: int = field(default=16, metadata=at_least(1))
     # per sample: the learning rate is base_lr × total batch, as in the reference code
@@ -179,6 +181,10 @@ class RunConfig:
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:  # the metrics file tells stages apart by name
             raise RunConfigError(f"stages: every stage needs its own name; repeated: {', '.join(repeated)}")
+        if self.stages[0].steps == 0 and not self.init_from:
+            raise RunConfigError(f"stages[0].steps: 0 evaluates the model the run starts from without training it, "
+                                 f"and this run starts from {'BERT' if self.bert else 'random weights'}: give "
+                                 "init_from (a VL-BERT checkpoint with the task's heads), or steps ≥ 1")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:

@@ -296,6 +296,9 @@ class Trainer:
     def _train_stage(self, stage: StageConfig, stage_dir: StageFolder, previous: Path | None) -> None:
         torch.manual_seed(self.run.seed)
         parts = self._parts(stage, previous)
+        if stage.steps == 0:
+            self._evaluate_only(stage, stage_dir, parts, previous)
+            return
         step, saved, saved_world = self._start(stage, stage_dir, parts)
         progress = StageProgress.from_saved(saved, skip_damaged=self.run.damaged_records == "skip")
         streams = self._streams(stage, step, parts.visual, saved.get("positions"), saved_world)
@@ -311,6 +314,18 @@ class Trainer:
             if any_rank(self.stop.requested, self.world, self.device):  # it came after the last step
                 raise self.stop.interrupted(f"{self.folder.root}: stage {stage.name}, its last step written")
             self._finish(stage, stage_dir, parts, seconds, progress, log)
+        barrier(self.world)
+
+    def _evaluate_only(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, previous: Path) -> None:
+        """`steps: 0`: the stage's evaluation of the model as it starts, with no optimiser step and no
+        checkpoint; its final model is that model, so later stages start from it as from any stage's.
+        Zero-shot when that model is another task's (a pre-trained one): never trained on this task."""
+        self.log(f"stage {stage.name}: steps: 0, evaluating the model it starts from without training it")
+        progress = StageProgress.from_saved({}, skip_damaged=self.run.damaged_records == "skip")
+        architecture = read_json(previous / CONFIG_NAME).get("architecture")
+        with self._stage_log(stage, stage_dir, 0) as log:
+            self._finish(stage, stage_dir, parts, 0.0, progress, log,
+                         zero_shot=architecture != TASKS[stage.task].model.__name__)
         barrier(self.world)
 
     def _start(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts) -> tuple[int, dict, int]:
@@ -432,9 +447,9 @@ class Trainer:
         return any_rank(due, self.world, self.device) if schedule.seconds > 0 else due
 
     def _finish(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, seconds: float,
-                progress: StageProgress, log: StageLog | MutedStageLog) -> None:
+                progress: StageProgress, log: StageLog | MutedStageLog, zero_shot: bool = False) -> None:
         """Evaluates the stage on every rank (writing its predictions); rank 0 logs the result and
-        writes the final model."""
+        writes the final model. `zero_shot`: the stage evaluated another task's model without training."""
         parts.model.eval()
         scores = self._evaluate(stage, stage_dir, parts, self.eval_annotations, progress)
         for predicted in self.predict_annotations:
@@ -443,9 +458,12 @@ class Trainer:
             return
         # data_wait_share: the share of training time spent waiting for batches (rank 0's): near 0
         # when the workers keep up with the device.
+        # evaluation_only: the stage trained nothing (`steps: 0`); zero_shot: nor had its model been
+        # trained on this task (it started from another task's, e.g. pre-training's)
         result = {"stage": stage.name, "task": stage.task, "visual": stage.visual, "steps": stage.steps,
-                  "wall_s": round(seconds, 2), "samples_per_s": round(progress.samples * self.world.size / seconds, 2),
-                  "data_wait_share": round(progress.data_wait / seconds, 4), **scores,
+                  "evaluation_only": stage.steps == 0, "zero_shot": zero_shot, "wall_s": round(seconds, 2),
+                  "samples_per_s": round(progress.samples * self.world.size / seconds, 2) if seconds else 0.0,
+                  "data_wait_share": round(progress.data_wait / seconds, 4) if seconds else 0.0, **scores,
                   "damaged_skipped": progress.damaged.skipped}
         # Logged before the final model marks the stage done: a crash in between evaluates again.
         log.evaluation(result, stage.steps)
@@ -519,13 +537,38 @@ class Trainer:
         overrides.update(vocab_size=len(self.tokenizer), visual_feature_size=self.regions.feature_dim,
                          num_detector_classes=self.regions.num_classes or 1, **heads)
         cls = task.model
+        self._check_start_weights(stage, previous)
         if previous is not None:
-            return cls.from_pretrained(previous, **heads)
+            model = cls.from_pretrained(previous, **heads)
+            self._check_fresh_weights(stage, previous, model.fresh_weights)
+            return model
         if self.run.bert:
             bert_sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                           "max_position_embeddings")
             return cls.from_bert(self.run.bert, **{k: v for k, v in overrides.items() if k not in bert_sizes})
         return cls(VLBertConfig.sized(self.run.model.get("size", "base"), **overrides))
+
+    def _check_start_weights(self, stage: StageConfig, previous: Path | None) -> None:
+        """A stage whose task needs pre-trained heads (`Task.pretrained_heads`) cannot start from BERT or
+        random weights (an evaluation-only stage never does: RunConfig refuses it)."""
+        needed = TASKS[stage.task].pretrained_heads(stage.options)
+        if previous is None and needed:
+            start = "BERT" if self.run.bert else "random weights"
+            raise RunConfigError(f"stage {stage.name!r}: {next(iter(needed.values()))}; the run starts from {start}: "
+                                 "give init_from (a VL-BERT checkpoint that has it)")
+
+    def _check_fresh_weights(self, stage: StageConfig, previous: Path, fresh: tuple[str, ...]) -> None:
+        """RunConfigError when the checkpoint lacks weights the stage cannot start without: any, for an
+        evaluation-only stage (they would be random); its task's pre-trained heads, for any stage."""
+        needed = TASKS[stage.task].pretrained_heads(stage.options)
+        for prefix, why in needed.items():
+            if any(name.startswith(prefix) for name in fresh):
+                raise RunConfigError(f"stage {stage.name!r}: {why}; {previous} has no {prefix.rstrip('.')}")
+        if stage.steps == 0 and fresh:
+            modules = ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in fresh))
+            raise RunConfigError(f"stage {stage.name!r}: steps: 0 evaluates the model as {previous} has it, but it has "
+                                 f"no weights for {modules} (they would be random): train the stage (steps ≥ 1) or "
+                                 "start from a checkpoint of this task's model")
 
     def _visual(self, stage: StageConfig, previous: Path | None) -> EndToEndVisual | None:
         if stage.visual != "end2end":

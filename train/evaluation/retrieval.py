@@ -1,5 +1,6 @@
 """Image–text retrieval's ranking maths: each query's rank of its right match, Recall@K both ways,
-and the recalls of a random ranking."""
+the recalls of a random ranking, and the test protocols: the whole split (COCO 5K), or the mean over
+folds of consecutive images (COCO 1K: 5 folds of 1,000 images), each recall with its 95% interval."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from train.evaluation.statistics import RESAMPLES, grouped_bootstrap_interval
 
 RECALL_AT = (1, 5, 10)
 
@@ -31,10 +34,38 @@ def retrieval_ranks(scores: np.ndarray, caption_image: np.ndarray) -> RetrievalR
     return RetrievalRanks(image_ranks, text_ranks)
 
 
+def recall_hits(ranks: RetrievalRanks) -> dict[str, np.ndarray]:
+    """Each query's Recall@K hit (1: its right match ranks in the top K) of both directions."""
+    return {f"{name}_r{k}": (direction < k).astype(np.float64)
+            for name, direction in (("i2t", ranks.image_to_text), ("t2i", ranks.text_to_image)) for k in RECALL_AT}
+
+
 def recalls(ranks: RetrievalRanks) -> dict[str, float]:
     """Recall@K (share of queries whose right match ranks in the top K) of both directions."""
-    return {f"{name}_r{k}": round(float((direction < k).mean()), 4)
-            for name, direction in (("i2t", ranks.image_to_text), ("t2i", ranks.text_to_image)) for k in RECALL_AT}
+    return {name: round(float(hits.mean()), 4) for name, hits in recall_hits(ranks).items()}
+
+
+def folds(scores: np.ndarray, caption_image: np.ndarray, fold_images: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(scores, caption_image) of each fold of `fold_images` consecutive images with their captions, ranked
+    among themselves only: the COCO 1K protocol's 5 folds of the 5K test split, in the split's order. The
+    images after the last full fold belong to none."""
+    parts = []
+    for first in range(0, len(scores) - fold_images + 1, fold_images):
+        captions = np.flatnonzero((caption_image >= first) & (caption_image < first + fold_images))
+        parts.append((scores[first : first + fold_images][:, captions], caption_image[captions] - first))
+    return parts
+
+
+def protocol_recalls(parts: list[tuple[np.ndarray, np.ndarray]], resamples: int = RESAMPLES) -> dict:
+    """A test protocol's results over its parts (the whole split, or its folds): each recall as the mean
+    over the parts of the part's recall, its 95% interval (queries resampled within each part), and the
+    chance recalls (likewise averaged)."""
+    hits = [recall_hits(retrieval_ranks(scores, caption_image)) for scores, caption_image in parts]
+    chance = [chance_recalls(caption_image, len(scores)) for scores, caption_image in parts]
+    return {"recalls": {name: round(float(np.mean([part[name].mean() for part in hits])), 4) for name in hits[0]},
+            "recall_intervals": {name: [round(bound, 4) for bound in grouped_bootstrap_interval(
+                                     [part[name] for part in hits], resamples).to_list()] for name in hits[0]},
+            "chance_recalls": {name: round(float(np.mean([part[name] for part in chance])), 4) for name in chance[0]}}
 
 
 def chance_recalls(caption_image: np.ndarray, num_images: int) -> dict[str, float]:

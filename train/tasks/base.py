@@ -76,6 +76,9 @@ class Task:
     read_inputs: Callable[[TaskData, Any], object] = lambda data, options: None
     # (data, options, seed) → datasets whose batches join each of the task's (text-only samples)
     extra_streams: Callable[[TaskData, Any, int], list[Dataset]] = lambda data, options, seed: []
+    # options → {state-dict prefix of a head that the stage must find trained in the checkpoint it starts
+    # from (a VL-BERT one, never BERT or random weights): why}; the trainer refuses a start without it
+    pretrained_heads: Callable[[Any], dict[str, str]] = lambda options: {}
     # (model, a batch's inputs on the device, options) → {"loss": ..., other logged losses}
     loss: Callable[[torch.nn.Module, dict[str, torch.Tensor], Any], dict[str, torch.Tensor]] = model_loss
 

@@ -51,8 +51,8 @@ class CaptionPretraining(AnnotatedDataset):
     `roi_masking="pixel"`: one cached masked-pixel variant per sample and epoch; its masked RoIs are
     the targets and every RoI feature comes from it. `"feature"`: RoIs drawn here have their
     appearance replaced inside the model (the reference code's mode without pixels).
-    `relationship`: half the samples get another image's caption (label 0), which then has no
-    MLM or RoI targets, as in the paper's ablation (c).
+    `relationship`: half the samples get another image's caption (label 0), masked as the others
+    but without MLM or RoI targets, as in the paper's ablation (c).
     """
 
     KIND = "captions"
@@ -86,10 +86,13 @@ class CaptionPretraining(AnnotatedDataset):
             if other.image_id != annotation.image_id:
                 caption, matched = other_caption, 0
         pieces = word_pieces(self.tokenizer, caption)
-        masked = mask_whole_words(self.tokenizer, pieces, rng) if matched else None
+        # Another image's caption is masked as a matching one is, so that [MASK]s do not tell the
+        # relationship head which it is (unmasked, they did: it learnt that instead of matching, and
+        # ranked unmasked retrieval pairs at chance); its words are not predicted.
+        masked = mask_whole_words(self.tokenizer, pieces, rng)
         regions = self.regions.get(annotation.image_id, class_probs=True, variants=self.roi_masking == "pixel")
-        sequence = build_caption_sequence(self.tokenizer, masked.ids if masked else pieces.ids, len(regions),
-                                          self.max_length, masked.labels if masked else None)
+        sequence = build_caption_sequence(self.tokenizer, masked.ids, len(regions), self.max_length,
+                                          masked.labels if matched else None)
         regions = regions.truncated(sequence.num_regions)
         if self.roi_masking == "pixel":
             variant = rng.randrange(len(regions.variant_masks))

@@ -8,9 +8,10 @@ import operator
 import random
 import re
 import time
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -19,10 +20,39 @@ from train.data.annotations import AnnotationFile, ImageAnnotation
 from train.data.datasets import AnnotatedDataset, Sample, SampleGroup, pair_sample
 from train.data.files import DataError
 from train.data.regions import RegionBank, Regions
-from train.evaluation.retrieval import RetrievalRanks, chance_recalls, recalls, retrieval_ranks
+from train.evaluation.retrieval import RetrievalRanks, folds, protocol_recalls, retrieval_ranks
 from train.tasks.base import Evaluator, Task, TaskData, filled, unscored
 from vlbert.modeling import VLBertForImageTextMatching
 from vlbert.tokenization import word_pieces
+from vlbert.typed_config import at_least
+
+
+@dataclass
+class RetrievalOptions:
+    """How a retrieval stage scores pairs, draws its training negatives, and groups its test images."""
+
+    SETTINGS: ClassVar[str] = "retrieval options"
+
+    # matching: a matching head (new, or the checkpoint's own); relationship: the pre-training
+    # sentence–image relationship head (`relationship: true`), its matching probability's log-odds as
+    # the score: what zero-shot retrieval (`steps: 0`) ranks by, as Unicoder-VL's first row
+    score: Literal["matching", "relationship"] = "matching"
+    negatives: int = field(default=3, metadata=at_least(1))  # per direction, in each training group
+    # of them, drawn hard: the most word-overlapping of `hard_pool` candidates (0: all uniform, as
+    # Unicoder-VL samples them)
+    hard_negatives: int = field(default=1, metadata=at_least(0))
+    hard_pool: int = field(default=16, metadata=at_least(2))
+    # > 0: evaluation also reports the mean over folds of this many consecutive images (COCO 1K: 1000
+    # on the 5K Karpathy test split), beside the whole split (COCO 5K)
+    fold_images: int = field(default=0, metadata=at_least(0))
+
+    def __post_init__(self) -> None:
+        if self.hard_negatives > self.negatives:
+            raise ValueError(f"hard_negatives {self.hard_negatives} is more than negatives {self.negatives}")
+
+
+RELATIONSHIP_HEAD = {"relationship_head.": "options.score: relationship ranks pairs by the pre-trained relationship "
+                                           "head, which a pre-training stage with options: {relationship: true} trains"}
 
 
 def caption_words(text: str) -> frozenset[str]:
@@ -110,13 +140,16 @@ class RetrievalPairs(AnnotatedDataset):
 class RetrievalCandidates(AnnotatedDataset):
     """Every (image, caption) pair of a split, image by image: sample `i × C + c` pairs image `i`
     with caption `c` (item id `(i, c)`). Captions are tokenized once; with `cache_images` an image's
-    regions are read from the store once for its C consecutive pairs instead of once per pair."""
+    regions are read from the store once for its C consecutive pairs instead of once per pair. Images
+    and captions keep the annotation file's order, which the folds of `fold_images` follow."""
 
     KIND = "captions"
 
     def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
-                 cache_images: bool = True, seed: int = 0) -> None:
+                 cache_images: bool = True, fold_images: int = 0, seed: int = 0) -> None:
+        """`fold_images`: > 0, the evaluation also ranks within folds of this many consecutive images."""
         super().__init__(annotations, regions, tokenizer, max_length, seed)
+        self.fold_images = fold_images
         lines = np.unique(self.items[:, 0])
         self.images = [annotations[int(line)] for line in lines]
         self.captions = [caption for image in self.images for caption in image.captions]
@@ -147,11 +180,12 @@ class RetrievalCandidates(AnnotatedDataset):
 
 
 class RetrievalRecall(Evaluator):
-    """Image–text retrieval: every (image, caption) pair scored by the matching head, then
-    Recall@1/5/10 both ways. `value` is text→image R@1 (each caption's query: 1 when its image ranks
-    first), the item scores being those per-caption hits, so their mean is `value`; all six recalls,
-    their mean, their chance levels and the scoring rate (pairs/s, data reading included) come along.
-    Predictions: each query's right match, its rank and the top 10."""
+    """Image–text retrieval: every (image, caption) pair scored by the model, then Recall@1/5/10 both
+    ways. `value` is text→image R@1 (each caption's query: 1 when its image ranks first), the item
+    scores being those per-caption hits, so their mean is `value`; all six recalls with their 95%
+    bootstrap intervals over queries, their mean, their chance levels and the scoring rate (pairs/s,
+    data reading included) come along, and with the dataset's `fold_images` the same within folds
+    (`folds`). Predictions: each query's right match, its rank and the top 10."""
 
     metric = "t2i_recall@1"
     merged = {"pairs": operator.add, "seconds": max}
@@ -188,12 +222,22 @@ class RetrievalRecall(Evaluator):
     def result(self) -> dict[str, Any]:
         if not self.pairs:
             return unscored(self.metric, 0)
-        found = recalls(self.ranks)
-        chance = chance_recalls(self.dataset.caption_image, len(self.dataset.images))
-        return {"metric": self.metric, "value": found["t2i_r1"], "chance": chance["t2i_r1"],
-                "samples": len(self.dataset.captions), "images": len(self.dataset.images), "recalls": found,
-                "mean_recall": round(float(np.mean(list(found.values()))), 4), "chance_recalls": chance,
-                "pairs": self.pairs, "pairs_per_s": round(self.pairs / max(self.seconds, 1e-9), 1)}
+        whole = protocol_recalls([(self.scores, self.dataset.caption_image)])
+        found = whole["recalls"]
+        result = {"metric": self.metric, "value": found["t2i_r1"], "chance": whole["chance_recalls"]["t2i_r1"],
+                  "samples": len(self.dataset.captions), "images": len(self.dataset.images), **whole,
+                  "mean_recall": round(float(np.mean(list(found.values()))), 4),
+                  "pairs": self.pairs, "pairs_per_s": round(self.pairs / max(self.seconds, 1e-9), 1)}
+        if self.dataset.fold_images:
+            result["folds"] = self._fold_result(self.dataset.fold_images)
+        return result
+
+    def _fold_result(self, fold_images: int) -> dict[str, Any]:
+        """The mean over folds of `fold_images` images (no recalls where the split has no full fold)."""
+        parts = folds(self.scores, self.dataset.caption_image, fold_images)
+        result = {"fold_images": fold_images, "folds": len(parts),
+                  "images_in_no_fold": len(self.dataset.images) - len(parts) * fold_images}
+        return {**result, **protocol_recalls(parts)} if parts else result
 
     def item_scores(self) -> dict[str, float]:
         ranks = self.ranks.text_to_image
@@ -212,12 +256,16 @@ class RetrievalRecall(Evaluator):
         write_atomically(path, json.dumps({"text_to_image": text_to_image, "image_to_text": image_to_text}))
 
 
-def _dataset(data: TaskData, options: Any, annotations: AnnotationFile, seed: int, training: bool):
+def _dataset(data: TaskData, options: RetrievalOptions, annotations: AnnotationFile, seed: int, training: bool):
     if training:
-        return RetrievalPairs(annotations, data.regions, data.tokenizer, data.max_length, seed=seed)
-    return RetrievalCandidates(annotations, data.regions, data.tokenizer, data.max_length, seed=seed)
+        return RetrievalPairs(annotations, data.regions, data.tokenizer, data.max_length, options.negatives,
+                              options.hard_negatives, options.hard_pool, seed=seed)
+    return RetrievalCandidates(annotations, data.regions, data.tokenizer, data.max_length,
+                               fold_images=options.fold_images, seed=seed)
 
 
 TASK = Task("retrieval", VLBertForImageTextMatching, _dataset, RetrievalRecall,
             "image–text retrieval: a matching score per pair with sampled and hard negatives; Recall@1/5/10",
-            ".json")
+            ".json", options=RetrievalOptions,
+            model_config=lambda data, options: {"with_relationship_head": options.score == "relationship"},
+            pretrained_heads=lambda options: RELATIONSHIP_HEAD if options.score == "relationship" else {})
