@@ -118,7 +118,7 @@ def test_train_command_runs_a_yaml_config_and_names_bad_ones(tmp_path, tiny_worl
     assert result.exit_code != 0 and "task 'dance' is not one of" in result.output
 
 
-@pytest.mark.parametrize("name", ["demo", "pretrain_finetune", "ablation"])
+@pytest.mark.parametrize("name", ["demo", "pretrain_finetune", "ablation", "grounding"])
 def test_shipped_pipelines_are_well_formed(name):
     from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""The kinds of pipeline step: one module each (world, prepare, extract, vocabulary, train, evaluate,
+"""The kinds of pipeline step: one module each (world, prepare, extract, vocabulary, train, evaluate, analyze,
 report), whose `KIND` record (`StepKind`, pipelines/steps/base.py) `KINDS` gives by name. A kind's
 module is imported when its kind is first asked for, so a step's process loads only its own kind (a
 world or report step no torch). A new kind is one module and one entry here."""
@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from pipelines.steps.base import CHECKED_OUT, Foreknown, Layout, StepKind
 
 MODULES = {"world": "world", "prepare": "prepare", "extract": "extract", "vocabulary": "vocabulary",
-           "train": "train", "evaluate": "evaluate", "report": "report"}
+           "train": "train", "evaluate": "evaluate", "analyze": "analyze", "report": "report"}
 
 
 class Kinds(Mapping[str, StepKind]):

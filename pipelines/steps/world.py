@@ -19,12 +19,19 @@ class WorldParams:
     # (tar shards) and img2dataset/files/, `samples_per_shard` images a shard
     img2dataset: bool = False
     samples_per_shard: int = dataclasses.field(default=10_000, metadata=at_least(1))
+    # also the world in Flickr30K Entities' layout with CoNLL-U parses (pipelines/world/entities.py), in
+    # the world's own folder: train.txt, val.txt, Sentences/, Annotations/, train.conllu, val.conllu and
+    # flickr30k-images/, so that the world's extraction stores its images under Flickr30K's keys too and
+    # one store serves the training and the analyses (`analyze` steps)
+    entities: bool = False
 
 
 def world(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     """The synthetic demo world: images, train/val annotations, corpus.txt; with `img2dataset`, its
-    images as img2dataset's webdataset and files outputs too."""
+    images as img2dataset's webdataset and files outputs too; with `entities`, the world in Flickr30K
+    Entities' layout too."""
     from pipelines.world import generate_world
+    from pipelines.world.entities import write_world_entities
     from pipelines.world.shards import OUTPUT_FORMATS, write_img2dataset
 
     chosen = parse(WorldParams, params)
@@ -32,6 +39,9 @@ def world(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     if chosen.img2dataset:
         for output_format in OUTPUT_FORMATS:
             write_img2dataset(folder, folder / "img2dataset" / output_format, output_format, chosen.samples_per_shard)
+    if chosen.entities:
+        counts = write_world_entities(folder, folder)
+        log(f"Flickr30K Entities layout: {', '.join(f'{split} {n} captions' for split, n in counts.items())}")
 
 
 KIND = StepKind(world, functools.partial(parse, WorldParams), field_names(WorldParams), light=True)
