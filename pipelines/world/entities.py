@@ -29,7 +29,7 @@ from typing import Any
 
 from extract.atomic import write_atomically
 from pipelines.world.generate import SPLITS, load_split
-from pipelines.world.language import BACKGROUND_WORDS, _name, _relation, _with_article
+from pipelines.world.language import BACKGROUND_WORDS, object_name, spatial_relation, with_article
 from pipelines.world.nlvr2 import link_file
 from pipelines.world.scene import SceneObject
 from pipelines.world.vocabulary import NUMBER_WORDS
@@ -67,7 +67,7 @@ class Sentence:
     def noun_phrase(self, obj: SceneObject, entity: int | None) -> int:
         """A noun phrase ("a small red circle"): det and amod on the shape, the phrase an entity (None:
         unbracketed)."""
-        article, *modifiers, shape = _with_article(_name(obj)).split()
+        article, *modifiers, shape = with_article(object_name(obj)).split()
         first = self.add(article, "DET")
         adjectives = [self.add(word, "ADJ") for word in modifiers]
         noun = self.add(shape, "NOUN")
@@ -182,7 +182,7 @@ def placing(objects: tuple[SceneObject, ...], i: int, j: int, bracketed: bool) -
     shape the root; "to the left of" a nmod with its own case and det, the second shape hung on "left"."""
     sentence = Sentence()
     root = sentence.noun_phrase(objects[i], i + 1 if bracketed else None)
-    relation = _relation(objects[i], objects[j]).split()
+    relation = spatial_relation(objects[i], objects[j]).split()
     if len(relation) == 1:  # above, below: a preposition
         case = sentence.add(relation[0], "ADP")
         other = sentence.noun_phrase(objects[j], j + 1 if bracketed else None)
@@ -235,7 +235,7 @@ def caption_parses(record: dict[str, Any]) -> list[Sentence]:
     first, second, third = record["captions"]
     built = [listing(objects, record["background"], ids), counting(objects, ids)]
     pairs = [(i, j) for i in range(len(objects)) for j in range(len(objects))
-             if i != j and _relation(objects[i], objects[j]) and placing(objects, i, j, False).text() == third]
+             if i != j and spatial_relation(objects[i], objects[j]) and placing(objects, i, j, False).text() == third]
     if pairs:
         meant = {(objects[i].box, objects[j].box) for i, j in pairs}
         built.append(placing(objects, *pairs[0], bracketed=len(meant) == 1))

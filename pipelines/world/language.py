@@ -28,12 +28,12 @@ class ReferringExpression:
     target: int  # index into the scene's objects
 
 
-def _name(obj: SceneObject, with_size: bool = True) -> str:
+def object_name(obj: SceneObject, with_size: bool = True) -> str:
     size = f"{obj.size} " if with_size and obj.size in NAMED_SIZES else ""
     return f"{size}{obj.colour} {obj.shape}"
 
 
-def _with_article(phrase: str) -> str:
+def with_article(phrase: str) -> str:
     return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
 
@@ -41,7 +41,7 @@ def _join(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _relation(a: SceneObject, b: SceneObject) -> str | None:
+def spatial_relation(a: SceneObject, b: SceneObject) -> str | None:
     """How `a` lies relative to `b`, along the axis where they are clearly apart (x first)."""
     dx, dy = a.centre[0] - b.centre[0], a.centre[1] - b.centre[1]
     if abs(dx) >= POSITION_MARGIN:
@@ -53,23 +53,24 @@ def _relation(a: SceneObject, b: SceneObject) -> str | None:
 
 def _unique_names(scene: Scene) -> dict[int, str]:
     """Objects that "the <colour> <shape>" picks out alone, with that phrase."""
-    names = [_name(o, with_size=False) for o in scene.objects]
+    names = [object_name(o, with_size=False) for o in scene.objects]
     return {i: n for i, n in enumerate(names) if names.count(n) == 1}
 
 
 def captions(scene: Scene, rng: np.random.Generator) -> list[str]:
     objs = scene.objects
-    listed = _join([_with_article(_name(o)) for o in objs])
+    listed = _join([with_article(object_name(o)) for o in objs])
     result = [f"{listed} on a {BACKGROUND_WORDS[scene.background]} background."]
     count = len(objs)
     result.append(f"there {'is' if count == 1 else 'are'} {NUMBER_WORDS[count]} "
                   f"{'shape' if count == 1 else 'shapes'} in the picture.")
-    pairs = [(i, j) for i in range(count) for j in range(count) if i != j and _relation(objs[i], objs[j])]
+    pairs = [(i, j) for i in range(count) for j in range(count) if i != j and spatial_relation(objs[i], objs[j])]
     if pairs:
         i, j = pairs[int(rng.integers(len(pairs)))]
-        result.append(f"{_with_article(_name(objs[i]))} {_relation(objs[i], objs[j])} {_with_article(_name(objs[j]))}.")
+        first, second = (with_article(object_name(obj)) for obj in (objs[i], objs[j]))
+        result.append(f"{first} {spatial_relation(objs[i], objs[j])} {second}.")
     else:
-        result.append(f"a picture with {_with_article(_name(objs[0]))} and nothing else.")
+        result.append(f"a picture with {with_article(object_name(objs[0]))} and nothing else.")
     return result
 
 
@@ -111,7 +112,7 @@ def _position_questions(scene: Scene, rng: np.random.Generator) -> list[Question
     questions = []
     for i in names:
         for j in names:
-            relation = _relation(scene.objects[i], scene.objects[j]) if i != j else None
+            relation = spatial_relation(scene.objects[i], scene.objects[j]) if i != j else None
             if relation is None:
                 continue
             truthful = rng.random() < 0.5
@@ -152,15 +153,15 @@ def referring_expressions(scene: Scene, rng: np.random.Generator) -> list[Referr
         if shapes.count(obj.shape) == 1 and rng.random() < 0.5:
             text = f"the {obj.shape}"
         elif i in names:
-            text = f"the {_name(obj)}"
+            text = f"the {object_name(obj)}"
         else:
             # Identical twins: tell them apart by which is leftmost or rightmost, when clearly so.
-            twins = [o for o in objs if _name(o, with_size=False) == _name(obj, with_size=False)]
+            twins = [o for o in objs if object_name(o, with_size=False) == object_name(obj, with_size=False)]
             xs = sorted(o.centre[0] for o in twins)
             if obj.centre[0] == xs[0] and xs[1] - xs[0] >= POSITION_MARGIN:
-                text = f"the leftmost {_name(obj, with_size=False)}"
+                text = f"the leftmost {object_name(obj, with_size=False)}"
             elif obj.centre[0] == xs[-1] and xs[-1] - xs[-2] >= POSITION_MARGIN:
-                text = f"the rightmost {_name(obj, with_size=False)}"
+                text = f"the rightmost {object_name(obj, with_size=False)}"
             else:
                 continue
         result.append(ReferringExpression(text, i))
