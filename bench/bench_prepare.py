@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from train.data.sources.captions import CC_FILES, cc_image_stem
-from train.data.sources.img2dataset import SHARD_SIZE as CC_SHARD_SIZE
+from train.data.sources.captions import CC_FILES
+from train.data.sources.img2dataset import SHARD_SIZE as CC_SHARD_SIZE, img2dataset_stem
 from train.data.sources.vqa2 import ANNOTATIONS, QUESTIONS, image_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,9 +141,9 @@ def write_cc(full: Path, part: Path, images: Path, scale: float, present: float,
                 whole.writelines(lines)
                 prefix.writelines(lines[:max(0, part_rows - start)])
                 for first in range(block.start - block.start % CC_SHARD_SIZE, block.stop, CC_SHARD_SIZE):
-                    (images / cc_image_stem(split, first)).parent.mkdir(parents=True, exist_ok=True)
+                    (images / img2dataset_stem(split, first)).parent.mkdir(parents=True, exist_ok=True)
                 for i in (np.flatnonzero(rng.random(len(block)) < present) + start).tolist():
-                    touch(f"{images}/{cc_image_stem(split, i)}.jpg")
+                    touch(f"{images}/{img2dataset_stem(split, i)}.jpg")
                     with_image += 1
         counts[split] = (rows, part_rows, with_image)
     return counts

@@ -12,7 +12,8 @@ import pytest
 from train.data.files import DataError
 from train.data.prepare import prepare_dataset
 from train.data.sources import text
-from train.data.sources.captions import COCO_CAPTIONS, CONCEPTUAL_CAPTIONS, cc_image_stem
+from train.data.sources.captions import COCO_CAPTIONS, CONCEPTUAL_CAPTIONS
+from train.data.sources.img2dataset import img2dataset_stem
 from train.data.sources.text import TextCorpus
 
 NOT_AN_IMAGE = b"any bytes: preparation never decodes images"
@@ -102,9 +103,9 @@ def test_coco_captions_malformed_file_is_a_data_error_naming_file_and_entry(tmp_
 
 
 def test_cc_image_path_is_img2dataset_files_layout() -> None:
-    assert cc_image_stem("training", 0) == "training/00000/000000000"
-    assert cc_image_stem("training", 12_345) == "training/00001/000012345"
-    assert cc_image_stem("validation", 3_318_332) == "validation/00331/003318332"
+    assert img2dataset_stem("training", 0) == "training/00000/000000000"
+    assert img2dataset_stem("training", 12_345) == "training/00001/000012345"
+    assert img2dataset_stem("validation", 3_318_332) == "validation/00331/003318332"
 
 
 def test_cc_rows_with_images_missing_images_and_malformed_lines(tmp_path: Path) -> None:

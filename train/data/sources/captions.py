@@ -124,11 +124,6 @@ def add_captioned_images(preparation: Preparation, writer: SplitWriter, images: 
     writer.extra["images"] = written
 
 
-def cc_image_stem(split: str, row: int) -> str:
-    """The image path without extension that img2dataset writes for the 0-based TSV row `row`."""
-    return img2dataset_stem(split, row)
-
-
 def cc_rows(path: Path, log: Callable[[str], None]) -> Iterator[tuple[int, int, bytes]]:
     """(line number, row, line without its end) of every row of `path`, streamed; `row` is the
     0-based number among the rows, which a header line (logged) and blank lines do not count.
@@ -169,7 +164,7 @@ def prepare_conceptual_captions(preparation: Preparation) -> None:
         with preparation.split(split) as writer:
             for number, row, line in preparation.progress(cc_rows(files[split], preparation.log), split):
                 add_caption_row(writer, row, f"{files[split]}:{number}", lambda: parse_cc_row(line),
-                                cc_image_stem(split, row))
+                                img2dataset_stem(split, row))
 
 
 COCO_CAPTIONS = Source("coco-captions", COCO_SPLITS, prepare_coco_captions,
