@@ -31,15 +31,17 @@ def world(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     images as img2dataset's webdataset and files outputs too; with `entities`, the world in Flickr30K
     Entities' layout too."""
     from pipelines.world import generate_world
-    from pipelines.world.entities import write_world_entities
-    from pipelines.world.shards import OUTPUT_FORMATS, write_img2dataset
 
     chosen = parse(WorldParams, params)
     generate_world(folder, chosen.images, chosen.seed)
     if chosen.img2dataset:
+        from pipelines.world.shards import OUTPUT_FORMATS, write_img2dataset  # pyarrow: only when asked for
+
         for output_format in OUTPUT_FORMATS:
             write_img2dataset(folder, folder / "img2dataset" / output_format, output_format, chosen.samples_per_shard)
     if chosen.entities:
+        from pipelines.world.entities import write_world_entities
+
         counts = write_world_entities(folder, folder)
         log(f"Flickr30K Entities layout: {', '.join(f'{split} {n} captions' for split, n in counts.items())}")
 
