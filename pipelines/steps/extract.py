@@ -107,7 +107,6 @@ def _verify_extract(params: dict[str, Any], folder: Path, known: Foreknown) -> l
     from extract.backends import BACKENDS
     from extract.config import ConfigError
     from extract.presets import load_config
-
     from extract.shards import find_shards, names_shards
 
     options = _extraction_options(params)

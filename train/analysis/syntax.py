@@ -343,6 +343,7 @@ def markdown_table(result: dict[str, Any]) -> str:
         lines += ["", "## The other relations", "", HEADER + "\n".join(_row(row) for row in rows if not row["top"])]
     lines += ["", "The last column is the paper's, not measured here: VisualBERT (Li et al., 2019) Table 2, "
               "Flickr30K validation captions parsed by AllenNLP (Stanford dependencies), the best of the heads "
-              "giving more than 20% of their attention to regions; a UD label is read as the Stanford relation "
-              "joining the same words (train/analysis/relations.py)."]
+              "giving more than 20% of their attention to regions; a parser's label is read as the Stanford "
+              f"relation joining the same words, through the map of its label set ({result['labels']}; "
+              "train/analysis/relations.py)."]
     return "\n".join(lines) + "\n"

@@ -12,8 +12,9 @@ An image is found by its path without extension, with any extension extraction r
 (extract.images.IMAGE_EXTENSIONS); a name outside the images folder (absolute, or with `..`) is not
 looked for. Where `--images` holds tar shards (img2dataset's webdataset output; extract/shards.py),
 a shard reads as the folder of its name: `a/00000/KEY.jpg` is found as the image member `KEY.jpg` of
-`a/00000.tar`, from the tar headers only, and names the same store key as the file would. Items whose image is missing are skipped and counted; `max_missing` fails the
-preparation when a split misses a larger share, and a preparation that yields no item fails.
+`a/00000.tar`, from the tar headers only, and names the same store key as the file would. Items
+whose image is missing are skipped and counted; `max_missing` fails the preparation when a split
+misses a larger share, and a preparation that yields no item fails.
 
 Outputs never replace inputs: `--out` may not be, lie inside or hold `--root`, `--images` or an
 input file option (extract/paths.py). Every file is written under a temporary name and renamed only
