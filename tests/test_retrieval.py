@@ -23,7 +23,7 @@ from train.engine.config import StageConfig
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from train.data.collate import model_inputs
-from train.evaluation.retrieval import chance_recalls, recalls, retrieval_ranks
+from train.evaluation.retrieval import chance_recalls, recall_hits, retrieval_ranks
 from train.tasks.retrieval import RetrievalCandidates, RetrievalPairs, RetrievalRecall, caption_similarity
 from pipelines.world.tiny import TINY_MODEL
 from tests.helpers.worlds import copy_world, run_config
@@ -50,8 +50,9 @@ def test_ranks_and_recalls_of_a_known_score_matrix() -> None:
     # caption 0: image 0 (0.9) first; 1: image 1 (0.7) above image 0 (0.1) → 2; 2: images 2 (0.9), 0 (0.5)
     # above image 1 → 2; 3: image 0 (0.8) and 1 (0.6) above 0.5 → 2; 4: 0.5 first.
     assert ranks.text_to_image.tolist() == [0, 2, 2, 2, 0]
-    assert recalls(ranks) == {"i2t_r1": round(1 / 3, 4), "i2t_r5": 1.0, "i2t_r10": 1.0,
-                              "t2i_r1": 0.4, "t2i_r5": 1.0, "t2i_r10": 1.0}
+    recalls = {name: round(float(hits.mean()), 4) for name, hits in recall_hits(ranks).items()}
+    assert recalls == {"i2t_r1": round(1 / 3, 4), "i2t_r5": 1.0, "i2t_r10": 1.0,
+                       "t2i_r1": 0.4, "t2i_r5": 1.0, "t2i_r10": 1.0}
 
 
 def test_ties_and_unscored_pairs_count_against_the_right_match() -> None:
@@ -69,7 +70,7 @@ def test_chance_recall_is_that_of_a_random_ranking() -> None:
     # image with 2 of 5 captions: 1 - C(3,1)/C(5,1) = 0.4; with 1: 0.2 → mean (0.4 + 0.2 + 0.4) / 3
     assert chance["i2t_r1"] == round(1 / 3, 4) and chance["i2t_r10"] == 1.0
     rng = np.random.default_rng(0)
-    draws = [recalls(retrieval_ranks(rng.random((3, 5)), CAPTION_IMAGE))["i2t_r1"] for _ in range(4000)]
+    draws = [recall_hits(retrieval_ranks(rng.random((3, 5)), CAPTION_IMAGE))["i2t_r1"].mean() for _ in range(4000)]
     assert abs(np.mean(draws) - 1 / 3) < 0.02
 
 

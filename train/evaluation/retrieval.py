@@ -40,11 +40,6 @@ def recall_hits(ranks: RetrievalRanks) -> dict[str, np.ndarray]:
             for name, direction in (("i2t", ranks.image_to_text), ("t2i", ranks.text_to_image)) for k in RECALL_AT}
 
 
-def recalls(ranks: RetrievalRanks) -> dict[str, float]:
-    """Recall@K (share of queries whose right match ranks in the top K) of both directions."""
-    return {name: round(float(hits.mean()), 4) for name, hits in recall_hits(ranks).items()}
-
-
 def folds(scores: np.ndarray, caption_image: np.ndarray, fold_images: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(scores, caption_image) of each fold of `fold_images` consecutive images with their captions, ranked
     among themselves only: the COCO 1K protocol's 5 folds of the 5K test split, in the split's order. The
