@@ -45,16 +45,16 @@ def retrieval_tables(rows: list[dict[str, Any]]) -> list[str]:
     lines: list[str] = []
     for protocol in dict.fromkeys(name for row in rows for name in row["retrieval"]["protocols"]):
         shown = [row for row in rows if protocol in row["retrieval"]["protocols"]]
-        lines += [f"### {protocol}", "",
-                  "| run | setting | started from | images × captions | " + " | ".join(_header(n) for n in RECALLS) + " |",
+        header = " | ".join(_header(name) for name in RECALLS)
+        lines += [f"### {protocol}", "", f"| run | setting | started from | images × captions | {header} |",
                   "|---|---|---|---|" + "---|" * len(RECALLS)]
         for row in shown:
             found = row["retrieval"]["protocols"][protocol]
             intervals = found["recall_intervals"] or {}
-            cells = [f"{found['recalls'][n]:.3f} {_interval(intervals.get(n))}{_above(intervals.get(n), found, n)}".strip()
-                     for n in RECALLS]
+            cells = [f"{found['recalls'][n]:.3f} {_interval(intervals.get(n))}{_above(intervals.get(n), found, n)}"
+                     .strip() for n in RECALLS]
             lines.append(f"| {row['name']} | {row['retrieval']['setting']} | {row['init_from'] or 'scratch'} | "
-                         f"{row['retrieval']['images']} × {row['retrieval']['captions']} | " + " | ".join(cells) + " |")
+                         f"{row['retrieval']['images']} × {row['retrieval']['captions']} | {' | '.join(cells)} |")
         chance = shown[0]["retrieval"]["protocols"][protocol]["chance_recalls"]
         lines += ["| random ranking | | | | " + " | ".join(f"{chance[n]:.3f}" for n in RECALLS) + " |", ""]
     return lines
