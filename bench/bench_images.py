@@ -37,6 +37,7 @@ from extract.images import EncodedImage, load_image
 from extract.job import run_extraction
 from extract.shards import IMAGE_MEMBER_EXTENSIONS, find_shards, read_shard
 from extract.synthetic import synthetic_image
+from pipelines.world.shards import write_tar
 
 ROOT = Path(__file__).resolve().parents[1]
 DETECTOR = ROOT / "pipelines" / "data" / "demo_detector.yaml"
@@ -50,18 +51,16 @@ def write_outputs(folder: Path, count: int, per_shard: int, size: tuple[int, int
     for shard, first in enumerate(range(0, count, per_shard)):
         name = f"{shard:05d}"
         (files / name).mkdir(parents=True)
-        with tarfile.open(shards / f"{name}.tar", "w") as archive:
-            for number in range(first, min(count, first + per_shard)):
-                key = str(shard * per_shard + number - first).zfill(digits)
-                encoded = io.BytesIO()
-                Image.fromarray(synthetic_image(*size, seed=number)).save(encoded, format="JPEG", quality=90)
-                members = {"jpg": encoded.getvalue(), "json": json.dumps({"key": key}).encode(),
-                           "txt": f"image {number}".encode()}
-                for extension, data in members.items():
-                    (files / name / f"{key}.{extension}").write_bytes(data)
-                    info = tarfile.TarInfo(f"{key}.{extension}")
-                    info.size = len(data)
-                    archive.addfile(info, io.BytesIO(data))
+        members = []
+        for number in range(first, min(count, first + per_shard)):
+            key = str(shard * per_shard + number - first).zfill(digits)
+            encoded = io.BytesIO()
+            Image.fromarray(synthetic_image(*size, seed=number)).save(encoded, format="JPEG", quality=90)
+            for extension, data in (("jpg", encoded.getvalue()), ("json", json.dumps({"key": key}).encode()),
+                                    ("txt", f"image {number}".encode())):
+                (files / name / f"{key}.{extension}").write_bytes(data)
+                members.append((f"{key}.{extension}", data))
+        write_tar(shards / f"{name}.tar", members)
     return files, shards
 
 
@@ -144,15 +143,13 @@ def main() -> None:
         subset = folder / "subset"
         keep = args.extract_images
         with tarfile.open(tars[0]) as archive:
-            members = archive.getmembers()[: 3 * keep]
-            (subset / "webdataset").mkdir(parents=True)
-            with tarfile.open(subset / "webdataset" / "00000.tar", "w") as out:
-                for member in members:
-                    out.addfile(member, archive.extractfile(member))
-        for member in members:
-            if member.name.endswith(".jpg"):
+            members = [(member.name, archive.extractfile(member).read()) for member in archive.getmembers()[: 3 * keep]]
+        (subset / "webdataset").mkdir(parents=True)
+        write_tar(subset / "webdataset" / "00000.tar", members)
+        for name, _ in members:
+            if name.endswith(".jpg"):
                 (subset / "files" / "00000").mkdir(parents=True, exist_ok=True)
-                os.link(files_root / "00000" / member.name, subset / "files" / "00000" / member.name)
+                os.link(files_root / "00000" / name, subset / "files" / "00000" / name)
         extraction = {}
         for name, images in (("shards", subset / "webdataset"), ("files", subset / "files")):
             summary = run_extraction(images, folder / f"store-{name}", str(DETECTOR),
@@ -161,8 +158,8 @@ def main() -> None:
             extraction[name] = summary.images_per_second
             print(f"extraction from {name}: {summary.written} images, {summary.images_per_second:.2f} img/s "
                   f"({summary.threads} CPU thread(s), {args.workers} decoding worker(s), demo detector)")
-        print(f"shards: cold read rate (slower pass) / detector rate {rates['shards'][0] / extraction['shards']:.0f}x (goal >= 10x); "
-              f"read+decode rate in one process / detector rate {rates['shards'][1] / extraction['shards']:.1f}x")
+        print(f"shards: cold read rate (slower pass) / detector rate {rates['shards'][0] / extraction['shards']:.0f}x "
+              f"(goal >= 10x); read+decode rate in one process / detector rate {rates['shards'][1] / extraction['shards']:.1f}x")
 
 
 if __name__ == "__main__":

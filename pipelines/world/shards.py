@@ -24,7 +24,7 @@ import tarfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Collection, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -78,7 +78,8 @@ def write_img2dataset(world: str | Path, out: str | Path, output_format: str = "
             results.append(_download(world, row, key, row["url"] in failed))
         samples = [(result, members) for result, members in results if members]
         if output_format == "webdataset":
-            _write_tar(out / f"{name}.tar", samples)
+            write_tar(out / f"{name}.tar", ((f"{result['key']}.{extension}", members[extension])
+                                            for result, members in samples for extension in sorted(members)))
         else:
             for result, members in samples:
                 for extension, data in members.items():
@@ -111,13 +112,13 @@ def _download(world: Path, row: dict[str, Any], key: str, failed: bool) -> tuple
     return result, {"jpg": encoded.getvalue(), "json": json.dumps(meta).encode(), "txt": row["caption"].encode()}
 
 
-def _write_tar(path: Path, samples: list[tuple[dict[str, Any], dict[str, bytes]]]) -> None:
+def write_tar(path: Path, members: Iterable[tuple[str, bytes]]) -> None:
+    """An uncompressed tar of `members` (name, data), in order, as webdataset shards are."""
     with tarfile.open(path, "w") as archive:
-        for result, members in samples:
-            for extension in sorted(members):
-                info = tarfile.TarInfo(f"{result['key']}.{extension}")
-                info.size, info.mode = len(members[extension]), 0o444
-                archive.addfile(info, io.BytesIO(members[extension]))
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o444
+            archive.addfile(info, io.BytesIO(data))
 
 
 def _stats(results: list[dict[str, Any]], start: float) -> dict[str, Any]:
