@@ -1,7 +1,6 @@
 """Extraction from img2dataset's tar shards: the same store as from its files output, sharding by tar
 shard, resume, damage, image lists, the CLI and the pipeline step; and the demo world's shard writer."""
 
-import io
 import json
 import shutil
 import tarfile
@@ -17,6 +16,7 @@ from extract.store.audit import verify_store
 from pipelines.cli import main
 from pipelines.world import generate_world
 from pipelines.world.shards import PARQUET_SCHEMA, URL_PREFIX, write_img2dataset
+from tests.helpers.shards import write_tar
 
 RUN = dict(batch_size=3, progress=False, decode_workers=0)
 IGNORED_META = ("created", "images_root", "source")
@@ -129,12 +129,7 @@ def copy_with(source, target, change):
     """The tar shard `source` rewritten to `target` with its members as `change(list of (name, bytes))` returns them."""
     with tarfile.open(source) as archive:
         members = [(m.name, archive.extractfile(m).read()) for m in archive.getmembers()]
-    with tarfile.open(target, "w") as archive:
-        for name, data in change(members):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return target
+    return write_tar(target, change(members))
 
 
 def test_damage_is_named_the_rest_extracted_and_a_rerun_adds_nothing(outputs, from_files, tmp_path):

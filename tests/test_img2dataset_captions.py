@@ -3,7 +3,6 @@ status parquet; and CC and SBU read with their images in tar shards."""
 
 from __future__ import annotations
 
-import io
 import json
 import tarfile
 from pathlib import Path
@@ -17,6 +16,7 @@ from train.data.sources.captions import CONCEPTUAL_CAPTIONS
 from train.data.sources.img2dataset import SOURCE
 from train.data.sources.sbu import SOURCE as SBU
 from tests.test_captions import NOT_AN_IMAGE, read_jsonl
+from tests.helpers.shards import write_tar
 from tests.test_sbu import url, write_sbu
 
 pq = pytest.importorskip("pyarrow.parquet")
@@ -39,11 +39,7 @@ def write_output(folder: Path, rows: dict[int, tuple[str, bytes | None]], shards
                 members.append((f"{key}.txt", caption))
             members.append((f"{key}.json", json.dumps({"key": key, "status": status}).encode()))
         if shards:
-            with tarfile.open(folder / f"{shard:05d}.tar", "w") as tar:
-                for name, data in members:
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+            write_tar(folder / f"{shard:05d}.tar", members)
         else:
             for name, data in members:
                 (folder / f"{shard:05d}").mkdir(exist_ok=True)
