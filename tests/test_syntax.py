@@ -369,3 +369,11 @@ def test_world_entities_command_writes_the_same_files_again(world, tiny_world, t
         f"({counts['val']} captions)\n")
     for name in ("train.conllu", "val.conllu", "val.txt", "Sentences/" + world["records"][0]["id"] + ".txt"):
         assert (tmp_path / "entities" / name).read_text() == (world["root"] / "entities" / name).read_text()
+
+
+def test_world_entities_of_a_folder_that_is_no_world_is_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "not-a-world").mkdir()
+    result = CliRunner().invoke(main, ["world", "entities", "--world", str(tmp_path / "not-a-world"), "--out",
+                                       str(tmp_path / "entities")])
+    assert result.exit_code != 0 and result.output.count("\n") == 1
+    assert "no such split" in result.output and not (tmp_path / "entities").exists()

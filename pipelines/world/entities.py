@@ -273,11 +273,11 @@ def write_world_entities(world: str | Path, out: str | Path) -> dict[str, int]:
     """Writes the world's splits in Flickr30K Entities' layout with CoNLL-U parses under `out`;
     returns each split's number of captions."""
     world, out = Path(world), Path(out)
+    splits = {split: load_split(world, split) for split in SPLITS}  # a folder that is no world: nothing written
     for folder in ("Sentences", "Annotations", "flickr30k-images"):
         (out / folder).mkdir(parents=True, exist_ok=True)
     counts = {}
-    for split in SPLITS:
-        records = load_split(world, split)
+    for split, records in splits.items():
         parses = []
         for record in records:
             sentences = caption_parses(record)
