@@ -20,7 +20,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -195,11 +195,14 @@ class Trainer:
                 check_vocabulary_size(self.tokenizer, config["vocab_size"], self.run.vocabulary)
 
     def _train_annotations(self) -> AnnotationFile | MixedAnnotations:
-        """The training annotations: one file, or several mixed by their numbers of items."""
+        """The training annotations: one file, or several mixed by their numbers of items (their
+        `mixture`, logged here and recorded in run.json)."""
+        self.mixture: list[dict[str, Any]] | None = None
         if isinstance(self.run.train_annotations, str):
             return self._annotations(self.run.train_annotations)
         mixed = MixedAnnotations([self._annotations(path) for path in self.run.train_annotations])
-        for part in mixed.mixture():
+        self.mixture = mixed.mixture()
+        for part in self.mixture:
             self.log(f"training mixture: {part['file']}: {part['images']} images, "
                      + ", ".join(f"{n} {kind} ({part['share'][kind]:.1%})" for kind, n in part["items"].items()))
         return mixed
@@ -268,8 +271,7 @@ class Trainer:
                 self._remove_outputs()
             changes = self.folder.world().get("changes", []) if self.folder.is_run else []
             self.folder.write_config(self.run.to_dict(), {"size": self.world.size, "changes": changes},
-                                     {name: chosen.name for name, chosen in self.precisions.items()},
-                                     self.data.train.mixture() if isinstance(self.data.train, MixedAnnotations) else None)
+                                     {name: chosen.name for name, chosen in self.precisions.items()}, self.mixture)
             self._sweep_temporaries()
         barrier(self.world)
 
