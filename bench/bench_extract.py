@@ -48,7 +48,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -67,8 +67,13 @@ from extract.backends import build_extractor  # noqa: E402
 from extract.config import parse_override  # noqa: E402
 from extract.images import load_image  # noqa: E402
 from extract.job import _region_computer, run_extraction  # noqa: E402
+from extract.loader import DecodingPipeline  # noqa: E402
+from extract.modeling.roi_heads import Res5ROIHeads  # noqa: E402
+from extract.modeling.rpn import RPN  # noqa: E402
 from extract.store.writer import FeatureStoreWriter  # noqa: E402
 from extract.synthetic import synthetic_image  # noqa: E402
+from extract.threads import ComputeLanes  # noqa: E402
+from trace_top import TRACE_NAME, Section, profiled, sections_marked, top  # noqa: E402
 
 VARIANTS = (0, 3)
 MODES = ("detect", "given")
@@ -95,6 +100,7 @@ class Job:
     batch_size: int
     overrides: dict[str, Any]
     store: str
+    warmup: int = 1
 
 
 @dataclass
@@ -104,17 +110,26 @@ class Measured:
     commits: list[tuple[float, int]]  # (time, images) of each committed batch
     utilisation: list[tuple[float, int]] = field(default_factory=list)  # (time, GPU %)
     selection_seconds: float = 0.0  # in the detector's box selection, every image
+    waits: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of each wait for a decoded image
+    warmup: int = 1  # batches left out of the steady window
 
     @property
     def selection_ms_per_image(self) -> float:
         return 1000 * self.selection_seconds / self.images
 
     @property
+    def window(self) -> tuple[float, float]:
+        """From the commit of the last warm-up batch to the last commit."""
+        if len(self.commits) <= self.warmup:
+            raise ValueError(f"{len(self.commits)} batches committed, not more than the {self.warmup} warm-up "
+                             "batch(es): give more --images or fewer --warmup batches")
+        return self.commits[self.warmup - 1][0] if self.warmup else self.commits[0][0], self.commits[-1][0]
+
+    @property
     def steady(self) -> tuple[float, int]:
-        """(seconds, images) from the first commit to the last, the first batch left out."""
-        if len(self.commits) < 2:
-            return self.run_seconds, self.images
-        return self.commits[-1][0] - self.commits[0][0], sum(count for _, count in self.commits[1:])
+        """(seconds, images) of the steady window: the batches after the warm-up."""
+        start, end = self.window
+        return end - start, sum(count for _, count in self.commits[max(self.warmup, 1):])
 
     @property
     def steady_rate(self) -> float:
@@ -122,9 +137,15 @@ class Measured:
         return images / seconds
 
     def mean_utilisation(self) -> float | None:
-        start, end = self.commits[0][0], self.commits[-1][0]
+        start, end = self.window
         inside = [percent for moment, percent in self.utilisation if start <= moment <= end]
         return sum(inside) / len(inside) if inside else None
+
+    def data_wait_share(self) -> float:
+        """The share of the steady window in which the job waited for decoded images."""
+        start, end = self.window
+        waited = sum(max(0.0, min(stop, end) - max(begin, start)) for begin, stop in self.waits)
+        return waited / (end - start)
 
 
 def write_inputs(folder: Path, count: int) -> Path:
@@ -141,6 +162,28 @@ def write_inputs(folder: Path, count: int) -> Path:
     path = folder.parent / "boxes.json"
     path.write_text(json.dumps(boxes))
     return path
+
+
+@contextmanager
+def wait_clock(waits: list[tuple[float, float]]) -> Iterator[None]:
+    """Records each wait of the job for its next decoded image (from the decoding workers)."""
+    iterate = DecodingPipeline.__iter__
+
+    def timed(self):
+        items = iterate(self)
+        while True:
+            begin = time.perf_counter()
+            item = next(items, None)
+            waits.append((begin, time.perf_counter()))
+            if item is None:
+                return
+            yield item
+
+    DecodingPipeline.__iter__ = timed
+    try:
+        yield
+    finally:
+        DecodingPipeline.__iter__ = iterate
 
 
 @contextmanager
@@ -241,29 +284,75 @@ def measure(job: Job) -> tuple[Measured, str | None]:
     commits: list[tuple[float, int]] = []
     utilisation: list[tuple[float, int]] = []
     selection: list[float] = []
-    with commit_clock(commits), selection_clock(job.device, selection), \
+    waits: list[tuple[float, float]] = []
+    with commit_clock(commits), selection_clock(job.device, selection), wait_clock(waits), \
             gpu_sampler(job.device, utilisation) as no_utilisation:
         start = time.perf_counter()
-        summary = run_extraction(job.images, job.store, job.detector, boxes=job.boxes, batch_size=job.batch_size,
-                                 device=job.device, precision=job.precision, mask_variants=job.variants,
-                                 decode_workers=job.workers, overrides=job.overrides, progress=False)
+        summary = run_job(job)
         seconds = time.perf_counter() - start
     if summary.failed:
         raise RuntimeError(f"{summary.failed} images failed: {summary.failures[:3]}")
-    return Measured(summary.written, seconds, commits, utilisation, sum(selection)), no_utilisation
+    return Measured(summary.written, seconds, commits, utilisation, sum(selection), waits, job.warmup), no_utilisation
+
+
+def run_job(job: Job, image_list: Path | None = None):
+    return run_extraction(job.images, job.store, job.detector, boxes=job.boxes, image_list=image_list,
+                          batch_size=job.batch_size, device=job.device, precision=job.precision,
+                          mask_variants=job.variants, decode_workers=job.workers, overrides=job.overrides,
+                          progress=False)
 
 
 def measure_in_child(job: Job, code: Path) -> Measured:
     """`measure(job)` in a fresh process that imports `extract` from the checkout at `code`."""
     fields = run_child(__file__, code, asdict(job))
     return Measured(fields["images"], fields["run_seconds"], [tuple(c) for c in fields["commits"]],
-                    selection_seconds=fields["selection_seconds"])
+                    selection_seconds=fields["selection_seconds"], warmup=job.warmup)
 
 
 def child(spec: str) -> None:
     measured, _ = measure(Job(**json.loads(spec)))
     print(json.dumps({"images": measured.images, "run_seconds": measured.run_seconds, "commits": measured.commits,
                       "selection_seconds": measured.selection_seconds}))
+
+
+# Where a batch's time goes (--profile): each section the function it wraps.
+SECTIONS = (
+    Section("decode wait", DecodingPipeline, "__iter__", per_item=True),
+    Section("prepare", extract.detector.Detector, "prepare"),
+    Section("trunk", extract.detector.Detector, "_trunk"),
+    Section("RPN", RPN, "propose"),
+    Section("res5 and box head", Res5ROIHeads, "forward"),
+    Section("selection", extract.detector, "select_boxes_batch"),
+    Section("pixel masks", extract.detector, "masked_images"),
+    Section("to host", extract.job, "regions_numpy"),
+    Section("records", extract.job, "record_from_regions"),
+    Section("writer", FeatureStoreWriter, "commit"),
+)
+
+
+def profile_job(job: Job, folder: Path, batches: int) -> list[str]:
+    """A torch.profiler trace of `batches` batches of `job` after its warm-up batches (and one more
+    that warms the profiler up), saved in `folder`; returns its top. The job reads only the images
+    that those batches and one after them need."""
+    names = sorted(p.name for p in Path(job.images).iterdir())[: (job.warmup + batches + 2) * job.batch_size]
+    listing = Path(job.store + ".list")
+    if job.boxes:  # a boxes file names the job's images
+        given = json.loads(Path(job.boxes).read_text())
+        listing.write_text(json.dumps({name: given[name] for name in names}))
+        job = replace(job, boxes=str(listing))
+    else:
+        listing.write_text("\n".join(names) + "\n")
+    submit = ComputeLanes.submit
+    with sections_marked(SECTIONS), profiled(folder, job.warmup, batches) as step:
+        def stepping(self, batch, note):
+            submit(self, batch, note)
+            step()
+        ComputeLanes.submit = stepping
+        try:
+            run_job(job, None if job.boxes else listing)
+        finally:
+            ComputeLanes.submit = submit
+    return top(folder / TRACE_NAME, [s.label for s in SECTIONS], "batch")
 
 
 def flops_per_image(detector: str, device: str, precision: str, image: Path, boxes: list | None,
@@ -305,6 +394,12 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a checkout of other code: run every setting with both, side by side")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each code per setting with --baseline")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="batches left out of the steady rate (model warm-up, cuDNN autotuning, worker start)")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="after the measurements, a torch.profiler trace of the first setting's job into DIR "
+                             f"({TRACE_NAME}, top.txt) and its top: where a batch's time goes")
+    parser.add_argument("--profile-batches", type=int, default=4, help="batches traced with --profile")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -327,7 +422,7 @@ def main() -> None:
             nonlocal runs
             runs += 1
             return Job(str(images), str(boxes_file) if mode == "given" else None, detector, args.device, precision,
-                       k, workers, args.batch_size, overrides, str(Path(tmp) / f"run{runs}"))
+                       k, workers, args.batch_size, overrides, str(Path(tmp) / f"run{runs}"), args.warmup)
 
         for detector in args.detectors.split(","):
             for precision in args.precisions.split(","):
@@ -352,17 +447,28 @@ def main() -> None:
             if args.baseline is None and not on_cuda and detector == args.detectors.split(",")[0]:
                 old_style_comparison(modes, variants, lambda mode, k, workers: job(
                     detector, args.precisions.split(",")[0], mode, k, workers), args.workers)
+        if args.profile is not None:
+            first = (args.detectors.split(",")[0], args.precisions.split(",")[0], modes[0], variants[0])
+            print(f"\nprofile of {' '.join(map(str, first[:3]))} K={first[3]}, batches {args.warmup + 2} to "
+                  f"{args.warmup + 1 + args.profile_batches} (trace: {args.profile / TRACE_NAME}):")
+            lines = profile_job(job(*first), args.profile, args.profile_batches)
+            (args.profile / "top.txt").write_text("\n".join(lines) + "\n")
+            print("\n".join(lines), flush=True)
 
 
 def header(on_cuda: bool) -> str:
-    line = f"{'detector':9s} {'prec':5s} {'mode':7s} {'K':>2s} {'steady img/s':>12s} {'run img/s':>10s}"
+    line = (f"{'detector':9s} {'prec':5s} {'mode':7s} {'K':>2s} {'measured':>8s} {'steady img/s':>12s} "
+            f"{'passes/s':>8s} {'run img/s':>10s} {'wait %':>6s}")
     return line + f" {'sel ms/img':>10s}" + (f" {'GPU %':>6s} {'floor TFLOP':>11s} {'of peak':>8s}" if on_cuda else "")
 
 
 def row(detector: str, precision: str, mode: str, k: int, measured: Measured) -> str:
     selection = f"{measured.selection_ms_per_image:.2f}" if mode == "detect" else "-"
-    return (f"{detector:9s} {precision:5s} {mode:7s} {k:2d} {measured.steady_rate:12.4g} "
-            f"{measured.images / measured.run_seconds:10.4g} {selection:>10s}")
+    passes = k + (mode == "given")  # given-box passes an image costs: its clean pass (given mode), its variants
+    passes_rate = f"{measured.steady_rate * passes:.4g}" if passes else "-"
+    return (f"{detector:9s} {precision:5s} {mode:7s} {k:2d} {measured.steady[1]:8d} {measured.steady_rate:12.4g} "
+            f"{passes_rate:>8s} {measured.images / measured.run_seconds:10.4g} {measured.data_wait_share():6.1%} "
+            f"{selection:>10s}")
 
 
 def baseline_comparison(args, settings: list[tuple[str, int, Any]], label: str) -> None:
