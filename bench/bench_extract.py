@@ -238,12 +238,13 @@ def selection_clock(device: str, spent: list[float]) -> Iterator[None]:
     on_cuda = device.startswith("cuda")
 
     def timed(*args, **kwargs):
+        # The calling lane's stream only: other lanes go on.
         if on_cuda:
-            torch.cuda.synchronize(device)  # what was queued before is not the selection's
+            torch.cuda.current_stream().synchronize()  # what was queued before is not the selection's
         start = time.perf_counter()
         result = select(*args, **kwargs)
         if on_cuda:
-            torch.cuda.synchronize(device)
+            torch.cuda.current_stream().synchronize()
         spent.append(time.perf_counter() - start)
         return result
 

@@ -25,7 +25,7 @@ from extract.job import run_extraction
 from extract.selection import select_boxes_batch
 from extract.store import FeatureStore
 from extract.synthetic import synthetic_image
-from tests.helpers.detection import image_folder, loop_masked, random_detections
+from tests.helpers.detection import image_folder, jpeg_folder, loop_masked, random_detections
 
 pytestmark = pytest.mark.cuda
 
@@ -182,24 +182,63 @@ def images(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mode", ["given", "detect"])
-def test_a_whole_job_on_cuda_stores_what_the_cpu_stores(images, anchor_weights, tmp_path, mode):
+def test_a_whole_job_on_cuda_stores_what_the_cpu_stores_on_one_stream_or_two(images, anchor_weights, tmp_path, mode):
     options = dict(boxes=images.parent / "boxes.json", mask_variants=1) if mode == "given" else \
         dict(weights=anchor_weights, overrides=EVERY_PROPOSAL)
-    for device in ("cpu", "cuda"):
-        summary = run_extraction(images, tmp_path / device, "tiny", device=device, batch_size=4,
-                                 feature_dtype="float32", progress=False, **options)
+    runs = {"cpu": dict(device="cpu"), "cuda-1": dict(device="cuda", streams=1), "cuda-2": dict(device="cuda", streams=2)}
+    for name, run in runs.items():
+        summary = run_extraction(images, tmp_path / name, "tiny", batch_size=2, feature_dtype="float32",
+                                 progress=False, **run, **options)
         assert (summary.written, summary.failed) == (9, 0 if mode == "given" else 1)  # notes.jpg has no boxes
-    with FeatureStore(tmp_path / "cpu") as cpu, FeatureStore(tmp_path / "cuda") as cuda:
-        assert cpu.keys() == cuda.keys()
-        for key in cpu:
-            a, b = cpu[key], cuda[key]
-            assert_close_features(a["image_feature"], b["image_feature"], key)
-            if mode == "detect":
-                assert_same_boxes_close_features(a, b, key)
-                continue
-            assert np.array_equal(a["boxes"], b["boxes"]) and np.array_equal(a["mask_boxes"], b["mask_boxes"])
-            assert_close_features(a["features"], b["features"], key)
-            assert_close_features(a["masked_features"], b["masked_features"], key)
+    for name in ("cuda-1", "cuda-2"):
+        with FeatureStore(tmp_path / "cpu") as cpu, FeatureStore(tmp_path / name) as cuda:
+            assert cpu.keys() == cuda.keys()
+            for key in cpu:
+                a, b = cpu[key], cuda[key]
+                assert_close_features(a["image_feature"], b["image_feature"], (name, key))
+                if mode == "detect":
+                    assert_same_boxes_close_features(a, b, (name, key))
+                    continue
+                assert np.array_equal(a["boxes"], b["boxes"]) and np.array_equal(a["mask_boxes"], b["mask_boxes"])
+                assert_close_features(a["features"], b["features"], (name, key))
+                assert_close_features(a["masked_features"], b["masked_features"], (name, key))
+
+
+def test_pixels_decoded_on_the_gpu_prepare_as_the_same_pixels_uploaded(detectors):
+    _, cuda = detectors
+    image = synthetic_image(90, 130, seed=3)
+    uploaded = cuda.prepare(image).tensor
+    assert torch.equal(uploaded, cuda.prepare(torch.from_numpy(image).to(CUDA)).tensor)
+
+
+def cosines(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(axis=-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12)
+
+
+@pytest.mark.parametrize("mode", ["given", "detect"])
+def test_jpegs_decoded_on_the_gpu_keep_pillows_boxes_and_features(anchor_weights, tmp_path, mode):
+    """nvJPEG's pixels are not libjpeg's to the last level, so features are compared by cosine."""
+    images = jpeg_folder(tmp_path / "images")
+    boxes = {p.name: [[4, 6, 50, 40], [20, 10, 63.5, 60], [0, 0, 30, 30]] for p in images.iterdir()}
+    (tmp_path / "boxes.json").write_text(json.dumps(boxes))
+    options = dict(boxes=tmp_path / "boxes.json", mask_variants=1) if mode == "given" else \
+        dict(weights=anchor_weights, overrides=EVERY_PROPOSAL)
+    for decoding in ("workers", "device"):
+        summary = run_extraction(images, tmp_path / decoding, "tiny", device="cuda", batch_size=4,
+                                 jpeg_decoding=decoding, feature_dtype="float32", progress=False, **options)
+        assert (summary.written, summary.failed) == (10, 1)  # cut.jpg
+        assert ("on cuda" in summary.resources) == (decoding == "device")
+    with FeatureStore(tmp_path / "workers") as pillow, FeatureStore(tmp_path / "device") as nvjpeg:
+        assert pillow.keys() == nvjpeg.keys()
+        for key in pillow:
+            a, b = pillow[key], nvjpeg[key]
+            order_a, order_b = (by_box(a), by_box(b)) if mode == "detect" else (slice(None), slice(None))
+            assert np.array_equal(a["boxes"][order_a], b["boxes"][order_b]), key
+            assert cosines(a["features"][order_a], b["features"][order_b]).min() >= 0.9999, key
+            assert cosines(a["image_feature"], b["image_feature"]) >= 0.9999, key
+            if mode == "given":
+                assert cosines(a["masked_features"], b["masked_features"]).min() >= 0.9999, key
 
 
 STICKY_JOB = """
