@@ -96,11 +96,14 @@ class Job:
     device: str
     precision: str
     variants: int
-    workers: int
+    workers: int | None  # None: the job's default (extract/resources.py)
     batch_size: int
     overrides: dict[str, Any]
     store: str
     warmup: int = 1
+    # None: the job's defaults (and arguments that code from before them, a baseline's, lacks)
+    streams: int | None = None
+    jpeg_decoding: str | None = None
 
 
 @dataclass
@@ -112,6 +115,7 @@ class Measured:
     selection_seconds: float = 0.0  # in the detector's box selection, every image
     waits: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of each wait for a decoded image
     warmup: int = 1  # batches left out of the steady window
+    resources: str = ""  # the job's lanes, workers and JPEG decoding, as its summary says
 
     @property
     def selection_ms_per_image(self) -> float:
@@ -293,14 +297,16 @@ def measure(job: Job) -> tuple[Measured, str | None]:
         seconds = time.perf_counter() - start
     if summary.failed:
         raise RuntimeError(f"{summary.failed} images failed: {summary.failures[:3]}")
-    return Measured(summary.written, seconds, commits, utilisation, sum(selection), waits, job.warmup), no_utilisation
+    return Measured(summary.written, seconds, commits, utilisation, sum(selection), waits, job.warmup,
+                    getattr(summary, "resources", "")), no_utilisation
 
 
 def run_job(job: Job, image_list: Path | None = None):
+    newer = {name: getattr(job, name) for name in ("streams", "jpeg_decoding") if getattr(job, name) is not None}
     return run_extraction(job.images, job.store, job.detector, boxes=job.boxes, image_list=image_list,
                           batch_size=job.batch_size, device=job.device, precision=job.precision,
                           mask_variants=job.variants, decode_workers=job.workers, overrides=job.overrides,
-                          progress=False)
+                          progress=False, **newer)
 
 
 def measure_in_child(job: Job, code: Path) -> Measured:
@@ -387,7 +393,9 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: detect, given")
     parser.add_argument("--variants", default=",".join(map(str, VARIANTS)), help="comma-separated K values")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2, help="decoding processes of the job")
+    parser.add_argument("--workers", type=int, default=None, help="decoding processes of the job (default: the job's)")
+    parser.add_argument("--streams", type=int, default=None, help="CUDA streams of the job (default: the job's)")
+    parser.add_argument("--jpeg-decoding", default=None, help="auto, device or workers (default: the job's, auto)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="detector config override, e.g. rpn_post_nms_topk=50 (repeatable)")
     parser.add_argument("--peak-tflops", type=float, default=None,
@@ -414,7 +422,8 @@ def main() -> None:
         boxes_file = write_inputs(images, args.images)
         first_image = images / "image00000.jpg"
         first_boxes = json.loads(boxes_file.read_text())[first_image.name]
-        print(f"{args.images} JPEGs 480x640 on disk, batch {args.batch_size}, {args.workers} decoding workers, "
+        print(f"{args.images} JPEGs 480x640 on disk, batch {args.batch_size}, "
+              f"{'the job' + chr(39) + 's' if args.workers is None else args.workers} decoding workers, "
               f"device {args.device}" + (f" ({torch.cuda.get_device_name(args.device)})" if on_cuda else "")
               + f", torch threads {torch.get_num_threads()}" + (f", overrides {overrides}" if overrides else ""))
         runs = 0
@@ -423,7 +432,8 @@ def main() -> None:
             nonlocal runs
             runs += 1
             return Job(str(images), str(boxes_file) if mode == "given" else None, detector, args.device, precision,
-                       k, workers, args.batch_size, overrides, str(Path(tmp) / f"run{runs}"), args.warmup)
+                       k, workers, args.batch_size, overrides, str(Path(tmp) / f"run{runs}"), args.warmup,
+                       args.streams, args.jpeg_decoding)
 
         for detector in args.detectors.split(","):
             for precision in args.precisions.split(","):
@@ -432,6 +442,7 @@ def main() -> None:
                                                for mode in modes for k in variants], f"{detector} {precision}")
                     continue
                 print("\n" + header(on_cuda))
+                said = ""
                 for mode in modes:
                     rates = {}
                     for k in variants:
@@ -443,6 +454,9 @@ def main() -> None:
                                                 first_boxes if mode == "given" else None, k, measured,
                                                 no_utilisation)
                         print(line, flush=True)
+                        if measured.resources != said:
+                            said = measured.resources
+                            print(f"{'':9s} the job: {said}", flush=True)
                     if 0 in rates and 3 in rates:
                         print(f"{'':9s} {precision:5s} {mode:7s} K3/K0 time per image: {rates[0] / rates[3]:.2f}x")
             if args.baseline is None and not on_cuda and detector == args.detectors.split(",")[0]:
@@ -517,7 +531,7 @@ def old_style_comparison(modes: list[str], variants: list[int], make_job, worker
             new, _ = measure(make_job(mode, k, workers))
             with old_style():
                 old, _ = measure(make_job(mode, k, 0))
-            print(f"  {mode:6s} K={k}: {new.steady_rate:7.4g} img/s with {workers} workers and the "
+            print(f"  {mode:6s} K={k}: {new.steady_rate:7.4g} img/s with {workers or 'the default'} workers and the "
                   f"commit thread, {old.steady_rate:7.4g} img/s old-style: {new.steady_rate / old.steady_rate:.2f}x")
 
 
