@@ -14,6 +14,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torchvision.ops import nms
 
+from extract.selection_kernel import kept_by_rank, kernel_serves
+
 # Score of the padding rows: below every probability, so a padding row never tops a class, never
 # beats a box's floor and sorts after every real box (whose confidence is at least 0).
 PADDING_SCORE = -1.0
@@ -97,7 +99,7 @@ def surviving_confidence(boxes: torch.Tensor, scores: torch.Tensor, nms_thresh: 
         lowest = lowest.view(-1)[columns]
         kept_rows, kept_scores = _nms_per_column(boxes, column_scores, images, lowest, nms_thresh)
     else:
-        kept_rows, kept_scores = _nms_by_rank(boxes, column_scores, images, active, nms_thresh)
+        kept_rows, kept_scores = _nms_by_rank(boxes, column_scores, images, active, depth[: active[0]], nms_thresh)
     return floor.view(-1).scatter_reduce(0, kept_rows, kept_scores, "amax").view(count, rows)
 
 
@@ -116,18 +118,31 @@ def _nms_per_column(boxes: torch.Tensor, column_scores: torch.Tensor, images: to
 
 
 def _nms_by_rank(boxes: torch.Tensor, column_scores: torch.Tensor, images: torch.Tensor, active: list[int],
-                 nms_thresh: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 depth: torch.Tensor, nms_thresh: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(row in the flattened (B * N) boxes, score or 0) of each column's first `depth` ranks, the
     score where NMS keeps the box: greedy NMS of all columns together, rank by rank, suppression
-    held as 64-box bit words. Columns come deepest first; `active[r]` of them need rank r."""
+    held as 64-box bit words. Columns come deepest first; `active[r]` of them need rank r (the
+    columns whose `depth` exceeds r). On CUDA one Triton kernel walks the ranks (extract/selection_kernel.py)."""
     rows = boxes.shape[1]
     # rank → box per column; ties in index order, as torchvision's stable sort orders them.
     order = column_scores.sort(dim=1, descending=True, stable=True).indices[:, : len(active)].t()
     flat_rows = order + images * rows
-    suppresses = _packed(_suppresses(boxes, nms_thresh)).flatten(0, 1)
+    packed = _packed(_suppresses(boxes, nms_thresh))
+    if kernel_serves(boxes.device, packed.shape[-1]):
+        kept = kept_by_rank(order.t(), depth, images, packed).t()
+    else:
+        kept = _kept_rank_by_rank(order, flat_rows, packed.flatten(0, 1), active)
+    # Ranks a column does not need, and suppressed boxes, give 0: no confidence is below it.
+    scores = torch.where(kept, column_scores.gather(1, order.t()).t(), 0.0)
+    return flat_rows.reshape(-1), scores.reshape(-1)
+
+
+def _kept_rank_by_rank(order: torch.Tensor, flat_rows: torch.Tensor, suppresses: torch.Tensor,
+                       active: list[int]) -> torch.Tensor:
+    """(R, K) bool: the greedy NMS's decisions, a few tensor ops per rank for all columns at once."""
     word, bit = order >> 6, order & 63
-    suppressed = torch.zeros(len(images), suppresses.shape[1], dtype=torch.long, device=boxes.device)
-    kept = torch.zeros(order.shape, dtype=torch.bool, device=boxes.device)
+    suppressed = torch.zeros(order.shape[1], suppresses.shape[1], dtype=torch.long, device=order.device)
+    kept = torch.zeros(order.shape, dtype=torch.bool, device=order.device)
     # index_select and gather rather than advanced indexing: the latter's row gather runs an OpenMP
     # region per call, which costs milliseconds whenever another process holds a core.
     for rank, count in enumerate(active):
@@ -135,9 +150,7 @@ def _nms_by_rank(boxes: torch.Tensor, column_scores: torch.Tensor, images: torch
         alive = (words >> bit[rank, :count]) & 1 == 0
         kept[rank, :count] = alive
         suppressed[:count] |= torch.where(alive[:, None], suppresses.index_select(0, flat_rows[rank, :count]), 0)
-    # Ranks a column does not need, and suppressed boxes, give 0: no confidence is below it.
-    scores = torch.where(kept, column_scores.gather(1, order.t()).t(), 0.0)
-    return flat_rows.reshape(-1), scores.reshape(-1)
+    return kept
 
 
 def _packed(bits: torch.Tensor) -> torch.Tensor:
