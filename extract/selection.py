@@ -7,6 +7,8 @@ interact and the host waits for the device three times a batch, whatever its num
 
 from __future__ import annotations
 
+import threading
+import warnings
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
@@ -128,7 +130,7 @@ def _nms_by_rank(boxes: torch.Tensor, column_scores: torch.Tensor, images: torch
     order = column_scores.sort(dim=1, descending=True, stable=True).indices[:, : len(active)].t()
     flat_rows = order + images * rows
     packed = _packed(_suppresses(boxes, nms_thresh))
-    if kernel_serves(boxes.device, packed.shape[-1]):
+    if kernel_serves(boxes.device, packed.shape[-1]) and _kernel_checked(boxes.device):
         kept = kept_by_rank(order.t(), depth, images, packed).t()
     else:
         kept = _kept_rank_by_rank(order, flat_rows, packed.flatten(0, 1), active)
@@ -151,6 +153,38 @@ def _kept_rank_by_rank(order: torch.Tensor, flat_rows: torch.Tensor, suppresses:
         kept[rank, :count] = alive
         suppressed[:count] |= torch.where(alive[:, None], suppresses.index_select(0, flat_rows[rank, :count]), 0)
     return kept
+
+
+_KERNEL_CHECKS: dict[torch.device, bool] = {}
+_KERNEL_CHECK_LOCK = threading.Lock()
+
+
+def _kernel_checked(device: torch.device) -> bool:
+    """Whether the Triton kernel decides as `_kept_rank_by_rank` does on `device`, checked once per
+    process on a small random selection. Where it cannot be compiled or disagrees, a warning says
+    so and the torch version runs."""
+    with _KERNEL_CHECK_LOCK:
+        if device not in _KERNEL_CHECKS:
+            # Two images of 70 boxes (two words of bits), six columns of varied depths.
+            gen = torch.Generator().manual_seed(0)
+            xy = torch.rand(2, 70, 2, generator=gen) * 200
+            boxes = torch.cat((xy, xy + 10 + torch.rand(2, 70, 2, generator=gen) * 90), dim=2).to(device)
+            packed = _packed(_suppresses(boxes, 0.3))
+            order = torch.rand(6, 70, generator=gen).argsort(dim=1).to(device)
+            images = torch.arange(6, device=device) // 3
+            depth = torch.tensor([70, 66, 40, 9, 2, 1], device=device)
+            active = [int((depth > rank).sum()) for rank in range(70)]
+            expected = _kept_rank_by_rank(order.t(), (order + images[:, None] * 70).t(), packed.flatten(0, 1), active)
+            try:
+                agrees = torch.equal(kept_by_rank(order, depth, images, packed).t(), expected)
+                why = "it decides otherwise than the torch version"
+            except Exception as exc:  # noqa: BLE001 - any compile or launch failure: said below, torch runs
+                agrees, why = False, f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+            if not agrees:
+                warnings.warn(f"box selection on {device}: the Triton kernel is not used ({why}); the torch version, "
+                              "slower on a GPU, runs instead", stacklevel=2)
+            _KERNEL_CHECKS[device] = agrees
+        return _KERNEL_CHECKS[device]
 
 
 def _packed(bits: torch.Tensor) -> torch.Tensor:

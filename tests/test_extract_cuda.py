@@ -21,7 +21,11 @@ from torchvision.ops import nms, roi_align, roi_pool
 from extract import Detector, mask_pixels
 from extract.detector import REGION_ARRAYS, regions_numpy
 from extract.device import is_sticky_cuda_error
+from extract.images import load_image
 from extract.job import run_extraction
+from extract.jpeg import decode_batch, jpeg_for_device
+import extract.selection as selection
+import extract.selection_kernel as selection_kernel
 from extract.selection import select_boxes_batch
 from extract.store import FeatureStore
 from extract.synthetic import synthetic_image
@@ -69,7 +73,12 @@ def test_roi_pooling_agrees(pool):
 
 
 @pytest.mark.parametrize("counts, num_classes", [([60, 0, 17, 45], 6), ([300, 212, 300], 1600)])
-def test_box_selection_keeps_the_same_boxes_and_confidences(counts, num_classes):
+def test_box_selection_keeps_the_same_boxes_and_confidences(counts, num_classes, monkeypatch):
+    """On CUDA the rank-by-rank NMS is the Triton kernel where Triton is installed (the torch
+    version elsewhere): either keeps the CPU's boxes."""
+    launches = []
+    kernel = selection.kept_by_rank
+    monkeypatch.setattr(selection, "kept_by_rank", lambda *args: launches.append(1) or kernel(*args))
     detections = [random_detections(i + n, n, num_classes, 3.0, quantised=i % 2 == 1) for i, n in enumerate(counts)]
     boxes, probs = map(list, zip(*detections))
     for thresholds in ((0.2, 0.3, 10, 100), (0.05, 0.5, 2, 20)):
@@ -77,6 +86,8 @@ def test_box_selection_keeps_the_same_boxes_and_confidences(counts, num_classes)
         on_cuda = select_boxes_batch([b.to(CUDA) for b in boxes], [p.to(CUDA) for p in probs], *thresholds)
         for (keep, conf), (cuda_keep, cuda_conf) in zip(on_cpu, on_cuda):
             assert torch.equal(cuda_keep.cpu(), keep) and torch.equal(cuda_conf.cpu(), conf)
+    if selection_kernel.triton is not None:
+        assert selection._kernel_checked(CUDA) and launches
 
 
 def synchronisations(run) -> int:
@@ -229,16 +240,20 @@ def test_jpegs_decoded_on_the_gpu_keep_pillows_boxes_and_features(anchor_weights
                                  jpeg_decoding=decoding, feature_dtype="float32", progress=False, **options)
         assert (summary.written, summary.failed) == (10, 1)  # cut.jpg
         assert ("on cuda" in summary.resources) == (decoding == "device")
+    photos = sorted(images.glob("photo*.jpg"))
+    on_gpu = decode_batch([jpeg_for_device(p, None) for p in photos], CUDA)
+    levels = np.concatenate([np.abs(x.cpu().numpy().astype(int) - load_image(p)).ravel() for p, x in zip(photos, on_gpu)])
+    pixels = f"|nvJPEG - Pillow| per channel: mean {levels.mean():.3f}, max {levels.max()}, above 2: {(levels > 2).mean():.2%}"
     with FeatureStore(tmp_path / "workers") as pillow, FeatureStore(tmp_path / "device") as nvjpeg:
         assert pillow.keys() == nvjpeg.keys()
         for key in pillow:
             a, b = pillow[key], nvjpeg[key]
             order_a, order_b = (by_box(a), by_box(b)) if mode == "detect" else (slice(None), slice(None))
-            assert np.array_equal(a["boxes"][order_a], b["boxes"][order_b]), key
-            assert cosines(a["features"][order_a], b["features"][order_b]).min() >= 0.9999, key
-            assert cosines(a["image_feature"], b["image_feature"]) >= 0.9999, key
-            if mode == "given":
-                assert cosines(a["masked_features"], b["masked_features"]).min() >= 0.9999, key
+            assert np.array_equal(a["boxes"][order_a], b["boxes"][order_b]), (key, pixels)
+            least = min(cosines(a["features"][order_a], b["features"][order_b]).min(),
+                        cosines(a["image_feature"], b["image_feature"]),
+                        cosines(a["masked_features"], b["masked_features"]).min() if mode == "given" else 1.0)
+            assert least >= 0.9999, f"{key}: feature cosine {least:.6f}; {pixels}"
 
 
 STICKY_JOB = """

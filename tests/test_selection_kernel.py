@@ -38,4 +38,19 @@ def test_the_kernel_selects_as_one_nms_per_class():
     done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["launches"] == 2 and result["same"] == [True] * 6
+    assert result["launches"] == 3 and result["same"] == [True] * 6  # its check once, then each selection
+
+
+def test_a_kernel_that_fails_its_check_is_said_and_left_for_the_torch_version(monkeypatch):
+    import torch
+
+    import extract.selection as selection
+
+    def failing(*args):
+        raise RuntimeError("PassManager::run failed")
+    monkeypatch.setattr(selection, "kept_by_rank", failing)
+    monkeypatch.setattr(selection, "_KERNEL_CHECKS", {})
+    with pytest.warns(UserWarning, match=r"box selection on cpu: the Triton kernel is not used \(RuntimeError: "
+                                         r"PassManager::run failed\); the torch version"):
+        assert not selection._kernel_checked(torch.device("cpu"))
+    assert not selection._kernel_checked(torch.device("cpu"))  # checked once
