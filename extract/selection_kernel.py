@@ -47,7 +47,8 @@ def kept_by_rank(order: torch.Tensor, depth: torch.Tensor, images: torch.Tensor,
 
 
 if triton is not None:
-    @triton.jit
+    # Sizes not specialised on: one compilation for every batch (per power of two of words).
+    @triton.jit(do_not_specialize=["ranks", "rows", "words"])
     def _greedy(order, depth, images, suppresses, kept, ranks, rows, words, WORDS: tl.constexpr):
         column = tl.program_id(0).to(tl.int64)
         needed = tl.load(depth + column)
