@@ -224,7 +224,8 @@ class Bounds:
 # threads, full class distributions).
 ARGUMENT_BOUNDS = {
     "batch_size": Bounds(1), "mask_variants": Bounds(0), "mask_prob": Bounds(0.0, 1.0), "mask_seed": Bounds(0),
-    "decode_workers": Bounds(0), "threads": Bounds(1), "streams": Bounds(1), "top_k_classes": Bounds(1), "initial_map_size": Bounds(1),
+    "decode_workers": Bounds(0), "threads": Bounds(1), "streams": Bounds(1), "top_k_classes": Bounds(1),
+    "initial_map_size": Bounds(1),
     "max_pixels": Bounds(1, Image.MAX_IMAGE_PIXELS, " (Pillow's decompression-bomb limit, PIL.Image.MAX_IMAGE_PIXELS)"),
 }
 

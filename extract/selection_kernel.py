@@ -32,7 +32,8 @@ def kernel_serves(device: torch.device, words: int) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def kept_by_rank(order: torch.Tensor, depth: torch.Tensor, images: torch.Tensor, suppresses: torch.Tensor) -> torch.Tensor:
+def kept_by_rank(order: torch.Tensor, depth: torch.Tensor, images: torch.Tensor,
+                 suppresses: torch.Tensor) -> torch.Tensor:
     """(K, R) bool: whether column k's greedy NMS keeps its rank-r box, for ranks below `depth[k]`
     (False beyond). `order` (K, R): each column's boxes by rank; `images` (K,): each column's image;
     `suppresses` (B, N, W) int64: bit j of word j // 64 of row i says that box i suppresses box j."""

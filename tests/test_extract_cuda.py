@@ -197,7 +197,8 @@ def images(tmp_path_factory):
 def test_a_whole_job_on_cuda_stores_what_the_cpu_stores_on_one_stream_or_two(images, anchor_weights, tmp_path, mode):
     options = dict(boxes=images.parent / "boxes.json", mask_variants=1) if mode == "given" else \
         dict(weights=anchor_weights, overrides=EVERY_PROPOSAL)
-    runs = {"cpu": dict(device="cpu"), "cuda-1": dict(device="cuda", streams=1), "cuda-2": dict(device="cuda", streams=2)}
+    runs = {"cpu": dict(device="cpu"), "cuda-1": dict(device="cuda", streams=1),
+            "cuda-2": dict(device="cuda", streams=2)}
     for name, run in runs.items():
         summary = run_extraction(images, tmp_path / name, "tiny", batch_size=2, feature_dtype="float32",
                                  progress=False, **run, **options)
@@ -243,8 +244,10 @@ def test_jpegs_decoded_on_the_gpu_keep_pillows_boxes_and_features(anchor_weights
         assert ("on cuda" in summary.resources) == (decoding == "device")
     photos = sorted(images.glob("photo*.jpg"))
     on_gpu = decode_batch([jpeg_for_device(p, None) for p in photos], CUDA)
-    levels = np.concatenate([np.abs(x.cpu().numpy().astype(int) - load_image(p)).ravel() for p, x in zip(photos, on_gpu)])
-    pixels = f"|nvJPEG - Pillow| per channel: mean {levels.mean():.3f}, max {levels.max()}, above 2: {(levels > 2).mean():.2%}"
+    levels = np.concatenate([np.abs(x.cpu().numpy().astype(int) - load_image(p)).ravel()
+                             for p, x in zip(photos, on_gpu)])
+    pixels = (f"|nvJPEG - Pillow| per channel: mean {levels.mean():.3f}, max {levels.max()}, "
+              f"above 2: {(levels > 2).mean():.2%}")
     with FeatureStore(tmp_path / "workers") as pillow, FeatureStore(tmp_path / "device") as nvjpeg:
         assert pillow.keys() == nvjpeg.keys()
         for key in pillow:
