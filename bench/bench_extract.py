@@ -3,16 +3,21 @@ committed LMDB records (decoding workers, detector, commit thread), not just the
 
     .venv/bin/python bench/bench_extract.py --images 16                  # tiny on the CPU: a few minutes
     .venv/bin/python bench/bench_extract.py --detectors butd-vg --images 3 --batch-size 1   # ~1 min per image and setting on 2 cores
-    .venv/bin/python bench/bench_extract.py --device cuda --detectors tiny,butd-vg --precisions fp32,tf32,bf16 \\
-        --images 512 --batch-size 16 --workers 8
+    python3 bench/bench_extract.py --device cuda --detectors butd-vg --precisions bf16 --modes detect,given \
+        --variants 0,3 --images 272 --batch-size 16 --warmup 3 --profile prof   # on a GPU: 224 images measured each
 
 Writes `--images` synthetic 480x640 JPEGs (noise with flat rectangles, quality 90) and a boxes
 file (10 boxes per image) into a temporary folder. For each detector (random weights) x precision
 x mode (detection, given boxes) x K (0 and 3 masked-pixel variants) the job runs into a fresh store
-and prints:
-  steady img/s  images committed after the first batch / time from the first commit to the last:
-                model building, worker start-up and CUDA warm-up excluded
+(with the job's defaults, or `--workers`, `--streams`, `--jpeg-decoding`; the job's choice is printed
+under the table) and prints:
+  measured      images in the steady window: every batch after the `--warmup` first ones (default 1)
+  steady img/s  those images / the time from the last warm-up batch's commit to the last commit:
+                model building, worker start-up, CUDA warm-up and compilation excluded
+  passes/s      given-box passes a second: steady img/s x the passes of an image (its K masked
+                variants, and in given-box mode its clean pass)
   run img/s     every image / the whole call
+  wait %        the share of the steady window in which the job waited for decoded images
   K3/K0         the steady time per image with K=3 over that with K=0 (same detector, precision, mode)
 On CUDA also the GPU utilisation (torch.cuda.utilization(), i.e. NVML, sampled every 50 ms over
 the steady window; "n/a" when pynvml is missing) and the fraction of the FLOP floor:
@@ -24,9 +29,15 @@ the steady window; "n/a" when pynvml is missing) and the fraction of the FLOP fl
   of peak       floor x steady img/s / the GPU's dense peak at that precision (--peak-tflops, or a
                 table of H100/H200/A100 figures by device name)
   sel ms/img    detection mode: the detector's box selection per image, on the device in use
-                (the host waits for the device before and after it, so this is its whole time)
+                (the computing stream waits for the device before and after it, so this is its
+                whole time)
 On the CPU the first detector and precision, in both modes, also run old-style, side by side:
 decoding in the job's process (`--workers 0`) and each batch committed before the next computes.
+
+`--profile DIR` then runs the first setting's job once more under torch.profiler for
+`--profile-batches` batches after the warm-up (bench/trace_top.py): the trace in DIR, and a table of
+where a batch's time goes (decode wait, prepare, trunk, RPN, res5 and box head, selection, pixel
+masks, to host, records, writer): host ms, of it waiting in CUDA calls, and device ms per section.
 
 `--baseline PATH` instead runs every setting with this checkout and with the code at PATH (another
 checkout, e.g. `git worktree add /tmp/base HEAD`), each job in a fresh process, alternating which

@@ -119,3 +119,18 @@ def test_device_decoding_where_the_device_cannot_is_refused_in_one_line_and_auto
         job_resources(GPU, threads=None, streams=None, decode_workers=None, jpeg_decoding="device")
     chosen = job_resources(GPU, threads=None, streams=None, decode_workers=None, jpeg_decoding="auto")
     assert not chosen.jpeg_on_device and "cannot: RuntimeError: not compiled with nvjpeg" in chosen.jpeg_note
+
+
+def test_the_cli_refuses_device_decoding_where_the_device_cannot_in_one_line(jpegs, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from pipelines.cli import main
+
+    monkeypatch.setattr(resources, "device_decodes_jpeg", lambda device: "RuntimeError: no decoder")
+    args = ["extract", "--images", str(jpegs), "--out", str(tmp_path / "store"), "--detector", "tiny", "--quiet"]
+    refused = CliRunner().invoke(main, args + ["--jpeg-decoding", "device"])
+    assert refused.exit_code == 2 and refused.output == ("Error: jpeg_decoding device: cpu cannot decode JPEG here "
+                                                         "(RuntimeError: no decoder); use auto or workers\n")
+    assert not (tmp_path / "store").exists()
+    unknown = CliRunner().invoke(main, args + ["--jpeg-decoding", "gpu"])
+    assert unknown.exit_code == 2 and "Invalid value for '--jpeg-decoding'" in unknown.output
