@@ -3,16 +3,21 @@ committed LMDB records (decoding workers, detector, commit thread), not just the
 
     .venv/bin/python bench/bench_extract.py --images 16                  # tiny on the CPU: a few minutes
     .venv/bin/python bench/bench_extract.py --detectors butd-vg --images 3 --batch-size 1   # ~1 min per image and setting on 2 cores
-    .venv/bin/python bench/bench_extract.py --device cuda --detectors tiny,butd-vg --precisions fp32,tf32,bf16 \\
-        --images 512 --batch-size 16 --workers 8
+    python3 bench/bench_extract.py --device cuda --detectors butd-vg --precisions bf16 --modes detect,given \
+        --variants 0,3 --images 272 --batch-size 16 --warmup 3 --profile prof   # on a GPU: 224 images measured each
 
 Writes `--images` synthetic 480x640 JPEGs (noise with flat rectangles, quality 90) and a boxes
 file (10 boxes per image) into a temporary folder. For each detector (random weights) x precision
 x mode (detection, given boxes) x K (0 and 3 masked-pixel variants) the job runs into a fresh store
-and prints:
-  steady img/s  images committed after the first batch / time from the first commit to the last:
-                model building, worker start-up and CUDA warm-up excluded
+(with the job's defaults, or `--workers`, `--streams`, `--jpeg-decoding`; the job's choice is printed
+under the table) and prints:
+  measured      images in the steady window: every batch after the `--warmup` first ones (default 1)
+  steady img/s  those images / the time from the last warm-up batch's commit to the last commit:
+                model building, worker start-up, CUDA warm-up and compilation excluded
+  passes/s      given-box passes a second: steady img/s x the passes of an image (its K masked
+                variants, and in given-box mode its clean pass)
   run img/s     every image / the whole call
+  wait %        the share of the steady window in which the job waited for decoded images
   K3/K0         the steady time per image with K=3 over that with K=0 (same detector, precision, mode)
 On CUDA also the GPU utilisation (torch.cuda.utilization(), i.e. NVML, sampled every 50 ms over
 the steady window; "n/a" when pynvml is missing) and the fraction of the FLOP floor:
@@ -24,9 +29,15 @@ the steady window; "n/a" when pynvml is missing) and the fraction of the FLOP fl
   of peak       floor x steady img/s / the GPU's dense peak at that precision (--peak-tflops, or a
                 table of H100/H200/A100 figures by device name)
   sel ms/img    detection mode: the detector's box selection per image, on the device in use
-                (the host waits for the device before and after it, so this is its whole time)
+                (the computing stream waits for the device before and after it, so this is its
+                whole time)
 On the CPU the first detector and precision, in both modes, also run old-style, side by side:
 decoding in the job's process (`--workers 0`) and each batch committed before the next computes.
+
+`--profile DIR` then runs the first setting's job once more under torch.profiler for
+`--profile-batches` batches after the warm-up (bench/trace_top.py): the trace in DIR, and a table of
+where a batch's time goes (decode wait, prepare, trunk, RPN, res5 and box head, selection, pixel
+masks, to host, records, writer): host ms, of it waiting in CUDA calls, and device ms per section.
 
 `--baseline PATH` instead runs every setting with this checkout and with the code at PATH (another
 checkout, e.g. `git worktree add /tmp/base HEAD`), each job in a fresh process, alternating which
@@ -48,7 +59,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -67,8 +78,13 @@ from extract.backends import build_extractor  # noqa: E402
 from extract.config import parse_override  # noqa: E402
 from extract.images import load_image  # noqa: E402
 from extract.job import _region_computer, run_extraction  # noqa: E402
+from extract.loader import DecodingPipeline  # noqa: E402
+from extract.modeling.roi_heads import Res5ROIHeads  # noqa: E402
+from extract.modeling.rpn import RPN  # noqa: E402
 from extract.store.writer import FeatureStoreWriter  # noqa: E402
 from extract.synthetic import synthetic_image  # noqa: E402
+from extract.threads import ComputeLanes  # noqa: E402
+from trace_top import TRACE_NAME, Section, profiled, sections_marked, top  # noqa: E402
 
 VARIANTS = (0, 3)
 MODES = ("detect", "given")
@@ -91,10 +107,14 @@ class Job:
     device: str
     precision: str
     variants: int
-    workers: int
+    workers: int | None  # None: the job's default (extract/resources.py)
     batch_size: int
     overrides: dict[str, Any]
     store: str
+    warmup: int = 1
+    # None: the job's defaults (and arguments that code from before them, a baseline's, lacks)
+    streams: int | None = None
+    jpeg_decoding: str | None = None
 
 
 @dataclass
@@ -104,17 +124,27 @@ class Measured:
     commits: list[tuple[float, int]]  # (time, images) of each committed batch
     utilisation: list[tuple[float, int]] = field(default_factory=list)  # (time, GPU %)
     selection_seconds: float = 0.0  # in the detector's box selection, every image
+    waits: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of each wait for a decoded image
+    warmup: int = 1  # batches left out of the steady window
+    resources: str = ""  # the job's lanes, workers and JPEG decoding, as its summary says
 
     @property
     def selection_ms_per_image(self) -> float:
         return 1000 * self.selection_seconds / self.images
 
     @property
+    def window(self) -> tuple[float, float]:
+        """From the commit of the last warm-up batch to the last commit."""
+        if len(self.commits) <= self.warmup:
+            raise ValueError(f"{len(self.commits)} batches committed, not more than the {self.warmup} warm-up "
+                             "batch(es): give more --images or fewer --warmup batches")
+        return self.commits[self.warmup - 1][0] if self.warmup else self.commits[0][0], self.commits[-1][0]
+
+    @property
     def steady(self) -> tuple[float, int]:
-        """(seconds, images) from the first commit to the last, the first batch left out."""
-        if len(self.commits) < 2:
-            return self.run_seconds, self.images
-        return self.commits[-1][0] - self.commits[0][0], sum(count for _, count in self.commits[1:])
+        """(seconds, images) of the steady window: the batches after the warm-up."""
+        start, end = self.window
+        return end - start, sum(count for _, count in self.commits[max(self.warmup, 1):])
 
     @property
     def steady_rate(self) -> float:
@@ -122,9 +152,15 @@ class Measured:
         return images / seconds
 
     def mean_utilisation(self) -> float | None:
-        start, end = self.commits[0][0], self.commits[-1][0]
+        start, end = self.window
         inside = [percent for moment, percent in self.utilisation if start <= moment <= end]
         return sum(inside) / len(inside) if inside else None
+
+    def data_wait_share(self) -> float:
+        """The share of the steady window in which the job waited for decoded images."""
+        start, end = self.window
+        waited = sum(max(0.0, min(stop, end) - max(begin, start)) for begin, stop in self.waits)
+        return waited / (end - start)
 
 
 def write_inputs(folder: Path, count: int) -> Path:
@@ -141,6 +177,28 @@ def write_inputs(folder: Path, count: int) -> Path:
     path = folder.parent / "boxes.json"
     path.write_text(json.dumps(boxes))
     return path
+
+
+@contextmanager
+def wait_clock(waits: list[tuple[float, float]]) -> Iterator[None]:
+    """Records each wait of the job for its next decoded image (from the decoding workers)."""
+    iterate = DecodingPipeline.__iter__
+
+    def timed(self):
+        items = iterate(self)
+        while True:
+            begin = time.perf_counter()
+            item = next(items, None)
+            waits.append((begin, time.perf_counter()))
+            if item is None:
+                return
+            yield item
+
+    DecodingPipeline.__iter__ = timed
+    try:
+        yield
+    finally:
+        DecodingPipeline.__iter__ = iterate
 
 
 @contextmanager
@@ -195,12 +253,13 @@ def selection_clock(device: str, spent: list[float]) -> Iterator[None]:
     on_cuda = device.startswith("cuda")
 
     def timed(*args, **kwargs):
+        # The calling lane's stream only: other lanes go on.
         if on_cuda:
-            torch.cuda.synchronize(device)  # what was queued before is not the selection's
+            torch.cuda.current_stream().synchronize()  # what was queued before is not the selection's
         start = time.perf_counter()
         result = select(*args, **kwargs)
         if on_cuda:
-            torch.cuda.synchronize(device)
+            torch.cuda.current_stream().synchronize()
         spent.append(time.perf_counter() - start)
         return result
 
@@ -241,29 +300,77 @@ def measure(job: Job) -> tuple[Measured, str | None]:
     commits: list[tuple[float, int]] = []
     utilisation: list[tuple[float, int]] = []
     selection: list[float] = []
-    with commit_clock(commits), selection_clock(job.device, selection), \
+    waits: list[tuple[float, float]] = []
+    with commit_clock(commits), selection_clock(job.device, selection), wait_clock(waits), \
             gpu_sampler(job.device, utilisation) as no_utilisation:
         start = time.perf_counter()
-        summary = run_extraction(job.images, job.store, job.detector, boxes=job.boxes, batch_size=job.batch_size,
-                                 device=job.device, precision=job.precision, mask_variants=job.variants,
-                                 decode_workers=job.workers, overrides=job.overrides, progress=False)
+        summary = run_job(job)
         seconds = time.perf_counter() - start
     if summary.failed:
         raise RuntimeError(f"{summary.failed} images failed: {summary.failures[:3]}")
-    return Measured(summary.written, seconds, commits, utilisation, sum(selection)), no_utilisation
+    return Measured(summary.written, seconds, commits, utilisation, sum(selection), waits, job.warmup,
+                    getattr(summary, "resources", "")), no_utilisation
+
+
+def run_job(job: Job, image_list: Path | None = None):
+    newer = {name: getattr(job, name) for name in ("streams", "jpeg_decoding") if getattr(job, name) is not None}
+    return run_extraction(job.images, job.store, job.detector, boxes=job.boxes, image_list=image_list,
+                          batch_size=job.batch_size, device=job.device, precision=job.precision,
+                          mask_variants=job.variants, decode_workers=job.workers, overrides=job.overrides,
+                          progress=False, **newer)
 
 
 def measure_in_child(job: Job, code: Path) -> Measured:
     """`measure(job)` in a fresh process that imports `extract` from the checkout at `code`."""
     fields = run_child(__file__, code, asdict(job))
     return Measured(fields["images"], fields["run_seconds"], [tuple(c) for c in fields["commits"]],
-                    selection_seconds=fields["selection_seconds"])
+                    selection_seconds=fields["selection_seconds"], warmup=job.warmup)
 
 
 def child(spec: str) -> None:
     measured, _ = measure(Job(**json.loads(spec)))
     print(json.dumps({"images": measured.images, "run_seconds": measured.run_seconds, "commits": measured.commits,
                       "selection_seconds": measured.selection_seconds}))
+
+
+# Where a batch's time goes (--profile): each section the function it wraps.
+SECTIONS = (
+    Section("decode wait", DecodingPipeline, "__iter__", per_item=True),
+    Section("prepare", extract.detector.Detector, "prepare"),
+    Section("trunk", extract.detector.Detector, "_trunk"),
+    Section("RPN", RPN, "propose"),
+    Section("res5 and box head", Res5ROIHeads, "forward"),
+    Section("selection", extract.detector, "select_boxes_batch"),
+    Section("pixel masks", extract.detector, "masked_images"),
+    Section("to host", extract.job, "regions_numpy"),
+    Section("records", extract.job, "record_from_regions"),
+    Section("writer", FeatureStoreWriter, "commit"),
+)
+
+
+def profile_job(job: Job, folder: Path, batches: int) -> list[str]:
+    """A torch.profiler trace of `batches` batches of `job` after its warm-up batches (and one more
+    that warms the profiler up), saved in `folder`; returns its top. The job reads only the images
+    that those batches and one after them need."""
+    names = sorted(p.name for p in Path(job.images).iterdir())[: (job.warmup + batches + 2) * job.batch_size]
+    listing = Path(job.store + ".list")
+    if job.boxes:  # a boxes file names the job's images
+        given = json.loads(Path(job.boxes).read_text())
+        listing.write_text(json.dumps({name: given[name] for name in names}))
+        job = replace(job, boxes=str(listing))
+    else:
+        listing.write_text("\n".join(names) + "\n")
+    submit = ComputeLanes.submit
+    with sections_marked(SECTIONS), profiled(folder, job.warmup, batches) as step:
+        def stepping(self, batch, note):
+            submit(self, batch, note)
+            step()
+        ComputeLanes.submit = stepping
+        try:
+            run_job(job, None if job.boxes else listing)
+        finally:
+            ComputeLanes.submit = submit
+    return top(folder / TRACE_NAME, [s.label for s in SECTIONS], "batch")
 
 
 def flops_per_image(detector: str, device: str, precision: str, image: Path, boxes: list | None,
@@ -297,7 +404,9 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: detect, given")
     parser.add_argument("--variants", default=",".join(map(str, VARIANTS)), help="comma-separated K values")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2, help="decoding processes of the job")
+    parser.add_argument("--workers", type=int, default=None, help="decoding processes of the job (default: the job's)")
+    parser.add_argument("--streams", type=int, default=None, help="CUDA streams of the job (default: the job's)")
+    parser.add_argument("--jpeg-decoding", default=None, help="auto, device or workers (default: the job's, auto)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="detector config override, e.g. rpn_post_nms_topk=50 (repeatable)")
     parser.add_argument("--peak-tflops", type=float, default=None,
@@ -305,6 +414,12 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a checkout of other code: run every setting with both, side by side")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each code per setting with --baseline")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="batches left out of the steady rate (model warm-up, cuDNN autotuning, worker start)")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="after the measurements, a torch.profiler trace of the first setting's job into DIR "
+                             f"({TRACE_NAME}, top.txt) and its top: where a batch's time goes")
+    parser.add_argument("--profile-batches", type=int, default=4, help="batches traced with --profile")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -318,7 +433,8 @@ def main() -> None:
         boxes_file = write_inputs(images, args.images)
         first_image = images / "image00000.jpg"
         first_boxes = json.loads(boxes_file.read_text())[first_image.name]
-        print(f"{args.images} JPEGs 480x640 on disk, batch {args.batch_size}, {args.workers} decoding workers, "
+        print(f"{args.images} JPEGs 480x640 on disk, batch {args.batch_size}, "
+              f"{'the job' + chr(39) + 's' if args.workers is None else args.workers} decoding workers, "
               f"device {args.device}" + (f" ({torch.cuda.get_device_name(args.device)})" if on_cuda else "")
               + f", torch threads {torch.get_num_threads()}" + (f", overrides {overrides}" if overrides else ""))
         runs = 0
@@ -327,7 +443,8 @@ def main() -> None:
             nonlocal runs
             runs += 1
             return Job(str(images), str(boxes_file) if mode == "given" else None, detector, args.device, precision,
-                       k, workers, args.batch_size, overrides, str(Path(tmp) / f"run{runs}"))
+                       k, workers, args.batch_size, overrides, str(Path(tmp) / f"run{runs}"), args.warmup,
+                       args.streams, args.jpeg_decoding)
 
         for detector in args.detectors.split(","):
             for precision in args.precisions.split(","):
@@ -336,6 +453,7 @@ def main() -> None:
                                                for mode in modes for k in variants], f"{detector} {precision}")
                     continue
                 print("\n" + header(on_cuda))
+                said = ""
                 for mode in modes:
                     rates = {}
                     for k in variants:
@@ -347,22 +465,36 @@ def main() -> None:
                                                 first_boxes if mode == "given" else None, k, measured,
                                                 no_utilisation)
                         print(line, flush=True)
+                        if measured.resources != said:
+                            said = measured.resources
+                            print(f"{'':9s} the job: {said}", flush=True)
                     if 0 in rates and 3 in rates:
                         print(f"{'':9s} {precision:5s} {mode:7s} K3/K0 time per image: {rates[0] / rates[3]:.2f}x")
             if args.baseline is None and not on_cuda and detector == args.detectors.split(",")[0]:
                 old_style_comparison(modes, variants, lambda mode, k, workers: job(
                     detector, args.precisions.split(",")[0], mode, k, workers), args.workers)
+        if args.profile is not None:
+            first = (args.detectors.split(",")[0], args.precisions.split(",")[0], modes[0], variants[0])
+            print(f"\nprofile of {' '.join(map(str, first[:3]))} K={first[3]}, batches {args.warmup + 2} to "
+                  f"{args.warmup + 1 + args.profile_batches} (trace: {args.profile / TRACE_NAME}):")
+            lines = profile_job(job(*first), args.profile, args.profile_batches)
+            (args.profile / "top.txt").write_text("\n".join(lines) + "\n")
+            print("\n".join(lines), flush=True)
 
 
 def header(on_cuda: bool) -> str:
-    line = f"{'detector':9s} {'prec':5s} {'mode':7s} {'K':>2s} {'steady img/s':>12s} {'run img/s':>10s}"
+    line = (f"{'detector':9s} {'prec':5s} {'mode':7s} {'K':>2s} {'measured':>8s} {'steady img/s':>12s} "
+            f"{'passes/s':>8s} {'run img/s':>10s} {'wait %':>6s}")
     return line + f" {'sel ms/img':>10s}" + (f" {'GPU %':>6s} {'floor TFLOP':>11s} {'of peak':>8s}" if on_cuda else "")
 
 
 def row(detector: str, precision: str, mode: str, k: int, measured: Measured) -> str:
     selection = f"{measured.selection_ms_per_image:.2f}" if mode == "detect" else "-"
-    return (f"{detector:9s} {precision:5s} {mode:7s} {k:2d} {measured.steady_rate:12.4g} "
-            f"{measured.images / measured.run_seconds:10.4g} {selection:>10s}")
+    passes = k + (mode == "given")  # given-box passes an image costs: its clean pass (given mode), its variants
+    passes_rate = f"{measured.steady_rate * passes:.4g}" if passes else "-"
+    return (f"{detector:9s} {precision:5s} {mode:7s} {k:2d} {measured.steady[1]:8d} {measured.steady_rate:12.4g} "
+            f"{passes_rate:>8s} {measured.images / measured.run_seconds:10.4g} {measured.data_wait_share():6.1%} "
+            f"{selection:>10s}")
 
 
 def baseline_comparison(args, settings: list[tuple[str, int, Any]], label: str) -> None:
@@ -410,7 +542,7 @@ def old_style_comparison(modes: list[str], variants: list[int], make_job, worker
             new, _ = measure(make_job(mode, k, workers))
             with old_style():
                 old, _ = measure(make_job(mode, k, 0))
-            print(f"  {mode:6s} K={k}: {new.steady_rate:7.4g} img/s with {workers} workers and the "
+            print(f"  {mode:6s} K={k}: {new.steady_rate:7.4g} img/s with {workers or 'the default'} workers and the "
                   f"commit thread, {old.steady_rate:7.4g} img/s old-style: {new.steady_rate / old.steady_rate:.2f}x")
 
 

@@ -26,8 +26,10 @@ from PIL import Image
 from extract.backends import build_extractor
 from extract.checkpoint import file_sha256
 from extract.detector import REGION_ARRAYS, Detector, regions_numpy
-from extract.device import StickyDeviceError, check_device, is_sticky_cuda_error, launcher_variable, rank_device
-from extract.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, image_id, is_utf8, list_images, load_image
+from extract.device import (StickyDeviceError, check_device, is_sticky_cuda_error, launcher_variable, rank_device,
+                           use_device)
+from extract.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, ImageError, image_id, is_utf8, list_images, load_image
+from extract.jpeg import JPEG_DECODING, decode_batch, jpeg_for_device
 from extract.loader import DecodingPipeline, WorkItem, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
@@ -39,7 +41,8 @@ from extract.store.layout import META
 from extract.store.reader import FeatureStore
 from extract.store.schema import FEATURE_ENCODINGS, MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
 from extract.store.writer import DEFAULT_MAP_SIZE, CommitThread, FeatureStoreWriter
-from extract.threads import ComputeLanes, configured_threads, lane_count
+from extract.resources import job_resources
+from extract.threads import ComputeLanes, configured_threads
 from vlbert.errors import FAILED, UserError
 
 
@@ -58,6 +61,7 @@ class ExtractionSummary:
     seconds: float
     bytes_written: int
     threads: int = 0  # CPU compute lanes, or on a GPU torch's host-side threads (extract/threads.py)
+    resources: str = ""  # lanes, decoding workers, where JPEGs are decoded (extract/resources.py)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (image, error) of this run
     tar_shards: int | None = None  # from tar shards: this task's (None: from image files)
     tar_shards_done: int = 0  # of those, complete before this run (not read again)
@@ -74,7 +78,7 @@ class ExtractionSummary:
             f"{self.skipped} already stored, {self.written} written, {self.failed} failed",
             f"{self.seconds:.1f} s, {self.images_per_second:.2f} images/s, "
             f"{self.bytes_written / 2**20:.1f} MiB written ({per_image / 1024:.1f} KiB per image), "
-            f"{self.threads} CPU thread(s)",
+            f"{self.threads} CPU thread(s); {self.resources}",
         ]
         if self.tar_shards is not None:
             lines.insert(1, f"tar shards: {self.tar_shards} in this shard, {self.tar_shards_done} complete before "
@@ -220,7 +224,8 @@ class Bounds:
 # threads, full class distributions).
 ARGUMENT_BOUNDS = {
     "batch_size": Bounds(1), "mask_variants": Bounds(0), "mask_prob": Bounds(0.0, 1.0), "mask_seed": Bounds(0),
-    "decode_workers": Bounds(0), "threads": Bounds(1), "top_k_classes": Bounds(1), "initial_map_size": Bounds(1),
+    "decode_workers": Bounds(0), "threads": Bounds(1), "streams": Bounds(1), "top_k_classes": Bounds(1),
+    "initial_map_size": Bounds(1),
     "max_pixels": Bounds(1, Image.MAX_IMAGE_PIXELS, " (Pillow's decompression-bomb limit, PIL.Image.MAX_IMAGE_PIXELS)"),
 }
 
@@ -239,6 +244,9 @@ def check_arguments(arguments: Mapping[str, Any]) -> None:
     dtype = arguments.get("feature_dtype", "float16")
     if dtype not in FEATURE_ENCODINGS:
         raise JobError(f"feature_dtype {dtype!r}: expected one of {', '.join(FEATURE_ENCODINGS)}")
+    decoding = arguments.get("jpeg_decoding", "auto")
+    if decoding not in JPEG_DECODING:
+        raise JobError(f"jpeg_decoding {decoding!r}: expected one of {', '.join(JPEG_DECODING)}")
 
 
 def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg", *,
@@ -247,26 +255,29 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
                    batch_size: int = 8, device: str = "cpu", precision: str = "fp32",
                    feature_dtype: str = "float16", top_k_classes: int | None = 10,
                    mask_variants: int = 0, mask_prob: float = 0.15, mask_seed: int = 0,
-                   shard: tuple[int, int] | None = None, decode_workers: int = 2, progress: bool = True,
-                   max_pixels: int = DEFAULT_MAX_PIXELS, threads: int | None = None,
-                   initial_map_size: int = DEFAULT_MAP_SIZE) -> ExtractionSummary:
+                   shard: tuple[int, int] | None = None, decode_workers: int | None = None, progress: bool = True,
+                   max_pixels: int = DEFAULT_MAX_PIXELS, threads: int | None = None, streams: int | None = None,
+                   jpeg_decoding: str = "auto", initial_map_size: int = DEFAULT_MAP_SIZE) -> ExtractionSummary:
     """Extracts every image under `images` (or every image named in the `boxes` file or in
     `image_list`) that `out` does not hold yet into the FeatureStore `out`. `images` may name tar
     shards (img2dataset's webdataset output; extract.shards.names_shards): their images get the ids
     of img2dataset's files output, `shard` takes whole tar shards, and a tar shard committed whole is
     not read again (extract/shard_source.py). `top_k_classes=None` stores full class
-    distributions. `decode_workers` processes decode the image files (0: this process).
-    `precision` (fp32, tf32, bf16) is the detector's arithmetic, recorded in meta.json. An image of
-    more than `max_pixels` pixels is a failure, refused from its header before decoding. `threads`
-    is the number of batches computed at once on the CPU, each with single-threaded ops (default: one
-    per core, at most 4, unless OMP_NUM_THREADS is set), or torch's host-side threads on a GPU.
-    Raises StoreMismatchError when `out` was written with other settings."""
+    distributions. `decode_workers` processes read and decode the image files (0: this process;
+    default: extract/resources.py). `jpeg_decoding`: where JPEGs are decoded (auto: on a CUDA device
+    that can, extract/jpeg.py; device; workers). `precision` (fp32, tf32, bf16) is the detector's
+    arithmetic, recorded in meta.json. An image of more than `max_pixels` pixels is a failure, refused
+    from its header before decoding. `threads` is the number of batches computed at once on the CPU,
+    each with single-threaded ops (default: one per core, at most 4, unless OMP_NUM_THREADS is set),
+    or torch's host-side threads on a GPU; `streams` the number computed at once on a GPU, each on a
+    CUDA stream of its own (default 2). Raises StoreMismatchError when `out` was written with other
+    settings."""
     start = time.perf_counter()
     out, tar_shards = Path(out), names_shards(images)
     check_arguments(dict(batch_size=batch_size, mask_variants=mask_variants, mask_prob=mask_prob, mask_seed=mask_seed,
-                         decode_workers=decode_workers, threads=threads, max_pixels=max_pixels,
+                         decode_workers=decode_workers, threads=threads, streams=streams, max_pixels=max_pixels,
                          top_k_classes=top_k_classes, initial_map_size=initial_map_size, shard=shard,
-                         feature_dtype=feature_dtype))
+                         feature_dtype=feature_dtype, jpeg_decoding=jpeg_decoding))
     shard, device = resolve_shard_and_device(shard, device)
     find_precision(precision).check(check_device(device))  # before anything else is read or built
     if boxes is not None and image_list is not None:
@@ -328,21 +339,28 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
             bar.set_postfix(images=summary.written + summary.failed)
             source.committed([*records, *failures])
 
-    # On the CPU, `lanes` threads each compute a batch with single-threaded ops (extract/threads.py);
-    # on a GPU one lane, torch's host-side threads as the thread policy says.
-    on_cpu = torch.device(device).type == "cpu"
-    lanes = lane_count(threads) if on_cpu else 1
+    # On the CPU, lanes are threads that each compute a batch with single-threaded ops
+    # (extract/threads.py); on a GPU, CUDA streams, with torch's host-side threads as the thread
+    # policy says (extract/resources.py).
+    compute_device = use_device(model.device)
+    on_cpu = compute_device.type == "cpu"
+    resources = job_resources(compute_device, threads=threads, streams=streams, decode_workers=decode_workers,
+                              jpeg_decoding=jpeg_decoding)
+    summary.resources = resources.describe(compute_device)
     # The workers are forked before the store is opened, so that they hold none of its files.
-    decode = partial(_decode, max_pixels=max_pixels)
+    decode = partial(_decode, max_pixels=max_pixels, for_device=resources.jpeg_on_device)
+    # float32 math set for the whole job: each forward sets it too, and lanes setting and restoring
+    # a process-wide setting on their own would race.
     with configured_threads(1 if on_cpu else threads) as torch_threads, \
-            DecodingPipeline(decode, pending, decode_workers, (lanes + 1) * batch_size) as files, \
+            find_precision(precision).float32_math(compute_device), \
+            DecodingPipeline(decode, pending, resources.decode_workers, (resources.lanes + 1) * batch_size) as files, \
             FeatureStoreWriter(out, meta, shard, initial_map_size) as writer, \
             progress_bar(len(pending) + len(refused) if source is None else len(source.pending),
                          unit="img" if source is None else "shard", enabled=progress) as bar, \
             CommitThread(writer, committed) as commits, \
-            ComputeLanes(lambda batch: _isolating_failures(compute, batch) if batch else ({}, []), lanes,
-                         partial(_hand_to_commits, commits)) as computing:
-        summary.threads = lanes if on_cpu else torch_threads
+            ComputeLanes(partial(_compute_batch, model, compute), resources.lanes, partial(_hand_to_commits, commits),
+                         resources.start_lane(compute_device, torch_threads)) as computing:
+        summary.threads = resources.lanes if on_cpu else torch_threads
         if source is not None:
             source.on_finished = bar.update
         batch, failures = [], list(refused)
@@ -351,8 +369,7 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
                 if error is not None:
                     failures.append((item, error))
                 else:
-                    pixels, image_boxes = decoded
-                    batch.append((item, (model.prepare(pixels), image_boxes)))
+                    batch.append((item, decoded))
                 failures += source.take_failures() if source else []
                 if len(batch) + len(failures) >= batch_size:
                     computing.submit(batch, failures)
@@ -375,15 +392,30 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     return summary
 
 
+def _compute_batch(model: Detector, compute: Callable, batch: list[tuple[WorkItem, Any]]) -> tuple[dict, list]:
+    """(records by id, failures) of a batch of (item, (decoded image, boxes)): its JPEGs decoded on
+    the device in one call, every image prepared there, then computed (`_isolating_failures`)."""
+    images = decode_batch([image for _, (image, _) in batch], model.device)
+    prepared, failed = [], []
+    for (item, (_, boxes)), image in zip(batch, images):
+        if isinstance(image, ImageError):
+            failed.append((item, failure_reason(image)))
+        else:
+            prepared.append((item, (model.prepare(image), boxes)))
+    records, failures = _isolating_failures(compute, prepared) if prepared else ({}, [])
+    return records, failed + failures
+
+
 def _hand_to_commits(commits: CommitThread, computed: tuple[dict, list], failures: list[tuple[WorkItem, str]]) -> None:
     """A batch's records and every failure of its images (decoding and computing) to the commit thread."""
     records, failed = computed
     commits.submit(records, {item.image_id: (item.path, error) for item, error in failures + failed})
 
 
-def _decode(item: WorkItem, max_pixels: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """(the image's RGB pixels, given boxes or None), in a decoding worker: its errors are the
-    image's failure.
+def _decode(item: WorkItem, max_pixels: int, for_device: bool) -> tuple[Any, np.ndarray | None]:
+    """(the image, given boxes or None), in a decoding worker: its errors are the image's failure.
+    The image is its RGB pixels, or with `for_device` a JPEG that the device can decode, undecoded
+    (extract/jpeg.py).
 
     Resizing and normalising stay with the detector, on its device: in a forked worker torch
     must run single-threaded, and its single-threaded bilinear resize rounds differently from
@@ -392,7 +424,8 @@ def _decode(item: WorkItem, max_pixels: int) -> tuple[np.ndarray, np.ndarray | N
     """
     encode_key(item.image_id)
     boxes = given_boxes(item) if item.boxes is not None else None
-    return load_image(item.file, max_pixels), boxes
+    encoded = jpeg_for_device(item.file, max_pixels) if for_device else None
+    return (encoded if encoded is not None else load_image(item.file, max_pixels)), boxes
 
 
 def _first_line(exc: BaseException) -> str:

@@ -77,26 +77,30 @@ def resized_size(height: int, width: int, min_size: int, max_size: int) -> tuple
     return max(1, int(height * scale + 0.5)), max(1, int(width * scale + 0.5))
 
 
-def prepare_image(image: np.ndarray, cfg, device: torch.device | str = "cpu") -> PreparedImage:
-    """(H, W, 3) uint8 RGB → normalised network input in the detector's channel order.
+def prepare_image(image: np.ndarray | torch.Tensor, cfg, device: torch.device | str = "cpu") -> PreparedImage:
+    """(H, W, 3) uint8 RGB → normalised network input in the detector's channel order. `image` is an
+    array on the host, or a contiguous tensor on `device` (decoded there: extract/jpeg.py).
 
     Resizing is bilinear without antialiasing (OpenCV's INTER_LINEAR, which the caffe models were
     run with), applied before normalisation; both are linear, so the order only affects rounding.
     """
-    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-        raise ValueError(f"expected an (H, W, 3) uint8 RGB array, got {image.dtype} {image.shape}")
-    height, width = image.shape[:2]
-    x = torch.from_numpy(np.require(image, requirements=["C", "W"]))
-    if torch.device(device).type == "cuda":
-        # From pinned memory the upload is asynchronous: the host goes on with the next image.
-        x = x.pin_memory().to(device, non_blocking=True)
+    if isinstance(image, torch.Tensor):
+        x = image
+    else:
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+            raise ValueError(f"expected an (H, W, 3) uint8 RGB array, got {image.dtype} {image.shape}")
+        x = torch.from_numpy(np.require(image, requirements=["C", "W"]))
+        if torch.device(device).type == "cuda":
+            # From pinned memory the upload is asynchronous: the host goes on with the next image.
+            x = x.pin_memory().to(device, non_blocking=True)
+    height, width = x.shape[:2]
     x = x.to(device).permute(2, 0, 1).float()
     if cfg.input_format == "BGR":
         x = x.flip(0)
     new_h, new_w = resized_size(height, width, cfg.min_size, cfg.max_size)
     if (new_h, new_w) != (height, width):
         x = F.interpolate(x[None], size=(new_h, new_w), mode="bilinear", align_corners=False)[0]
-    mean, std = _normalisation(tuple(cfg.pixel_mean), tuple(cfg.pixel_std), x.device)
+    mean, std = _normalisation(tuple(cfg.pixel_mean), tuple(cfg.pixel_std), x.device, _stream(x.device))
     x = (x - mean) / std
     pad_h, pad_w = max(0, MIN_INPUT_SIDE - new_h), max(0, MIN_INPUT_SIDE - new_w)
     if pad_h or pad_w:
@@ -105,10 +109,17 @@ def prepare_image(image: np.ndarray, cfg, device: torch.device | str = "cpu") ->
 
 
 @lru_cache(maxsize=None)
-def _normalisation(mean: tuple[float, ...], std: tuple[float, ...],
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(3, 1, 1) mean and std on `device`, built once: per image they would be uploads that wait."""
+def _normalisation(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
+                   stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(3, 1, 1) mean and std on `device`, built once: per image they would be uploads that wait.
+    One pair per CUDA stream (the job computes on several): on another stream the kernels that fill
+    them might not have run yet."""
     return filled(mean, device).view(3, 1, 1), filled(std, device).view(3, 1, 1)
+
+
+def _stream(device: torch.device) -> int:
+    """The current CUDA stream of `device`, as a number (0 elsewhere)."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
 def mask_pixels(image: torch.Tensor, boxes: torch.Tensor, selected: torch.Tensor | None = None) -> torch.Tensor:

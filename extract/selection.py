@@ -7,12 +7,16 @@ interact and the host waits for the device three times a batch, whatever its num
 
 from __future__ import annotations
 
+import threading
+import warnings
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 from torchvision.ops import nms
+
+from extract.selection_kernel import kept_by_rank, kernel_serves
 
 # Score of the padding rows: below every probability, so a padding row never tops a class, never
 # beats a box's floor and sorts after every real box (whose confidence is at least 0).
@@ -97,7 +101,7 @@ def surviving_confidence(boxes: torch.Tensor, scores: torch.Tensor, nms_thresh: 
         lowest = lowest.view(-1)[columns]
         kept_rows, kept_scores = _nms_per_column(boxes, column_scores, images, lowest, nms_thresh)
     else:
-        kept_rows, kept_scores = _nms_by_rank(boxes, column_scores, images, active, nms_thresh)
+        kept_rows, kept_scores = _nms_by_rank(boxes, column_scores, images, active, depth[: active[0]], nms_thresh)
     return floor.view(-1).scatter_reduce(0, kept_rows, kept_scores, "amax").view(count, rows)
 
 
@@ -116,18 +120,31 @@ def _nms_per_column(boxes: torch.Tensor, column_scores: torch.Tensor, images: to
 
 
 def _nms_by_rank(boxes: torch.Tensor, column_scores: torch.Tensor, images: torch.Tensor, active: list[int],
-                 nms_thresh: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 depth: torch.Tensor, nms_thresh: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(row in the flattened (B * N) boxes, score or 0) of each column's first `depth` ranks, the
     score where NMS keeps the box: greedy NMS of all columns together, rank by rank, suppression
-    held as 64-box bit words. Columns come deepest first; `active[r]` of them need rank r."""
+    held as 64-box bit words. Columns come deepest first; `active[r]` of them need rank r (the
+    columns whose `depth` exceeds r). On CUDA one Triton kernel walks the ranks (extract/selection_kernel.py)."""
     rows = boxes.shape[1]
     # rank → box per column; ties in index order, as torchvision's stable sort orders them.
     order = column_scores.sort(dim=1, descending=True, stable=True).indices[:, : len(active)].t()
     flat_rows = order + images * rows
-    suppresses = _packed(_suppresses(boxes, nms_thresh)).flatten(0, 1)
+    packed = _packed(_suppresses(boxes, nms_thresh))
+    if kernel_serves(boxes.device, packed.shape[-1]) and _kernel_checked(boxes.device):
+        kept = kept_by_rank(order.t(), depth, images, packed).t()
+    else:
+        kept = _kept_rank_by_rank(order, flat_rows, packed.flatten(0, 1), active)
+    # Ranks a column does not need, and suppressed boxes, give 0: no confidence is below it.
+    scores = torch.where(kept, column_scores.gather(1, order.t()).t(), 0.0)
+    return flat_rows.reshape(-1), scores.reshape(-1)
+
+
+def _kept_rank_by_rank(order: torch.Tensor, flat_rows: torch.Tensor, suppresses: torch.Tensor,
+                       active: list[int]) -> torch.Tensor:
+    """(R, K) bool: the greedy NMS's decisions, a few tensor ops per rank for all columns at once."""
     word, bit = order >> 6, order & 63
-    suppressed = torch.zeros(len(images), suppresses.shape[1], dtype=torch.long, device=boxes.device)
-    kept = torch.zeros(order.shape, dtype=torch.bool, device=boxes.device)
+    suppressed = torch.zeros(order.shape[1], suppresses.shape[1], dtype=torch.long, device=order.device)
+    kept = torch.zeros(order.shape, dtype=torch.bool, device=order.device)
     # index_select and gather rather than advanced indexing: the latter's row gather runs an OpenMP
     # region per call, which costs milliseconds whenever another process holds a core.
     for rank, count in enumerate(active):
@@ -135,9 +152,39 @@ def _nms_by_rank(boxes: torch.Tensor, column_scores: torch.Tensor, images: torch
         alive = (words >> bit[rank, :count]) & 1 == 0
         kept[rank, :count] = alive
         suppressed[:count] |= torch.where(alive[:, None], suppresses.index_select(0, flat_rows[rank, :count]), 0)
-    # Ranks a column does not need, and suppressed boxes, give 0: no confidence is below it.
-    scores = torch.where(kept, column_scores.gather(1, order.t()).t(), 0.0)
-    return flat_rows.reshape(-1), scores.reshape(-1)
+    return kept
+
+
+_KERNEL_CHECKS: dict[torch.device, bool] = {}
+_KERNEL_CHECK_LOCK = threading.Lock()
+
+
+def _kernel_checked(device: torch.device) -> bool:
+    """Whether the Triton kernel decides as `_kept_rank_by_rank` does on `device`, checked once per
+    process on a small random selection. Where it cannot be compiled or disagrees, a warning says
+    so and the torch version runs."""
+    with _KERNEL_CHECK_LOCK:
+        if device not in _KERNEL_CHECKS:
+            # Two images of 70 boxes (two words of bits), six columns of varied depths.
+            gen = torch.Generator().manual_seed(0)
+            xy = torch.rand(2, 70, 2, generator=gen) * 200
+            boxes = torch.cat((xy, xy + 10 + torch.rand(2, 70, 2, generator=gen) * 90), dim=2).to(device)
+            packed = _packed(_suppresses(boxes, 0.3))
+            order = torch.rand(6, 70, generator=gen).argsort(dim=1).to(device)
+            images = torch.arange(6, device=device) // 3
+            depth = torch.tensor([70, 66, 40, 9, 2, 1], device=device)
+            active = [int((depth > rank).sum()) for rank in range(70)]
+            expected = _kept_rank_by_rank(order.t(), (order + images[:, None] * 70).t(), packed.flatten(0, 1), active)
+            try:
+                agrees = torch.equal(kept_by_rank(order, depth, images, packed).t(), expected)
+                why = "it decides otherwise than the torch version"
+            except Exception as exc:  # noqa: BLE001 - any compile or launch failure: said below, torch runs
+                agrees, why = False, f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+            if not agrees:
+                warnings.warn(f"box selection on {device}: the Triton kernel is not used ({why}); the torch version, "
+                              "slower on a GPU, runs instead", stacklevel=2)
+            _KERNEL_CHECKS[device] = agrees
+        return _KERNEL_CHECKS[device]
 
 
 def _packed(bits: torch.Tensor) -> torch.Tensor:

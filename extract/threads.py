@@ -26,6 +26,7 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -71,17 +72,18 @@ def lane_count(threads: int | None = None, env: Mapping[str, str] = os.environ) 
 
 
 class ComputeLanes:
-    """`compute(batch)` on up to `lanes` threads at once, each torch op single-threaded (the caller
-    sets that); results reach `deliver(result, note)` in submission order, at most `lanes` batches
-    in flight. One lane computes in the calling thread (a GPU's work stays on the thread that set its
-    device). An error is raised from the `submit` or `finish` that meets it; leaving the block waits
-    for the lanes and drops what they computed after it."""
+    """`compute(batch)` on up to `lanes` threads at once, each set up by `start_lane` (by default: torch
+    ops single-threaded); results reach `deliver(result, note)` in submission order, at most `lanes`
+    batches in flight. One lane computes in the calling thread. An error is raised from the `submit`
+    or `finish` that meets it; leaving the block waits for the lanes and drops what they computed
+    after it."""
 
-    def __init__(self, compute: Callable[[Any], Any], lanes: int, deliver: Callable[[Any, Any], None]) -> None:
+    def __init__(self, compute: Callable[[Any], Any], lanes: int, deliver: Callable[[Any, Any], None],
+                 start_lane: Callable[[], None] = partial(torch.set_num_threads, 1)) -> None:
         self.compute, self.lanes, self.deliver = compute, lanes, deliver
         self.pending: deque[tuple[Future, Any]] = deque()
-        self.executor = ThreadPoolExecutor(lanes, thread_name_prefix="compute", initializer=torch.set_num_threads,
-                                           initargs=(1,)) if lanes > 1 else None
+        self.executor = ThreadPoolExecutor(lanes, thread_name_prefix="compute",
+                                           initializer=start_lane) if lanes > 1 else None
 
     def submit(self, batch: Any, note: Any) -> None:
         """Computes `batch` on a free lane; `note` goes to `deliver` with its result."""
@@ -108,3 +110,15 @@ class ComputeLanes:
     def __exit__(self, *exc_info) -> None:
         if self.executor is not None:
             self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def cuda_lane(device: torch.device, threads: int) -> Callable[[], None]:
+    """A GPU lane's set-up (ComputeLanes' `start_lane`): torch's host-side threads as the job's, the
+    job's device (`device` with its index: a new thread's current device is the first), and a CUDA
+    stream of its own, so that one lane's kernels run while another lane's host works or waits."""
+    def start() -> None:
+        torch.set_num_threads(threads)
+        torch.cuda.set_device(device)
+        torch.cuda.set_stream(torch.cuda.Stream(device))
+
+    return start

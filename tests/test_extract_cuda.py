@@ -21,11 +21,15 @@ from torchvision.ops import nms, roi_align, roi_pool
 from extract import Detector, mask_pixels
 from extract.detector import REGION_ARRAYS, regions_numpy
 from extract.device import is_sticky_cuda_error
+from extract.images import load_image
 from extract.job import run_extraction
+from extract.jpeg import decode_batch, jpeg_for_device
+import extract.selection as selection
+import extract.selection_kernel as selection_kernel
 from extract.selection import select_boxes_batch
 from extract.store import FeatureStore
 from extract.synthetic import synthetic_image
-from tests.helpers.detection import image_folder, loop_masked, random_detections
+from tests.helpers.detection import image_folder, jpeg_folder, loop_masked, random_detections
 
 pytestmark = pytest.mark.cuda
 
@@ -69,7 +73,12 @@ def test_roi_pooling_agrees(pool):
 
 
 @pytest.mark.parametrize("counts, num_classes", [([60, 0, 17, 45], 6), ([300, 212, 300], 1600)])
-def test_box_selection_keeps_the_same_boxes_and_confidences(counts, num_classes):
+def test_box_selection_keeps_the_same_boxes_and_confidences(counts, num_classes, monkeypatch):
+    """On CUDA the rank-by-rank NMS is the Triton kernel where Triton is installed (the torch
+    version elsewhere): either keeps the CPU's boxes."""
+    launches = []
+    kernel = selection.kept_by_rank
+    monkeypatch.setattr(selection, "kept_by_rank", lambda *args: launches.append(1) or kernel(*args))
     detections = [random_detections(i + n, n, num_classes, 3.0, quantised=i % 2 == 1) for i, n in enumerate(counts)]
     boxes, probs = map(list, zip(*detections))
     for thresholds in ((0.2, 0.3, 10, 100), (0.05, 0.5, 2, 20)):
@@ -77,6 +86,8 @@ def test_box_selection_keeps_the_same_boxes_and_confidences(counts, num_classes)
         on_cuda = select_boxes_batch([b.to(CUDA) for b in boxes], [p.to(CUDA) for p in probs], *thresholds)
         for (keep, conf), (cuda_keep, cuda_conf) in zip(on_cpu, on_cuda):
             assert torch.equal(cuda_keep.cpu(), keep) and torch.equal(cuda_conf.cpu(), conf)
+    if selection_kernel.triton is not None:
+        assert selection._kernel_checked(CUDA) and launches
 
 
 def synchronisations(run) -> int:
@@ -95,6 +106,7 @@ def synchronisations(run) -> int:
 def test_box_selection_waits_for_the_device_as_often_for_eight_images_as_for_one():
     detections = [random_detections(i, 300, 1600, 3.0, False) for i in range(8)]
     boxes, probs = [b.to(CUDA) for b, _ in detections], [p.to(CUDA) for _, p in detections]
+    select_boxes_batch(boxes[:1], probs[:1], 0.2, 0.3, 10, 100)  # the selection kernel's one-time check
     one = synchronisations(lambda: select_boxes_batch(boxes[:1], probs[:1], 0.2, 0.3, 10, 100))
     eight = synchronisations(lambda: select_boxes_batch(boxes, probs, 0.2, 0.3, 10, 100))
     assert 0 < one == eight <= 3
@@ -182,24 +194,70 @@ def images(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mode", ["given", "detect"])
-def test_a_whole_job_on_cuda_stores_what_the_cpu_stores(images, anchor_weights, tmp_path, mode):
+def test_a_whole_job_on_cuda_stores_what_the_cpu_stores_on_one_stream_or_two(images, anchor_weights, tmp_path, mode):
     options = dict(boxes=images.parent / "boxes.json", mask_variants=1) if mode == "given" else \
         dict(weights=anchor_weights, overrides=EVERY_PROPOSAL)
-    for device in ("cpu", "cuda"):
-        summary = run_extraction(images, tmp_path / device, "tiny", device=device, batch_size=4,
-                                 feature_dtype="float32", progress=False, **options)
+    runs = {"cpu": dict(device="cpu"), "cuda-1": dict(device="cuda", streams=1),
+            "cuda-2": dict(device="cuda", streams=2)}
+    for name, run in runs.items():
+        summary = run_extraction(images, tmp_path / name, "tiny", batch_size=2, feature_dtype="float32",
+                                 progress=False, **run, **options)
         assert (summary.written, summary.failed) == (9, 0 if mode == "given" else 1)  # notes.jpg has no boxes
-    with FeatureStore(tmp_path / "cpu") as cpu, FeatureStore(tmp_path / "cuda") as cuda:
-        assert cpu.keys() == cuda.keys()
-        for key in cpu:
-            a, b = cpu[key], cuda[key]
-            assert_close_features(a["image_feature"], b["image_feature"], key)
-            if mode == "detect":
-                assert_same_boxes_close_features(a, b, key)
-                continue
-            assert np.array_equal(a["boxes"], b["boxes"]) and np.array_equal(a["mask_boxes"], b["mask_boxes"])
-            assert_close_features(a["features"], b["features"], key)
-            assert_close_features(a["masked_features"], b["masked_features"], key)
+    for name in ("cuda-1", "cuda-2"):
+        with FeatureStore(tmp_path / "cpu") as cpu, FeatureStore(tmp_path / name) as cuda:
+            assert cpu.keys() == cuda.keys()
+            for key in cpu:
+                a, b = cpu[key], cuda[key]
+                assert_close_features(a["image_feature"], b["image_feature"], (name, key))
+                if mode == "detect":
+                    assert_same_boxes_close_features(a, b, (name, key))
+                    continue
+                assert np.array_equal(a["boxes"], b["boxes"]) and np.array_equal(a["mask_boxes"], b["mask_boxes"])
+                assert_close_features(a["features"], b["features"], (name, key))
+                assert_close_features(a["masked_features"], b["masked_features"], (name, key))
+
+
+def test_pixels_decoded_on_the_gpu_prepare_as_the_same_pixels_uploaded(detectors):
+    _, cuda = detectors
+    image = synthetic_image(90, 130, seed=3)
+    uploaded = cuda.prepare(image).tensor
+    assert torch.equal(uploaded, cuda.prepare(torch.from_numpy(image).to(CUDA)).tensor)
+
+
+def cosines(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(axis=-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12)
+
+
+@pytest.mark.parametrize("mode", ["given", "detect"])
+def test_jpegs_decoded_on_the_gpu_keep_pillows_boxes_and_features(anchor_weights, tmp_path, mode):
+    """nvJPEG's pixels are not libjpeg's to the last level, so features are compared by cosine."""
+    images = jpeg_folder(tmp_path / "images")
+    boxes = {p.name: [[4, 6, 50, 40], [20, 10, 63.5, 60], [0, 0, 30, 30]] for p in images.iterdir()}
+    (tmp_path / "boxes.json").write_text(json.dumps(boxes))
+    options = dict(boxes=tmp_path / "boxes.json", mask_variants=1) if mode == "given" else \
+        dict(weights=anchor_weights, overrides=EVERY_PROPOSAL)
+    for decoding in ("workers", "device"):
+        summary = run_extraction(images, tmp_path / decoding, "tiny", device="cuda", batch_size=4,
+                                 jpeg_decoding=decoding, feature_dtype="float32", progress=False, **options)
+        assert (summary.written, summary.failed) == (10, 1)  # cut.jpg
+        assert ("on cuda" in summary.resources) == (decoding == "device")
+    photos = sorted(images.glob("photo*.jpg"))
+    on_gpu = decode_batch([jpeg_for_device(p, None) for p in photos], CUDA)
+    levels = np.concatenate([np.abs(x.cpu().numpy().astype(int) - load_image(p)).ravel()
+                             for p, x in zip(photos, on_gpu)])
+    pixels = (f"|nvJPEG - Pillow| per channel: mean {levels.mean():.3f}, max {levels.max()}, "
+              f"above 2: {(levels > 2).mean():.2%}")
+    with FeatureStore(tmp_path / "workers") as pillow, FeatureStore(tmp_path / "device") as nvjpeg:
+        assert pillow.keys() == nvjpeg.keys()
+        for key in pillow:
+            a, b = pillow[key], nvjpeg[key]
+            order_a, order_b = (by_box(a), by_box(b)) if mode == "detect" else (slice(None), slice(None))
+            assert np.array_equal(a["boxes"][order_a], b["boxes"][order_b]), (key, pixels)
+            least = min(cosines(a["features"][order_a], b["features"][order_b]).min(),
+                        cosines(a["image_feature"], b["image_feature"]),
+                        cosines(a["masked_features"], b["masked_features"]).min() if mode == "given" else 1.0)
+            assert least >= 0.9999, f"{key}: feature cosine {least:.6f}; {pixels}"
 
 
 STICKY_JOB = """

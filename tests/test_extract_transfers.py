@@ -1,5 +1,6 @@
 """What keeps the device busy without changing a number: masks drawn on the device, one device→host
-copy of a batch's regions, constants built once, boxes moved in one copy."""
+copy of a batch's regions, constants built once, boxes moved in one copy, records' top classes
+without sorting whole rows."""
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ import torch
 from extract import mask_pixels
 from extract.detector import REGION_ARRAYS, RegionFeatures, checked_boxes, regions_numpy
 from extract.preprocess import filled, prepare_image, transferred
-from extract.store.schema import MASKED_REGION_ARRAYS
+from extract.store.schema import MASKED_REGION_ARRAYS, top_classes
 from extract.synthetic import synthetic_image
 from tests.helpers.detection import loop_masked
 
@@ -104,3 +105,13 @@ def test_boxes_on_the_host_and_on_the_images_device_are_checked_alike(tiny_detec
     boxes = [np.array([[-5, 0, 50, 90], [10, 10, 20, 20]], np.float32), torch.tensor([[0.0, 0.0, 130.0, 10.0]])]
     clamped = checked_boxes(boxes, [image, image])
     assert [b.tolist() for b in clamped] == [[[0, 0, 50, 80], [10, 10, 20, 20]], [[0, 0, 120, 10]]]
+
+
+@pytest.mark.parametrize("classes, k", [(1601, 10), (7, 3), (5, 5), (40, 1)])
+def test_top_classes_are_those_of_a_stable_sort_of_whole_rows(classes, k):
+    """Ties included: within the k (class order), and across the k-th place (rows sorted whole)."""
+    rng = np.random.default_rng(classes + k)
+    for probs in (rng.random((30, classes)), (rng.random((30, classes)) * 4).round() / 4, np.zeros((3, classes)),
+                  rng.random((0, classes))):
+        probs = probs.astype(np.float32)
+        assert np.array_equal(top_classes(probs, k), np.argsort(-probs, axis=1, kind="stable")[:, :k])

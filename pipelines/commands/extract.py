@@ -8,6 +8,7 @@ from extract.config import parse_override
 from extract.images import DEFAULT_MAX_PIXELS
 from extract.modeling.precision import PRECISIONS
 from extract.presets import PRESETS
+from extract.jpeg import JPEG_DECODING
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
 
 
@@ -69,14 +70,22 @@ def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Pat
 @click.option("--shard", default=None, metavar="i/n",
               help="Process slice i of n (default: RANK/WORLD_SIZE from a launcher, else everything); with tar "
                    "shards, every n-th tar shard from the i-th.")
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=0),
-              help="Image decoding processes (0: decode in the job's process). A worker that crashes on a file "
-                   "makes that file a failure and is replaced.")
+@click.option("--workers", type=click.IntRange(min=0),
+              help="Processes that read and decode the image files (0: the job's process) [default: 2 on the CPU; "
+                   "on a GPU the cores this process may use less one per stream and one, from 2 to 8]. A worker "
+                   "that crashes on a file makes that file a failure and is replaced.")
+@click.option("--jpeg-decoding", type=click.Choice(JPEG_DECODING), default="auto", show_default=True,
+              help="Where JPEGs are decoded: auto (on a CUDA device, in batches with nvJPEG, where torchvision can; "
+                   "elsewhere by Pillow in the workers), device, or workers. Other formats, and JPEGs the device "
+                   "cannot decode as Pillow does, are always decoded by Pillow.")
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads that compute [default: OMP_NUM_THREADS when set, else one per core, at most 4]. On "
                    "the CPU each computes whole batches with single-threaded torch ops, which copes with busy "
                    "neighbours and gives the same numbers for any count; on a GPU, torch's host-side threads "
                    "(default 1).")
+@click.option("--streams", type=click.IntRange(min=1),
+              help="On a GPU, batches computed at once, each on a CUDA stream of its own, so that the device "
+                   "computes one while the host works on another [default: 2].")
 @click.option("--max-pixels", default=DEFAULT_MAX_PIXELS, show_default=True, type=click.IntRange(min=1),
               help="Images with more pixels (width x height, read from the file's header) are failures, refused "
                    "before decoding: a small file can declare a huge image. At most Pillow's decompression-bomb "
@@ -84,8 +93,8 @@ def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Pat
 @click.option("--strict", is_flag=True, help="Exit with status 1 when any image failed (or a tar shard was damaged).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract_command(images, out, detector, weights, overrides, boxes, image_list, batch_size, device, precision,
-                    feature_dtype, top_k_classes, mask_variants, mask_prob, mask_seed, shard, workers, threads,
-                    max_pixels, strict, quiet) -> None:
+                    feature_dtype, top_k_classes, mask_variants, mask_prob, mask_seed, shard, workers, jpeg_decoding,
+                    threads, streams, max_pixels, strict, quiet) -> None:
     """Extract RoI features for every image under --images into the FeatureStore --out.
 
     Rerunning the same command resumes: stored images are skipped, failed ones retried.
@@ -98,7 +107,7 @@ def extract_command(images, out, detector, weights, overrides, boxes, image_list
         feature_dtype=feature_dtype,
         top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
         mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
-        progress=not quiet, max_pixels=max_pixels, threads=threads,
+        progress=not quiet, max_pixels=max_pixels, threads=threads, streams=streams, jpeg_decoding=jpeg_decoding,
     )
     click.echo(summary.report())
     if strict and summary.failed:

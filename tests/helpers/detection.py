@@ -69,3 +69,29 @@ def loop_masked(image, boxes):
         if c1 <= c2 and r1 <= r2:
             out[:, r1 : r2 + 1, c1 : c2 + 1] = 0
     return out
+
+
+def jpeg_folder(root, count: int = 6):
+    """`count` baseline JPEGs of varied sizes (what the device decodes), and one each of what Pillow
+    decodes instead: progressive, grayscale, rotated by EXIF, PNG, and a JPEG cut short (a failure).
+    Smooth pictures, as photographs are: on pixel noise decoders' chroma upsampling differs by up to
+    100 levels (nvJPEG against libjpeg, measured on an H200), which says nothing of photographs."""
+    from PIL import Image, ImageFilter
+
+    from extract.synthetic import synthetic_image
+
+    def smooth(height, width, seed):
+        return Image.fromarray(synthetic_image(height, width, seed=seed)).filter(ImageFilter.GaussianBlur(3))
+
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        smooth(70 + 9 * i, 110 - 5 * i, i).save(root / f"photo{i}.jpg", quality=90)
+    picture = smooth(80, 100, 50)
+    picture.save(root / "progressive.jpg", quality=90, progressive=True)
+    picture.convert("L").save(root / "gray.jpg", quality=90)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90 degrees: Pillow turns it upright
+    picture.save(root / "rotated.jpg", quality=90, exif=exif)
+    picture.save(root / "lossless.png")
+    (root / "cut.jpg").write_bytes((root / "photo0.jpg").read_bytes()[:600])
+    return root
