@@ -23,6 +23,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from extract.atomic import writing
 from extract.paths import OutsidePathError, path_inside
+from extract.store.labels import Naming
 from extract.store.reader import FeatureStore
 from extract.store.schema import StoreError
 from vlbert.errors import UserError
@@ -39,44 +40,6 @@ SHEET = "sheet"  # OUT/sheet.png
 
 class ShowError(UserError):
     """A `cache show` option that no image can be drawn with."""
-
-
-@dataclass(frozen=True)
-class Naming:
-    """What a store's labels are made of: its class and attribute names (empty: indices)."""
-
-    classes: list[str]
-    attributes: list[str]
-    has_objects: bool
-    has_attributes: bool
-
-    @classmethod
-    def of(cls, meta: Mapping[str, Any]) -> Naming:
-        vocabulary = meta.get("vocabulary") or {}
-        return cls(list(vocabulary.get("classes") or []), list(vocabulary.get("attributes") or []),
-                   bool(meta.get("objects")), bool(meta.get("attributes")))
-
-    def note(self) -> str | None:
-        """What the labels lack, for the picture and the console; None when they have everything."""
-        if not self.has_objects:
-            return "the store holds no class predictions: boxes are numbered"
-        missing = [what for what, names, held in (("class", self.classes, True),
-                                                  ("attribute", self.attributes, self.has_attributes))
-                   if held and not names]
-        return f"the store has no {' or '.join(missing)} names: indices shown" if missing else None
-
-    def label(self, record: Mapping[str, Any], row: int) -> str:
-        if not self.has_objects:
-            return f"box {row}"
-        text = f"{_name(self.classes, int(record['objects_id'][row]), 'class')} {record['objects_conf'][row]:.2f}"
-        if self.has_attributes:
-            attribute = _name(self.attributes, int(record["attrs_id"][row]), "attr")
-            text = f"{attribute} {record['attrs_conf'][row]:.2f} {text}"
-        return text
-
-
-def _name(names: list[str], index: int, what: str) -> str:
-    return names[index] if 0 <= index < len(names) else f"{what} {index}"
 
 
 @dataclass

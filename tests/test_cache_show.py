@@ -11,7 +11,8 @@ from PIL import Image
 from extract.job import run_extraction
 from extract.store.interop import export_store, import_store
 from extract.store.reader import FeatureStore
-from pipelines.cache_show import LINE, Naming, _scaled, kept_rows, show_records
+from extract.store.labels import Naming
+from pipelines.cache_show import LINE, _scaled, kept_rows, show_records
 from pipelines.cli import main
 from tests.helpers.pipelines import DETECTOR
 from tests.helpers.shards import write_tar
