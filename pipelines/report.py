@@ -243,6 +243,7 @@ def plot_losses(plotted: list[RunFolder], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     offsets: dict[Path, int] = {}
 
@@ -266,6 +267,7 @@ def plot_losses(plotted: list[RunFolder], path: Path) -> None:
         # Markers where a run has few steps: a one-step stage would draw no line at all.
         ax.plot(range(start + 1, start + len(losses) + 1), losses, label=_label(run), linewidth=1,
                 marker="o" if len(losses) < 30 else None, markersize=3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer steps since training began")
     ax.set_ylabel("training loss")
     ax.set_yscale("log")

@@ -223,8 +223,8 @@ def _stores_section(steps: list[StepRun], page: Path, missing: list[str]) -> str
             continue
         missing += [f"{step.name}: {problem}" for problem in shown.problems]
         parts += [f"<h4>{escape(step.name)}</h4>", '<div class="gallery">', *(
-            _figure(picture, f"{image_id}: its {len(shown.pictures[image_id].boxes)} best boxes, as `vlbert cache "
-                             f"show {step.name} {image_id} --top 10` draws them")
+            _figure(picture, f"{image_id}: its {len(shown.pictures[image_id].boxes)} best boxes (vlbert cache show "
+                             f"{step.folder} {image_id} --top 10)")
             for image_id, picture in zip(shown.pictures, shown.written)), "</div>"]
     return "\n".join(["<h2>Features</h2>", *parts]) if parts else ""
 
