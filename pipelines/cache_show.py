@@ -102,7 +102,7 @@ def draw_record(pixels: np.ndarray, record: Mapping[str, Any], naming: Naming, t
     # best boxes' labels are read first where labels overlap.
     labels = {}
     for rank in reversed(range(len(rows))):
-        labels[rank] = _label(draw, font, naming.label(record, rows[rank]), corners[rank], top,
+        labels[rank] = _label(draw, font, naming.label(record, rows[rank]), corners[rank], top, image.size[0],
                               PALETTE[rank % len(PALETTE)])
     picture.labels = [labels[rank] for rank in range(len(rows))]
     return picture
@@ -128,12 +128,13 @@ def _scaled(box, scale: int, top: int) -> tuple[int, int, int, int]:
 
 
 def _label(draw: ImageDraw.ImageDraw, font, text: str, corner: tuple[int, int, int, int], top: int,
-           colour: tuple[int, int, int]) -> tuple[int, int, int, int]:
+           picture_width: int, colour: tuple[int, int, int]) -> tuple[int, int, int, int]:
     """The label on a filled rectangle of the box's colour: above the box's corner when it fits
-    there, else inside it under its top edge. Returns the rectangle."""
+    there, else inside it under its top edge; moved left where it would leave the picture. Returns
+    the rectangle."""
     left, upper, right, bottom = draw.textbbox((0, 0), text, font=font)
     width, height = right - left + 4, bottom - upper + 2
-    x = max(0, min(corner[0], draw.im.size[0] - width))  # kept whole inside the picture
+    x = max(0, min(corner[0], picture_width - width))
     y = corner[1] - height if corner[1] - height >= top else corner[1] + LINE
     rectangle = (x, y, x + width - 1, y + height - 1)
     draw.rectangle(rectangle, fill=colour)
@@ -166,7 +167,9 @@ def _hatched(image: Image.Image, boxes: list, scale: int, top: int) -> Image.Ima
     for offset in range(-image.size[1], image.size[0], 6):
         lines.line([(offset, 0), (offset + image.size[1], image.size[1])], fill=150, width=2)
     grey = Image.new("RGB", image.size, (90, 90, 90))
-    shade = Image.composite(grey, image, Image.fromarray(np.minimum(np.asarray(mask), 110 + np.asarray(stripes))))
+    # Inside the boxes: grey at alpha 110 between the stripes, opaque on them.
+    alpha = np.minimum(np.asarray(mask, np.int32), 110 + np.asarray(stripes, np.int32)).astype(np.uint8)
+    shade = Image.composite(grey, image, Image.fromarray(alpha))
     return Image.composite(shade, image, mask)
 
 

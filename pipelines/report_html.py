@@ -124,6 +124,8 @@ def _link(path: Path, page: Path, text: str) -> str:
 
 
 def _results_section(entries: list[RunEntry]) -> str:
+    if not entries:
+        return ""
     rows = []
     for entry in entries:
         if not entry.stages:

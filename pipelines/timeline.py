@@ -62,7 +62,8 @@ class StepRun:
 def step_runs(root: Path, steps: list[tuple[str, Path, str]] | None = None, now: float | None = None) -> list[StepRun]:
     """Every step of the run in `root`: `steps` ((name, folder, kind) in the pipeline's order) where the
     pipeline file is at hand, else the folders under `root` holding a step record, in the order they
-    started, then the steps the state file names without one. `now` ends an unfinished step's bar."""
+    started, then the steps the state file names without one. An unfinished step's bar ends when it
+    last wrote its log or progress, else at `now`."""
     state = read_state(root)
     recorded = state.get("steps", {}) if isinstance(state.get("steps"), dict) else {}
     if steps is None:
@@ -91,8 +92,15 @@ def _step_run(name: str, folder: Path, kind: str, entry: dict[str, Any], began: 
     elif entry.get("state") == FAILED:
         run.state, run.end = FAILED, entry.get("ended") or _modified(run.log) or run.start
     else:
-        run.state, run.end = UNFINISHED, now
+        run.state, run.end = UNFINISHED, _last_sign_of_life(folder) or now
     return run
+
+
+def _last_sign_of_life(folder: Path) -> float | None:
+    """When an unfinished step last wrote its log or its progress: its bar ends there, not at the
+    time the page is written (which may be days after a run was stopped)."""
+    times = [moment for path in (folder / LOG_FILE, *folder.glob(".progress*.json")) if (moment := _modified(path))]
+    return max(times, default=None)
 
 
 def _modified(path: Path) -> float | None:
