@@ -79,7 +79,8 @@ def interval_chart(rows: list[Estimate], low: float, high: float, zero: float | 
         parts.append(f"<g><title>{escape(row.label)}</title>"
                      + _text(LABEL_WIDTH, middle + 4, _clipped(row.label, LABEL_WIDTH - 8), "end", 12, weight) + "</g>")
         if row.reference is not None and zero is None:
-            parts.append(f'<line x1="{x(row.reference):.1f}" y1="{middle - ROW / 2 + 2:.1f}" x2="{x(row.reference):.1f}" '
+            at = x(row.reference)
+            parts.append(f'<line x1="{at:.1f}" y1="{middle - ROW / 2 + 2:.1f}" x2="{at:.1f}" '
                          f'y2="{middle + ROW / 2 - 2:.1f}" stroke="#d62728" stroke-width="2" stroke-dasharray="3 2"/>')
         if row.interval is not None:
             a, b = x(row.interval[0]), x(row.interval[1])
@@ -136,7 +137,8 @@ def timeline_chart(steps: list[StepRun], links: dict[str, tuple[str, str]]) -> s
                          f'{_duration(step.end - step.start)}</title></rect>')
         seconds = f", {_duration(step.seconds)}" if step.seconds is not None else ""
         about = f"{step.state}{seconds}" + (f", {step.resources()}" if step.resources() else "")
-        target = f'<a href="{escape(record)}"><title>{escape(step.name)}: its step.json</title>' if step.start else "<g>"
+        target = (f'<a href="{escape(record)}"><title>{escape(step.name)}: its step.json</title>' if step.start
+                  else "<g>")
         parts.append(target + _text(PLOT_RIGHT + 12, middle + 4, _clipped(about, WIDTH - PLOT_RIGHT - 16, 11), size=11,
                                     fill=colour) + ("</a>" if step.start else "</g>"))
     parts.append("</svg>")

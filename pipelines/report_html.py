@@ -7,7 +7,8 @@ report.md; the loss curves of every train step; the run's timeline (each step's 
 GPUs, its state, links to its log and step.json); a few images of each store with their boxes; and
 the figures of the analyses. Everything is read from the run's folder (pipelines/timeline.py for the
 steps), so a run that failed halfway gets its page too: what exists is shown, and what is missing
-is named at the top.
+is named at the top. The report step writes it (pipelines/steps/report.py), and `vlbert pipeline
+report` rebuilds it.
 """
 
 from __future__ import annotations
@@ -243,49 +244,35 @@ def _analyses_section(steps: list[StepRun]) -> str:
     return "\n".join(["<h2>Analyses</h2>", *parts]) if parts else ""
 
 
-def _report_params(steps: list[StepRun], report: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The report step's parameters: as given, else as its step.json recorded them."""
-    if report is not None:
-        return report
-    from pipelines.execution import read_stamp
-
-    recorded = next((read_stamp(step.folder) for step in steps if step.kind == "report"), None)
-    return (recorded or {}).get("params")
-
-
 def write_html_report(root: Path, page: Path, steps: list[tuple[str, Path, str]] | None = None,
-                      report: dict[str, Any] | None = None, writer: str | None = None,
+                      runs: list[str] | None = None, pairs: list[tuple[str, str]] = (), writer: str | None = None,
                       resamples: int = RESAMPLES) -> list[str]:
     """report.html at `page` for the pipeline run in `root`: `steps` ((name, folder, kind) in the
-    pipeline's order, when the pipeline file is at hand) and the report step's parameters `report`
-    (runs, compare, baseline; default: from its step.json; without any, every train step is shown).
-    `writer` names the step writing the page as its last act, shown done. Returns what is missing
-    from it, one line each (also listed at the top of the page)."""
-    from pipelines.steps.report import report_params
-
+    pipeline's order, when the pipeline file is at hand), the report step's `runs` (train steps'
+    folders; default: every train step) and `pairs` of them to compare. `writer` names the step
+    writing the page as its last act, shown done. Returns what is missing from it, one line each
+    (also listed at the top of the page)."""
     root, page = Path(root), Path(page)
-    runs = step_runs(root, steps)
-    for step in runs:
+    recorded = step_runs(root, steps)
+    for step in recorded:
         if step.name == writer:
             step.state = DONE
-    params = _report_params(runs, report)
-    chosen = report_params(params) if params else None
-    by_name = {step.name: step for step in runs}
-    folders = [Path(run) if Path(run).is_dir() else root / Path(run).name for run in chosen.runs] if chosen else \
-        [step.folder for step in runs if step.kind == "train"]
+    by_name = {step.name: step for step in recorded}
+    folders = [Path(run) if Path(run).is_dir() else root / Path(run).name for run in runs] if runs is not None else \
+        [step.folder for step in recorded if step.kind == "train"]
     entries = [run_entry(folder, resamples) for folder in folders]
     missing = [f"{step.name}: {step.state}" + (f" ({step.reason})" if step.reason else "")
-               for step in runs if step.state not in (DONE, UP_TO_DATE)]
+               for step in recorded if step.state not in (DONE, UP_TO_DATE)]
     missing += [f"{entry.name}: {entry.missing}" for entry in entries
                 if entry.missing and (entry.name not in by_name or by_name[entry.name].state in (DONE, UP_TO_DATE))]
-    pairs = [(Path(a).name, Path(b).name) for a, b in chosen.pairs()] if chosen else []
-    sections = [_results_section(entries), _comparisons_section(entries, pairs, resamples, missing),
-                _loss_section(runs), _timeline_section(runs, page), _stores_section(runs, page, missing),
-                _analyses_section(runs)]
+    named_pairs = [(Path(a).name, Path(b).name) for a, b in pairs]
+    sections = [_results_section(entries), _comparisons_section(entries, named_pairs, resamples, missing),
+                _loss_section(recorded), _timeline_section(recorded, page), _stores_section(recorded, page, missing),
+                _analyses_section(recorded)]
     header = [f"<h1>Pipeline run {escape(root.resolve().name)}</h1>",
               f'<p class="meta">{escape(str(root.resolve()))} · page written '
-              f"{time.strftime('%Y-%m-%d %H:%M:%S')} · {len(runs)} steps, "
-              f"{sum(step.state in (DONE, UP_TO_DATE) for step in runs)} done</p>"]
+              f"{time.strftime('%Y-%m-%d %H:%M:%S')} · {len(recorded)} steps, "
+              f"{sum(step.state in (DONE, UP_TO_DATE) for step in recorded)} done</p>"]
     if missing:
         header.append('<div class="missing"><b>Not in this report, or not complete:</b><ul>'
                       + "".join(f"<li>{escape(line)}</li>" for line in missing) + "</ul></div>")
@@ -295,12 +282,3 @@ def write_html_report(root: Path, page: Path, steps: list[tuple[str, Path, str]]
                                       f"<style>{STYLE}</style></head><body>", *header,
                                       *(section for section in sections if section), "</body></html>"]) + "\n")
     return missing
-
-
-def rebuild_report(pipeline) -> tuple[Path, list[str]]:
-    """report.html of a loaded pipeline's run, in its report step's folder (the output folder itself
-    when it has none); what is missing from it."""
-    report = next((step for step in pipeline.steps if step.kind == "report"), None)
-    page = (report.folder if report is not None else pipeline.out) / HTML_FILE
-    steps = [(step.name, step.folder, step.kind) for step in pipeline.steps]
-    return page, write_html_report(pipeline.out, page, steps, report.params if report is not None else None)

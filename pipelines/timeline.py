@@ -11,7 +11,6 @@ started it), `unfinished` (started, neither done nor failed: running, or stopped
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path

@@ -34,8 +34,8 @@ def model(tiny_world, tmp_path_factory):
 
 
 def arguments(world, model, out, *extra):
-    return ["analyze", "attention", str(model), str(world / "cache"), "--annotations", str(world / "world" / "val.jsonl"),
-            "--vocabulary", str(world / "vocab"), "--out", str(out), *extra]
+    return ["analyze", "attention", str(model), str(world / "cache"), "--annotations",
+            str(world / "world" / "val.jsonl"), "--vocabulary", str(world / "vocab"), "--out", str(out), *extra]
 
 
 def test_the_heat_maps_hold_every_layer_and_heads_word_to_region_attention(tiny_world, model, tmp_path):

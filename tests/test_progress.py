@@ -59,7 +59,8 @@ def test_a_terminal_gets_a_bar_and_disabled_progress_prints_nothing():
 
 
 def test_lines_give_the_rate_and_the_time_left_and_slow_work_its_seconds_per_unit():
-    assert progress_line("vqa on val", 120, 400, "item", 40.0) == "vqa on val: 120/400 item (30%, 40.0 item/s, ETA 0m07s)"
+    assert progress_line("vqa on val", 120, 400, "item", 40.0) == \
+        "vqa on val: 120/400 item (30%, 40.0 item/s, ETA 0m07s)"
     # A step of 14 s read "0.0/s" as a rate; it is given per step instead, the time left from it.
     assert progress_line("vqa-end2end", 3, 100, "step", 1 / 14.2, "loss=0.512") == \
         "vqa-end2end: 3/100 step (3%, 14.2 s/step, ETA 22m57s) loss=0.512"

@@ -93,7 +93,8 @@ def test_the_page_shows_every_stage_with_its_interval_and_chance_and_names_what_
             label = f"{row['name']} · {stage['stage']} ({stage['visual']})"
             low, high = stage["interval"]
             assert f"{label} {stage['value']:.3f} [{low:.3f}, {high:.3f}], chance {stage['chance']:.3f}" in parsed.text
-    assert [stage["stage"] for row in report["runs"] for stage in row["stage_results"]] == ["vqa", "vqa-last", "vqa-more"]
+    stages = [stage["stage"] for row in report["runs"] for stage in row["stage_results"]]
+    assert stages == ["vqa", "vqa-last", "vqa-more"]
     assert parsed.text.count("stroke-dasharray=\"3 2\"") == 0  # SVG attributes are markup, not text
     assert page.read_text().count('stroke="#d62728" stroke-width="2" stroke-dasharray="3 2"') == 3  # chance lines
     (comparison,) = report["comparisons"]

@@ -105,7 +105,8 @@ def import_command(src: Path, fmt: str, out: Path, feature_dtype: str) -> None:
               help="Folder of the pictures: OUT/<id>.png (not in CACHE or the images).")
 @click.option("--variant", type=click.IntRange(min=0), help="Hatch the boxes whose pixels masked-pixel variant K hid.")
 @click.option("--top", type=click.IntRange(min=1), help="Draw only the N most confident boxes.")
-@click.option("--min-score", type=click.FloatRange(0.0, 1.0), help="Draw only boxes whose class score is at least this.")
+@click.option("--min-score", type=click.FloatRange(0.0, 1.0),
+              help="Draw only boxes whose class score is at least this.")
 @click.option("--sheet", is_flag=True, help="Also write OUT/sheet.png: every picture on one contact sheet.")
 def show_command(cache: Path, ids: tuple[str, ...], images: str | None, out: Path, variant: int | None,
                  top: int | None, min_score: float | None, sheet: bool) -> None:

@@ -114,13 +114,13 @@ def report_command(file: Path, settings: tuple[str, ...], out: Path | None) -> N
     stage's result with its interval, the comparisons, the loss curves, the timeline of the steps,
     the stores' boxes and the analyses' figures. A run that failed halfway gets its page too: what
     exists is shown, and what is missing is named."""
-    from pipelines.report_html import rebuild_report
+    from pipelines.steps.report import rebuild_page
     from vlbert.errors import UserError
 
     pipeline = _loaded(file, settings, out)
     if not pipeline.out.is_dir():
         raise UserError(f"{pipeline.out}: no such folder: {file} has not run into it (give its --out)")
-    page, missing = rebuild_report(pipeline)
+    page, missing = rebuild_page(pipeline)
     for line in missing:
         click.echo(f"missing: {line}")
     click.echo(f"report: {page.resolve()}")

@@ -101,10 +101,10 @@ def analyze_attention(model_dir: str | Path, store: str | Path, annotations: str
     pieces = batch_text_attention(model, batch, torch_device)[0, :, :, 1:1 + len(offsets)].numpy()
     naming, record = Naming.of(regions.store.meta), regions.store[annotation.image_id]
     rois = range(len(sample.regions) - 1)
-    result = SampleAttention(item, kind, annotation.image_id, text, words,
-                             ["whole image"] + [naming.label(record, row) for row in rois],
-                             ["whole image"] + [naming.class_name(record, row) for row in rois], sample.regions.boxes, sample.regions.image_size,
-                             np.einsum("wp,lhpn->lhwn", weights, pieces), box)
+    labels = ["whole image"] + [naming.label(record, row) for row in rois]
+    classes = ["whole image"] + [naming.class_name(record, row) for row in rois]
+    result = SampleAttention(item, kind, annotation.image_id, text, words, labels, classes, sample.regions.boxes,
+                             sample.regions.image_size, np.einsum("wp,lhpn->lhwn", weights, pieces), box)
     written = {"json": out / "attention.json", "heat_maps": draw_word_region_grid(result, out / "attention.png")}
     if chosen is not None:
         root = images if images is not None else regions.store.meta.get("images_root")

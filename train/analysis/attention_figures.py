@@ -64,8 +64,8 @@ def draw_word_region_grid(sample: SampleAttention, path: Path) -> Path:
             panel.set_xticks(range(regions), labels if layer == layers - 1 else [""] * regions, rotation=90,
                              fontsize=5)
     figure.suptitle(f'"{sample.text}" ({sample.kind} item {sample.item}, image {sample.image_id})\nattention '
-                    "probability from each word (rows) to each region (columns: 0 the whole image, then the RoIs best first)",
-                    fontsize=8)
+                    "probability from each word (rows) to each region (columns: 0 the whole image, then the RoIs "
+                    "best first)", fontsize=8)
     figure.colorbar(image, ax=axes, shrink=0.6)
     return save_figure(figure, path)
 
