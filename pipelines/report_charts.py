@@ -10,9 +10,9 @@ from html import escape
 
 from pipelines.timeline import DONE, FAILED, NOT_RUN, UNFINISHED, UP_TO_DATE, StepRun
 
-WIDTH = 920
-LABEL_WIDTH = 250
-PLOT_LEFT, PLOT_RIGHT = 262, 640
+WIDTH = 980
+LABEL_WIDTH = 300
+PLOT_LEFT, PLOT_RIGHT = 312, 690
 ROW = 22
 TOP = 34  # the axis and the legend
 
@@ -102,6 +102,12 @@ def _duration(seconds: float) -> str:
         f"{seconds / 3600:.1f} h"
 
 
+def time_ticks(span: float) -> list[tuple[float, str]]:
+    """(seconds, label) of round ticks from 0 to `span` seconds, in seconds, minutes or hours."""
+    unit, name = (1, "s") if span < 180 else (60, "min") if span < 3 * 3600 else (3600, "h")
+    return [(tick * unit, f"{tick:g} {name}" if tick else "0") for tick in nice_ticks(0.0, span / unit)]
+
+
 def timeline_chart(steps: list[StepRun], links: dict[str, tuple[str, str]]) -> str:
     """A row per step: a bar from its start to its end (seconds since the run's first step began) in
     the colour of its state; its name links to its log and the state to its step.json (`links`: step
@@ -113,10 +119,10 @@ def timeline_chart(steps: list[StepRun], links: dict[str, tuple[str, str]]) -> s
     scale = (PLOT_RIGHT - PLOT_LEFT) / span
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
              f'viewBox="0 0 {WIDTH} {height}" role="img" font-family="sans-serif">']
-    for tick in nice_ticks(0.0, span):
+    for tick, label in time_ticks(span):
         at = PLOT_LEFT + tick * scale
         parts.append(f'<line x1="{at:.1f}" y1="{TOP - 6}" x2="{at:.1f}" y2="{height - 8}" stroke="#e4e4e4"/>')
-        parts.append(_text(at, TOP - 10, _duration(tick) if tick else "0", "middle", 11, fill="#666"))
+        parts.append(_text(at, TOP - 10, label, "middle", 11, fill="#666"))
     parts.append(_text(8, 12, "seconds since the run's first step began; a bar from a step's start to its end",
                        size=11, fill="#444"))
     for index, step in enumerate(steps):

@@ -249,17 +249,19 @@ def write_html_report(root: Path, page: Path, steps: list[tuple[str, Path, str]]
                       resamples: int = RESAMPLES) -> list[str]:
     """report.html at `page` for the pipeline run in `root`: `steps` ((name, folder, kind) in the
     pipeline's order, when the pipeline file is at hand), the report step's `runs` (train steps'
-    folders; default: every train step) and `pairs` of them to compare. `writer` names the step
-    writing the page as its last act, shown done. Returns what is missing from it, one line each
-    (also listed at the top of the page)."""
+    folders, shown first, then the other train steps) and `pairs` of them to compare. `writer` names
+    the step writing the page as its last act, shown done. Returns what is missing from it, one line
+    each (also listed at the top of the page)."""
     root, page = Path(root), Path(page)
     recorded = step_runs(root, steps)
     for step in recorded:
         if step.name == writer:
             step.state = DONE
     by_name = {step.name: step for step in recorded}
-    folders = [Path(run) if Path(run).is_dir() else root / Path(run).name for run in runs] if runs is not None else \
-        [step.folder for step in recorded if step.kind == "train"]
+    # The report's runs first, then every other train step (a pre-training the runs start from).
+    folders = [Path(run) if Path(run).is_dir() else root / Path(run).name for run in runs or []]
+    folders += [step.folder for step in recorded if step.kind == "train" and step.folder.name not in
+                {folder.name for folder in folders}]
     entries = [run_entry(folder, resamples) for folder in folders]
     missing = [f"{step.name}: {step.state}" + (f" ({step.reason})" if step.reason else "")
                for step in recorded if step.state not in (DONE, UP_TO_DATE)]
