@@ -72,12 +72,8 @@ class ProgressLines:
     def _print(self) -> None:
         now = time.monotonic()
         self._last, self._printed = now, True
-        done = f"{self.n}/{self.total}" if self.total else str(self.n)
-        share = f"{100 * self.n / self.total:.0f}%, " if self.total else ""
         rate = (self.n - self._start_n) / max(now - self._start, 1e-9)
-        postfix = f" {self._postfix}" if self._postfix else ""
-        prefix = f"{self.desc}: " if self.desc else ""
-        print(f"{prefix}{done} {self.unit} ({share}{rate:.1f} {self.unit}/s){postfix}", file=self.file, flush=True)
+        print(progress_line(self.desc, self.n, self.total, self.unit, rate, self._postfix), file=self.file, flush=True)
 
     def __enter__(self) -> "ProgressLines":
         return self
@@ -127,7 +123,7 @@ class PublishedProgress:
 
 
 def progress_summary(paths: Iterable[Path]) -> str:
-    """One line from the snapshots at `paths` (a step's processes; counts summed): `stage 120/400 step
+    """One line from the snapshots at `paths` (a step's processes; counts summed): `stage: 120/400 step
     (30%, 2.1 step/s, ETA 2m13s) loss=0.512`; "" when none is there yet."""
     snapshots = []
     for path in paths:
@@ -138,16 +134,30 @@ def progress_summary(paths: Iterable[Path]) -> str:
     if not snapshots:
         return ""
     first = snapshots[0]
-    n = sum(s.get("n", 0) for s in snapshots)
     totals = [s.get("total") for s in snapshots]
     total = sum(totals) if all(isinstance(t, int) and t > 0 for t in totals) else None
-    rate = sum(s.get("rate", 0.0) for s in snapshots)
+    return progress_line(first.get("desc", ""), sum(s.get("n", 0) for s in snapshots), total,
+                         first.get("unit", "it"), sum(s.get("rate", 0.0) for s in snapshots), first.get("postfix", ""))
+
+
+def progress_line(desc: str, n: int, total: int | None, unit: str, rate: float, postfix: str = "") -> str:
+    """`desc: n/total unit (percent, rate, ETA) postfix`, the line of the console and of `pipeline status`."""
     done = f"{n}/{total}" if total else str(n)
-    share = f"{100 * n / total:.0f}%, " if total else ""
-    eta = f", ETA {_duration((total - n) / rate)}" if total and rate > 0 else ""
-    postfix = f" {first['postfix']}" if first.get("postfix") else ""
-    desc = f"{first['desc']} " if first.get("desc") else ""
-    return f"{desc}{done} {first.get('unit', 'it')} ({share}{rate:.1f}/s{eta}){postfix}"
+    figures = [f"{100 * n / total:.0f}%"] if total else []
+    figures.append(rate_text(rate, unit))
+    if total and rate > 0 and n < total:
+        figures.append(f"ETA {_duration((total - n) / rate)}")
+    prefix = f"{desc}: " if desc else ""
+    return f"{prefix}{done} {unit} ({', '.join(figures)})" + (f" {postfix}" if postfix else "")
+
+
+def rate_text(rate: float, unit: str) -> str:
+    """`2.1 step/s`, or for work slower than one a second `14.2 s/step` (a slow stage read 0.0/s)."""
+    if rate >= 1:
+        return f"{rate:.1f} {unit}/s"
+    if rate > 0:
+        return f"{1 / rate:.1f} s/{unit}"
+    return f"no {unit} done yet"
 
 
 def _duration(seconds: float) -> str:

@@ -17,7 +17,7 @@ from extract.atomic import write_atomically
 from pipelines import STEP_FILE
 from pipelines.report_retrieval import RETRIEVAL_NOTE, retrieval_summary, retrieval_tables
 from train.data.files import DataError
-from train.engine.run_folder import RunFolder
+from train.engine.run_folder import RunFolder, StageFolder
 from train.evaluation.statistics import (RESAMPLES, Comparison, average_over_seeds, bootstrap_interval,
                                          paired_comparison, seed_spread)
 
@@ -38,11 +38,31 @@ def run_folders(folder: Path) -> list[RunFolder]:
     return runs
 
 
-def item_scores(run: RunFolder) -> dict[str, float]:
-    """Each evaluation item's score after the run's last stage; empty where none was written (runs
-    from before item scores, evaluations without per-item scores)."""
-    path = run.last_stage().item_scores(Path(run.config()["eval_annotations"]).stem)
+def item_scores(run: RunFolder, stage: StageFolder | None = None) -> dict[str, float]:
+    """Each evaluation item's score after `stage` (default: the run's last); empty where none was
+    written (runs from before item scores, evaluations without per-item scores)."""
+    path = (stage or run.last_stage()).item_scores(Path(run.config()["eval_annotations"]).stem)
     return json.loads(path.read_text())["items"] if path.is_file() else {}
+
+
+def stage_results(runs: list[RunFolder], resamples: int = RESAMPLES) -> list[dict]:
+    """Every stage of a step's runs (one, or one per seed), in order, as evaluated after it: its value
+    (the mean over seeds, ± their standard deviation), chance level and 95% item interval (item scores
+    averaged over seeds first); `done` false for a stage not evaluated yet in every seed."""
+    results = []
+    for index, stage in enumerate(runs[0].config()["stages"]):
+        folders = [(run, run.stage(index, stage["name"])) for run in runs]
+        if not all(folder.evaluation_file.is_file() for _, folder in folders):
+            results.append({"stage": stage["name"], "visual": stage.get("visual", "cached"), "done": False})
+            continue
+        evals = [folder.evaluation() for _, folder in folders]
+        spread = seed_spread([e["value"] for e in evals])
+        scores = average_over_seeds([item_scores(run, folder) for run, folder in folders])
+        results.append({"stage": stage["name"], "visual": evals[0]["visual"], "task": evals[0]["task"],
+                        "metric": evals[0]["metric"], "value": spread.mean, "std": spread.std,
+                        "chance": evals[0]["chance"], "items": len(scores), "done": True,
+                        "interval": bootstrap_interval(list(scores.values()), resamples).to_list() if scores else None})
+    return results
 
 
 def _one_run(run: RunFolder) -> dict:
@@ -66,15 +86,16 @@ def run_results(folder: Path, resamples: int = RESAMPLES) -> RunResults:
     scores = average_over_seeds([item_scores(run) for run in runs])
     tuned = any(e["visual"] == "end2end" for e in first)
     seeded = runs[0].root != folder
-    interval = bootstrap_interval(list(scores.values()), resamples).to_list() if scores else None
+    stages = stage_results(runs, resamples)
     row = {"name": folder.name, "detector": step.get("params", {}).get("detector", "tuned" if tuned else "frozen"),
            "task": last["task"], "metric": last["metric"], "value": spread.mean, "chance": last["chance"],
            "std": spread.std, "seeds": [s["seed"] for s in summaries] if seeded else None,
            "seed_values": list(spread.values) if seeded else None,
-           "items": len(scores), "interval": interval,
+           "items": len(scores), "interval": stages[-1]["interval"],
            "wall_s": round(sum(s["wall_s"] for s in summaries) / len(summaries), 2),
            "samples_per_s": round(sum(s["samples_per_s"] for s in summaries) / len(summaries), 2),
            "stages": [f"{e['stage']} ({e['visual']})" for e in first],
+           "stage_results": stages,
            "init_from": _relative(summaries[0]["init_from"], folder.parent)}
     if last["task"] == "retrieval" and "recalls" in last:
         row["retrieval"] = retrieval_summary([s["evals"][-1] for s in summaries], sum(e["steps"] for e in first))
@@ -121,7 +142,7 @@ def _interval_text(interval: list[float] | None) -> str:
     return "—" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
 
 
-def _runs_table(rows: list[dict]) -> list[str]:
+def runs_table(rows: list[dict]) -> list[str]:
     lines = ["| run | detector | task | metric | value | 95% interval (items) | chance | halfway to perfect "
              "| wall s | samples/s | stages | started from |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -132,7 +153,22 @@ def _runs_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _comparisons_table(comparisons: list[Comparison]) -> list[str]:
+def stages_table(rows: list[dict]) -> list[str]:
+    """Every stage of every run, as evaluated after it (the runs table gives the last one's)."""
+    lines = ["| run | stage | visual side | metric | value | 95% interval (items) | chance |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for stage in row["stage_results"]:
+            if not stage["done"]:
+                lines.append(f"| {row['name']} | {stage['stage']} | {stage['visual']} | — | not evaluated | — | — |")
+                continue
+            value = _value_text({**stage, "seeds": row["seeds"]})
+            lines.append(f"| {row['name']} | {stage['stage']} | {stage['visual']} | {stage['metric']} | {value} | "
+                         f"{_interval_text(stage['interval'])} | {stage['chance']:.3f} |")
+    return lines
+
+
+def comparisons_table(comparisons: list[Comparison]) -> list[str]:
     lines = ["| A | B | items | B − A | 95% interval (paired) | p | verdict |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {c.a} | {c.b} | {c.items} | {c.difference:+.3f} | {_interval_text(c.interval.to_list())} | "
               f"{c.p_text()} | {c.verdict()} |" for c in comparisons]
@@ -153,6 +189,10 @@ RUNS_NOTE = (
     "from. Float reductions differ between CPUs, so one seed's figures vary by machine: read them with\n"
     "their intervals, and compare runs measured on one machine.\n")
 
+STAGES_NOTE = (
+    "Each stage of a run is evaluated when it ends: a run's value above is its last stage's, which is not\n"
+    "always its best (an appended end-to-end stage can end below the stage before it).\n")
+
 COMPARISONS_NOTE = (
     "Each comparison pairs the two runs item by item on the evaluation items both scored: `B − A` is the\n"
     "mean difference, its interval a paired percentile bootstrap over items, and `p` the two-sided\n"
@@ -171,16 +211,17 @@ def write_report(run_dirs: list[str], out: Path, compare: list[tuple[str, str]] 
     report_json = out / "report.json"
     document = {"resamples": resamples, "runs": rows, "comparisons": [_comparison_record(c) for c in comparisons]}
     write_atomically(report_json, json.dumps(document, indent=1) + "\n")
-    text = "# Runs side by side\n\n" + "\n".join(_runs_table(rows)) + "\n\n" + RUNS_NOTE
+    text = "# Runs side by side\n\n" + "\n".join(runs_table(rows)) + "\n\n" + RUNS_NOTE
+    text += "\n## Every stage\n\n" + "\n".join(stages_table(rows)) + "\n\n" + STAGES_NOTE
     retrieval = retrieval_tables(rows)
     if retrieval:
         text += "\n## Image–text retrieval\n\n" + "\n".join(retrieval) + "\n" + RETRIEVAL_NOTE
     if comparisons:
-        text += "\n## Comparisons\n\n" + "\n".join(_comparisons_table(comparisons)) + "\n\n" + COMPARISONS_NOTE
+        text += "\n## Comparisons\n\n" + "\n".join(comparisons_table(comparisons)) + "\n\n" + COMPARISONS_NOTE
     report_md = out / "report.md"
     write_atomically(report_md, text)
     curves = out / "loss_curves.png"
-    _plot_losses([run for d in run_dirs for run in run_folders(Path(d))], curves)
+    plot_losses([run for d in run_dirs for run in run_folders(Path(d))], curves)
     return [report_json, report_md, curves]
 
 
@@ -195,13 +236,14 @@ def _origin(run: RunFolder) -> tuple[RunFolder, int] | None:
     return source, sum(s["steps"] for s in source.config()["stages"][: stage.index + 1])
 
 
-def _plot_losses(plotted: list[RunFolder], path: Path) -> None:
+def plot_losses(plotted: list[RunFolder], path: Path) -> None:
     """Each run's loss against the optimizer steps since training began, so a run continuing another
     run's checkpoint (pre-training included) starts where that checkpoint was taken."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     offsets: dict[Path, int] = {}
 
@@ -222,7 +264,10 @@ def _plot_losses(plotted: list[RunFolder], path: Path) -> None:
     for run in runs:
         losses = [r["loss"] for r in run.metrics() if "step" in r]
         start = offset(run)
-        ax.plot(range(start + 1, start + len(losses) + 1), losses, label=_label(run), linewidth=1)
+        # Markers where a run has few steps: a one-step stage would draw no line at all.
+        ax.plot(range(start + 1, start + len(losses) + 1), losses, label=_label(run), linewidth=1,
+                marker="o" if len(losses) < 30 else None, markersize=3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer steps since training began")
     ax.set_ylabel("training loss")
     ax.set_yscale("log")

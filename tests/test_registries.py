@@ -165,3 +165,10 @@ print(" ".join(sorted(name for name in sys.modules if name.split(".")[0] in ("tr
     assert (tmp_path / "store" / "meta.json").is_file()
     assert out.splitlines()[-1].split() == ["pipelines", "pipelines.cli", "pipelines.commands",
                                             "pipelines.commands.extract"]
+
+
+def test_the_attention_command_offers_every_text_kind_the_analysis_reads():
+    from pipelines.commands.analyze import TEXT_KINDS
+    from train.analysis.attention import TEXT_KINDS as READ
+
+    assert TEXT_KINDS == tuple(READ)

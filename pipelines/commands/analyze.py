@@ -1,5 +1,6 @@
 """`vlbert analyze …`: looking inside a trained model (`grounding`: which regions phrases attend to;
-`syntax`: which regions the words of a dependency arc attend to)."""
+`syntax`: which regions the words of a dependency arc attend to; `attention`: one sample's attention
+between its words and regions, drawn)."""
 
 from pathlib import Path
 
@@ -9,12 +10,12 @@ from train.analysis.parses import PARSERS
 from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS
 
 _folder = click.Path(exists=True, file_okay=False, path_type=Path)
+TEXT_KINDS = ("captions", "refs", "vqa")  # train.analysis.attention.TEXT_KINDS, named here without importing torch
 
 
-def _running_options(command):
+def _model_options(command):
     """How an analysis runs the model: the options every analysis shares."""
     options = (
-        click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1)),
         click.option("--max-length", type=click.IntRange(min=MIN_LENGTH),
                      help="Cap on text + RoIs (default: the model's position count)."),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
@@ -24,6 +25,12 @@ def _running_options(command):
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def _running_options(command):
+    """The model options of an analysis over many items, which it runs in batches."""
+    return click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))(
+        _model_options(command))
 
 
 @click.group("analyze")
@@ -125,6 +132,39 @@ def syntax_command(model_dir: Path, store: Path, annotations: Path, parses: Path
         names = [f"{item['image_id']}/{item['caption']}" for item in result["skipped"]]
         click.echo(f"{len(names)} captions skipped, their parse not their text: {', '.join(names[:5])}"
                    f"{', ...' if len(names) > 5 else ''} (all in syntax.json, skipped)")
+
+
+@analyze_group.command("attention")
+@click.argument("model_dir", metavar="MODEL", type=_folder)
+@click.argument("store", type=_folder)
+@click.option("--annotations", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="An annotation file (the project's JSON lines, e.g. a world's val.jsonl).")
+@click.option("--item", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Which text of --kind in the file (from 0, in file order).")
+@click.option("--kind", type=click.Choice(list(TEXT_KINDS)), default="captions", show_default=True,
+              help="The texts --item counts: captions, referring expressions or VQA questions.")
+@click.option("--word", help="Also draw this word's attention over the image (a word of the sample).")
+@click.option("--vocabulary", required=True, type=_folder, help="The tokenizer folder (vocab.txt).")
+@click.option("--images", help="The images root, for --word [default: the images root the store records].")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
+@_model_options
+def attention_command(model_dir: Path, store: Path, annotations: Path, item: int, kind: str, word: str | None,
+                      vocabulary: Path, images: str | None, out: Path, max_length: int | None, device: str,
+                      fresh_weights: bool) -> None:
+    """One sample's attention from each word to each region, every layer and head: OUT/attention.png
+    (heat maps, layers × heads), OUT/attention.json, and with --word OUT/word-<position>.png (the
+    regions over the image shaded by that word's attention, VisualBERT's Figure 3)."""
+    from extract.paths import check_apart
+    from train.analysis.attention import analyze_attention
+
+    check_apart(out, (("MODEL", model_dir), ("STORE", store), ("--annotations", annotations),
+                      ("--vocabulary", vocabulary), ("--images", images)))
+    result = analyze_attention(model_dir, store, annotations, vocabulary, out, item, kind, word, images, device,
+                               max_length, fresh_weights, log=click.echo)
+    click.echo(f'{kind} item {item} ("{result["text"]}", image {result["image_id"]}): {len(result["words"])} words '
+               f'x {len(result["regions"])} regions')
+    for path in result["files"].values():
+        click.echo(path)
 
 
 COMMANDS = [analyze_group]

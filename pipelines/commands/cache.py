@@ -1,4 +1,4 @@
-"""`vlbert cache info|verify|export|import`: inspect, check and convert FeatureStores."""
+"""`vlbert cache info|verify|export|import|show`: inspect, check, convert and look at FeatureStores."""
 
 import json
 from pathlib import Path
@@ -94,6 +94,39 @@ def import_command(src: Path, fmt: str, out: Path, feature_dtype: str) -> None:
     """
     count = import_store(src, fmt, out, feature_dtype)
     click.echo(f"{count} records → {out}")
+
+
+@cache_group.command("show")
+@click.argument("cache", type=_store_path)
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--images", help="The images root, a folder or tar shards as `vlbert extract --images` takes them "
+                                "[default: the images root the store records].")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder of the pictures: OUT/<id>.png (not in CACHE or the images).")
+@click.option("--variant", type=click.IntRange(min=0), help="Hatch the boxes whose pixels masked-pixel variant K hid.")
+@click.option("--top", type=click.IntRange(min=1), help="Draw only the N most confident boxes.")
+@click.option("--min-score", type=click.FloatRange(0.0, 1.0),
+              help="Draw only boxes whose class score is at least this.")
+@click.option("--sheet", is_flag=True, help="Also write OUT/sheet.png: every picture on one contact sheet.")
+def show_command(cache: Path, ids: tuple[str, ...], images: str | None, out: Path, variant: int | None,
+                 top: int | None, min_score: float | None, sheet: bool) -> None:
+    """Draw the stored boxes of each image ID over its image: the top class and attribute with their
+    scores (names from the store's meta.json), the whole-image box dashed, the pixels of a masked
+    variant hatched. An ID the store lacks, or whose image is not found, is named in one line and the
+    others are drawn; exit status 1 when any is left out."""
+    from extract.paths import check_apart
+    from pipelines.cache_show import show_records
+
+    check_apart(out, (("CACHE", cache), ("--images", images)))
+    result = show_records(cache, list(ids), out, images, variant, top, min_score, sheet, log=click.echo)
+    if result.note:
+        click.echo(f"Note: {result.note}")
+    for path in result.written:
+        click.echo(str(path))
+    for problem in result.problems:
+        click.echo(f"not drawn: {problem}", err=True)
+    if result.problems:
+        raise click.exceptions.Exit(1)
 
 
 COMMANDS = [cache_group]

@@ -1,6 +1,6 @@
-"""`vlbert pipeline run|status|cancel FILE`: chained steps that skip what is up to date, resume what was
-cut off and run side by side, on this machine or on a Slurm cluster; `vlbert pipeline step SPEC` is
-one step's process, as the executors start it."""
+"""`vlbert pipeline run|status|cancel|report FILE`: chained steps that skip what is up to date, resume what
+was cut off and run side by side, on this machine or on a Slurm cluster, and the page of a run;
+`vlbert pipeline step SPEC` is one step's process, as the executors start it."""
 
 import sys
 from pathlib import Path
@@ -105,6 +105,25 @@ def cancel_command(file: Path, settings: tuple[str, ...], out: Path | None) -> N
 
     pipeline = _loaded(file, settings, out)
     executor_named(read_state(pipeline.out).get("executor", "local")).cancel(pipeline, click.echo)
+
+
+@pipeline_group.command("report")
+@_pipeline_options
+def report_command(file: Path, settings: tuple[str, ...], out: Path | None) -> None:
+    """Write report.html of the run of FILE (into its report step's folder, or its output folder): every
+    stage's result with its interval, the comparisons, the loss curves, the timeline of the steps,
+    the stores' boxes and the analyses' figures. A run that failed halfway gets its page too: what
+    exists is shown, and what is missing is named."""
+    from pipelines.steps.report import rebuild_page
+    from vlbert.errors import UserError
+
+    pipeline = _loaded(file, settings, out)
+    if not pipeline.out.is_dir():
+        raise UserError(f"{pipeline.out}: no such folder: {file} has not run into it (give its --out)")
+    page, missing = rebuild_page(pipeline)
+    for line in missing:
+        click.echo(f"missing: {line}")
+    click.echo(f"report: {page.resolve()}")
 
 
 @pipeline_group.command("step", hidden=True)

@@ -1,5 +1,5 @@
 """The `report` step: report.json, report.md and the loss curves of training runs, with paired
-comparisons."""
+comparisons, and report.html, the page of the whole pipeline run (pipelines/report_html.py)."""
 
 from __future__ import annotations
 
@@ -37,12 +37,31 @@ def report_params(params: dict[str, Any]) -> ReportParams:
 
 
 def report(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
-    """report.json, report.md and the loss curves of `runs`, with paired comparisons (`compare`, `baseline`)."""
+    """report.json, report.md and the loss curves of `runs`, with paired comparisons (`compare`, `baseline`),
+    and report.html of the pipeline run the step's folder is in."""
     from pipelines.report import write_report
+    from pipelines.report_html import HTML_FILE, write_html_report
 
     chosen = report_params(params)
     for path in write_report(chosen.runs, folder, chosen.pairs()):
         log(f"wrote {path.resolve()}")
+    # The page of the whole run, as far as it got: `vlbert pipeline report` rebuilds it later.
+    write_html_report(folder.parent, folder / HTML_FILE, runs=chosen.runs, pairs=chosen.pairs(), writer=folder.name)
+    log(f"wrote {(folder / HTML_FILE).resolve()}")
+
+
+def rebuild_page(pipeline) -> tuple[Path, list[str]]:
+    """report.html of a loaded pipeline's run, in its report step's folder (the output folder itself
+    when it has none, showing every train step); what is missing from it, one line each."""
+    from pipelines.report_html import HTML_FILE, write_html_report
+
+    step = next((step for step in pipeline.steps if step.kind == "report"), None)
+    page = (step.folder if step is not None else pipeline.out) / HTML_FILE
+    steps = [(each.name, each.folder, each.kind) for each in pipeline.steps]
+    if step is None:
+        return page, write_html_report(pipeline.out, page, steps)
+    chosen = report_params(step.params)
+    return page, write_html_report(pipeline.out, page, steps, chosen.runs, chosen.pairs())
 
 
 def _verify_report(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:

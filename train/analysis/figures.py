@@ -69,7 +69,7 @@ def draw_table(values: np.ndarray, rows: list[str], columns: list[str], axis_nam
     axes.set_title(title, fontsize=8)
     figure.colorbar(image, ax=axes)
     figure.tight_layout()
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def draw_layer_plot(accuracy: np.ndarray, baselines: dict[str, float], title: str, path: Path) -> Path:
@@ -89,7 +89,7 @@ def draw_layer_plot(accuracy: np.ndarray, baselines: dict[str, float], title: st
     axes.set_title(title, fontsize=8)
     axes.legend(fontsize=6, loc="upper left")
     figure.tight_layout()
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def draw_example(example: Example, head: tuple[int, int], images: str | Path | None, path: Path) -> Path:
@@ -105,13 +105,7 @@ def draw_example(example: Example, head: tuple[int, int], images: str | Path | N
         canvas = np.full((height, width, 3), 200, np.uint8)
     figure, axes = plt.subplots(figsize=(6, 6 * height / max(width, 1) + 0.6))
     axes.imshow(canvas, extent=(0, width, height, 0))
-    weights = example.attention[head]
-    strength = weights / max(float(weights.max()), 1e-12)
-    for (x1, y1, x2, y2), share, alpha in zip(example.boxes, weights, strength):
-        axes.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, facecolor="red", alpha=0.5 * float(alpha),
-                                 edgecolor="red", linewidth=0.8))
-        axes.text(x1 + 1, y1 + 1, f"{share:.2f}", color="white", fontsize=6, va="top",
-                  bbox={"facecolor": "black", "alpha": 0.5, "pad": 0.5, "linewidth": 0})
+    shade_regions(axes, example.boxes, example.attention[head])
     x1, y1, x2, y2 = phrase.box
     axes.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor="lime", linewidth=2))
     axes.set_xlim(0, width)
@@ -121,10 +115,21 @@ def draw_example(example: Example, head: tuple[int, int], images: str | Path | N
     axes.set_title(f'{quoted}\nattention, layer {head[0] + 1} head {head[1] + 1} (best head)\n'
                    "red: RoIs shaded by attention; green: annotated box", fontsize=8)
     figure.tight_layout()
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
-def _save(figure, path: Path) -> Path:
+def shade_regions(axes, boxes: np.ndarray, weights: np.ndarray, fontsize: float = 6) -> None:
+    """Each box (x1, y1, x2, y2) shaded red by its attention weight relative to the largest, and
+    labelled with the weight."""
+    strength = weights / max(float(weights.max()), 1e-12)
+    for (x1, y1, x2, y2), share, alpha in zip(boxes, weights, strength):
+        axes.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, facecolor="red", alpha=0.5 * float(alpha),
+                                 edgecolor="red", linewidth=0.8))
+        axes.text(x1 + 1, y1 + 1, f"{share:.2f}", color="white", fontsize=fontsize, va="top",
+                  bbox={"facecolor": "black", "alpha": 0.5, "pad": 0.5, "linewidth": 0})
+
+
+def save_figure(figure, path: Path) -> Path:
     """The figure in `path`, whole or not at all (a temporary beside it, then renamed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")

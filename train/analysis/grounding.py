@@ -285,10 +285,14 @@ def read_phrases(annotations: str | Path, phrase_format: str, regions: RegionBan
 
 def batch_text_attention(model: VLBertModel, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
     """(B, layers, heads, T, N) on the CPU: the model's attention from each text position to each
-    region (`text_region_attention`), as the model sees them at evaluation."""
+    region (`text_region_attention`), as the model sees them at evaluation; DataError naming the model
+    when it gives no attention probabilities."""
     inputs = to_device(batch, device)
     given = model_inputs(model, inputs, training=False)
     output = model(**given, output_attentions=True)
+    if not output.attentions or any(layer is None for layer in output.attentions):
+        raise DataError(f"{getattr(model, 'name_or_path', '') or type(model).__name__}: the model gives no attention "
+                        "probabilities (its encoder returned none): there is no attention to analyse")
     return text_region_attention(output.attentions, batch["text_mask"].shape[1], output.num_regions).cpu()
 
 

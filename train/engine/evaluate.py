@@ -17,6 +17,7 @@ from torch.utils.data import Dataset, Subset
 
 from extract.atomic import write_atomically
 from extract.modeling.precision import Precision
+from extract.progress import progress_bar
 from train.end2end import with_appearance
 from train.data.collate import model_inputs, pixel_entries, to_device
 from train.engine.batches import Batch, evaluation_batches
@@ -28,23 +29,26 @@ from train.tasks.base import Evaluator
 def evaluate(evaluator: Evaluator, model, visual, dataset: Dataset, batch_size: int, device: torch.device,
              pad_token_id: int, check_damaged: Callable[[Batch], None], precision: Precision,
              predictions: Path | None = None, items: Path | None = None, workers: int = 0,
-             world: World = World()) -> dict | None:
+             world: World = World(), desc: str = "evaluation") -> dict | None:
     """{"metric", "value", "chance", "samples", "precision", ...} of `evaluator` over `dataset` on
     rank 0 (None on the others); the predictions are written to `predictions` and each item's
     score to `items` ({"metric", "items": {id: score}}) when given. `check_damaged` applies the
     damaged-record policy to each batch. With the end-to-end `visual` side, `workers` DataLoader
-    processes decode the images."""
+    processes decode the images. Rank 0 shows its items' progress as `desc` (the console, and
+    `vlbert pipeline status` through the step's progress file)."""
     if visual is not None:
         dataset = visual.with_images(dataset)
-    for batch in evaluation_batches(shard(dataset, world), batch_size, workers, pad_token_id, device.type == "cuda"):
-        check_damaged(batch)
-        if batch.inputs is None:
-            continue
-        inputs = to_device(batch.inputs, device)
-        with precision.applied(device):
-            inputs = with_appearance(visual, inputs, pixel_entries(batch.inputs))
-            output = model(**model_inputs(model, inputs, training=False))
-        evaluator.add(batch.samples, inputs, output)
+    part = shard(dataset, world)
+    with progress_bar(len(part), desc, "item", enabled=world.rank == 0) as bar:
+        for batch in evaluation_batches(part, batch_size, workers, pad_token_id, device.type == "cuda"):
+            check_damaged(batch)
+            if batch.inputs is not None:
+                inputs = to_device(batch.inputs, device)
+                with precision.applied(device):
+                    inputs = with_appearance(visual, inputs, pixel_entries(batch.inputs))
+                    output = model(**model_inputs(model, inputs, training=False))
+                evaluator.add(batch.samples, inputs, output)
+            bar.update(batch.usable + len(batch.damaged))
     shards = gathered(evaluator.state(), world)
     if shards is None:
         return None

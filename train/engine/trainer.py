@@ -486,7 +486,8 @@ class Trainer:
         return evaluate(task.evaluator(self.data, dataset), parts.model, parts.visual, dataset,
                         self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id,
                         lambda batch: progress.damaged.check(batch.damaged, batch.with_images), parts.precision,
-                        predictions, stage_dir.item_scores(split), stage.num_workers, self.world)
+                        predictions, stage_dir.item_scores(split), stage.num_workers, self.world,
+                        f"{stage.name} on {split}")
 
     # ---- pieces ----------------------------------------------------------------------------
 
