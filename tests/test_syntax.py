@@ -1,7 +1,8 @@
 """Syntactic grounding (VisualBERT Table 2): the metric on a hand-parsed CoNLL-U fixture with a
 hand-built attention tensor whose planted head grounds `amod` arcs, the Stanford ↔ UD label map and
 the prep/pobj arcs rebuilt from UD (one sentence parsed by hand in UD and in ClearNLP gives the same
-Stanford arcs), parses that are no tree skipped and named, bad inputs, and `vlbert analyze syntax` end to end on the tiny world in Flickr30K Entities' layout."""
+Stanford arcs), parses that are no tree skipped and named, bad inputs, and `vlbert analyze syntax`
+end to end on the tiny world in Flickr30K Entities' layout."""
 
 from __future__ import annotations
 

@@ -4,15 +4,16 @@ each head attend from w2 to w1's region?
 
 Captions, entities and boxes are Flickr30K Entities' (`phrases.flickr30k_entities_captions`), the
 parses any parser's (`parses.PARSERS`), each a tree (else the caption is skipped and named), with
-Stanford's prep and pobj arcs rebuilt where its label set is UD's (`relations.LABEL_SETS`). w1 is an entity's word: the syntactic head of a boxed entity
-phrase (its word whose head lies outside the phrase; the rightmost of several, as English noun
-phrases end in theirs). Every arc with an entity word at one end gives a pair, w1 that end and w2
-the other, under the arc's relation: det, amod, nn, num arcs inside the phrase (w2 the determiner or
-modifier), and arcs out of it (nsubj: w2 the verb; pobj: w2 the preposition). An arc joining two
-entity words gives a pair each way. The scoring is the entity analysis's (`grounding.GroundingTally`):
-w2's most-attended RoI (its pieces' attention averaged, among the RoIs only) is right when its IoU
-with w1's box (the union of the entity's boxes) is ≥ 0.5; the baselines are a uniformly random RoI
-and the most confident one (the paper's), the intervals bootstrap ones over the arcs.
+Stanford's prep and pobj arcs rebuilt where its label set is UD's (`relations.LABEL_SETS`). w1 is an
+entity's word: the syntactic head of a boxed entity phrase (its word whose head lies outside the
+phrase; the rightmost of several, as English noun phrases end in theirs). Every arc with an entity
+word at one end gives a pair, w1 that end and w2 the other, under the arc's relation: det, amod, nn,
+num arcs inside the phrase (w2 the determiner or modifier), and arcs out of it (nsubj: w2 the verb;
+prep, pobj: w2 the preposition). An arc joining two entity words gives a pair each way. The scoring is the
+entity analysis's (`grounding.GroundingTally`): w2's most-attended RoI (its pieces' attention
+averaged, among the RoIs only) is right when its IoU with w1's box (the union of the entity's boxes)
+is ≥ 0.5; the baselines are a uniformly random RoI and the most confident one (the paper's), the
+intervals bootstrap ones over the arcs.
 
 The paper reports, per relation, the best of the heads that give on average more than 20% of the
 attention from the source words to the image regions (`min_region_attention=0.2`): a head's share
@@ -145,8 +146,8 @@ def read_syntax_inputs(annotations: Path, parser: str, parses: Path | None, imag
         for arc in item.arcs:
             counts[arc.relation] = counts.get(arc.relation, 0) + 1
     if not counts:
-        why = f"{len(skipped)} of {len(on_store)} parses are skipped (not a tree, or not their caption)" if skipped else \
-            "no parse word is the head of a boxed entity phrase"
+        why = (f"{len(skipped)} of {len(on_store)} parses are skipped (not a tree, or not their caption)"
+               if skipped else "no parse word is the head of a boxed entity phrase")
         raise DataError(f"{annotations}: no dependency arc to score ({why})")
     relations = sorted(counts, key=lambda relation: (-counts[relation], relation))
     return SyntaxInputs([item for item in parsed if item.arcs], skipped, left_out(entities), relations, parser, labels)
