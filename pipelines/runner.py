@@ -33,9 +33,11 @@ replaced; references in VALUE are resolved as in the file): `--set finetune.max_
 `STEP.FIELD.KEY` sets one key of a mapping field (`--set finetune.model.hidden_size=256`,
 `--set cache.overrides.score_thresh=0.5`), `STEP.FIELD+=VALUE` appends to a list field (a stage:
 `--set 'finetune.stages+={name: e2e, task: vqa, steps: 100, visual: end2end}'`), and in a train
-step `STEP.STAGE.FIELD` a field of the stage named STAGE (`--set finetune.vqa.steps=100`). A name
-the file declares as an input is the input. `slurm:` (a top-level mapping, a step's own mapping, or
-`--set slurm.KEY=VALUE`) holds the Slurm executor's settings (pipelines/executors/slurm.py).
+step `STEP.STAGE.FIELD` a field of the stage named STAGE (`--set finetune.vqa.steps=100`). Whatever
+their order, whole fields are set first, then appends (each one given, in order), then keys and stage
+fields, so a stage field may name a stage that `+=` adds; an input's value may refer to `${here}` and
+steps only. A name the file declares as an input is the input. `slurm:` (a top-level mapping, a
+step's own mapping, or `--set slurm.KEY=VALUE`) holds the Slurm executor's settings (pipelines/executors/slurm.py).
 
 The whole file is checked when it loads, before any step runs, and every problem found is named
 together, one line each, in one PipelineError (`FILE: step 'NAME' (kind): problem`): `--set` names
@@ -63,7 +65,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from pipelines.execution import Step, strings
 from pipelines.steps import KINDS, Foreknown, Layout, StepKind
@@ -114,6 +116,22 @@ def parse_setting(text: str) -> tuple[str, Any]:
         raise PipelineError(f"--set {text}: expected NAME=VALUE")
     parsed = from_text(value, PipelineError, f"--set {text}")
     return name, parsed if isinstance(parsed, (str, int, float, bool, list, dict, type(None))) else value
+
+
+def parse_settings(texts: Iterable[str]) -> dict[str, Any]:
+    """The `--set` values of a command line, by name: a later value of a name replaces an earlier one,
+    but appends (`NAME+=VALUE`) given several times all append, in order."""
+    settings: dict[str, Any] = {}
+    for name, value in map(parse_setting, texts):
+        if name.endswith(APPEND) and name in settings:
+            value = [*_as_items(settings[name]), *_as_items(value)]
+        settings[name] = value
+    return settings
+
+
+def _as_items(value: Any) -> list[Any]:
+    """What an append adds: a list's items, or the value itself."""
+    return value if isinstance(value, list) else [value]
 
 
 def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -> Pipeline:
@@ -371,7 +389,7 @@ def _set_field(params: dict[str, Any], field: str, value: Any, kind: StepKind) -
         head = head[:-len(APPEND)]
         if not isinstance(params.get(head) or [], list):
             return f"{head} is {params[head]!r}, not a list that {field} could append to"
-        params[head] = [*(params.get(head) or []), *(value if isinstance(value, list) else [value])]
+        params[head] = [*(params.get(head) or []), *_as_items(value)]
         return None
     if head in fields:
         if not rest:

@@ -1,8 +1,8 @@
 """A shipped pipeline on one's own data, as a new user drives it with `--set` only: the settings apply
-in the order that lets them build on each other, one path is a list of one, an appended stage records
-the answers it uses, an input that refers to itself is refused; and the messages of a refused `.pth`,
-an `out` that is a file, a starting checkpoint that is no checkpoint, and a step whose own problems
-leave its outputs unknown."""
+in the order that lets them build on each other, repeated appends all append, one path is a list of
+one, an appended stage records the answers it uses, an input that refers to itself is refused; and
+the messages of a refused `.pth`, an `out` that is a file, a starting checkpoint that is no
+checkpoint, and a step whose own problems leave its outputs unknown."""
 
 import json
 
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from extract.checkpoint import CheckpointError, read_state_dict
 from pipelines.cli import main
-from pipelines.runner import PipelineError, load_pipeline
+from pipelines.runner import PipelineError, load_pipeline, parse_settings
 from pipelines.steps.train import _run_config
 from tests.helpers.worlds import run_config
 from train.engine.config import RunConfig, RunConfigError, StageConfig
@@ -64,6 +64,15 @@ def test_whole_fields_then_appends_then_keys_whatever_the_command_line_order(tmp
                 "finetune.stages": [{"name": "vqa", "task": "vqa", "steps": 1}]}
     stages = load_pipeline(write_pipeline(tmp_path, train_steps()), settings).steps[3].params["stages"]
     assert stages == [{"name": "vqa", "task": "vqa", "steps": 5}, E2E]
+
+
+def test_appends_given_several_times_all_append_in_order(tmp_path):
+    settings = parse_settings(["finetune.stages+={name: a, task: vqa, steps: 1}", "finetune.vqa.steps=3",
+                               "finetune.stages+=[{name: b, task: vqa, steps: 1}, {name: c, task: vqa, steps: 1}]",
+                               "finetune.vqa.steps=4"])
+    assert settings["finetune.vqa.steps"] == 4  # any other name: the last value
+    stages = load_pipeline(write_pipeline(tmp_path, train_steps()), settings).steps[3].params["stages"]
+    assert [(stage["name"], stage["steps"]) for stage in stages] == [("vqa", 4), ("a", 1), ("b", 1), ("c", 1)]
 
 
 def test_one_path_where_a_field_is_a_list_of_paths_is_a_list_of_one(tmp_path):
