@@ -4,7 +4,6 @@ one, an appended stage records the answers it uses, an input that refers to itse
 the messages of a refused `.pth`, an `out` that is a file, a starting checkpoint that is no
 checkpoint, and a step whose own problems leave its outputs unknown."""
 
-import json
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from pipelines.cli import main
 from pipelines.runner import PipelineError, load_pipeline, parse_settings
 from pipelines.steps.train import _run_config
 from tests.helpers.worlds import run_config
+from tests.test_pipeline_checks import world_steps
 from train.engine.config import RunConfig, RunConfigError, StageConfig
 from train.engine.trainer import Trainer
 from vlbert.errors import UserError
@@ -27,18 +27,6 @@ def write_pipeline(tmp_path, steps, inputs=None):
     path.write_text(yaml.safe_dump({"out": str(tmp_path / "out"), "inputs": inputs or {}, "steps": steps},
                                    sort_keys=False))
     return path
-
-
-def train_steps(**train):
-    """A world, its extraction, vocabulary and a VQA fine-tuning step over them (nothing runs here)."""
-    return [
-        {"name": "world", "kind": "world", "images": 4},
-        {"name": "cache", "kind": "extract", "images": "${world}", "detector": "tiny", "progress": False},
-        {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"},
-        {"name": "finetune", "kind": "train", "store": "${cache}", "train_annotations": "${world}/train.jsonl",
-         "eval_annotations": "${world}/val.jsonl", "vocabulary": "${vocabulary}", "max_length": 40,
-         "stages": [{"name": "vqa", "task": "vqa", "steps": 2, "batch_size": 2}], **train},
-    ]
 
 
 def error_lines(path, settings):
@@ -55,14 +43,14 @@ E2E = {"name": "e2e", "task": "vqa", "steps": 1, "visual": "end2end"}
     {"finetune.stages+": E2E, "finetune.e2e.steps": 7},
 ])
 def test_a_stage_field_may_be_set_before_the_stage_is_appended(tmp_path, settings):
-    stages = load_pipeline(write_pipeline(tmp_path, train_steps()), settings).steps[3].params["stages"]
+    stages = load_pipeline(write_pipeline(tmp_path, world_steps()), settings).steps[3].params["stages"]
     assert [stage["name"] for stage in stages] == ["vqa", "e2e"] and stages[1]["steps"] == 7
 
 
 def test_whole_fields_then_appends_then_keys_whatever_the_command_line_order(tmp_path):
     settings = {"finetune.vqa.steps": 5, "finetune.stages+": E2E,
                 "finetune.stages": [{"name": "vqa", "task": "vqa", "steps": 1}]}
-    stages = load_pipeline(write_pipeline(tmp_path, train_steps()), settings).steps[3].params["stages"]
+    stages = load_pipeline(write_pipeline(tmp_path, world_steps()), settings).steps[3].params["stages"]
     assert stages == [{"name": "vqa", "task": "vqa", "steps": 5}, E2E]
 
 
@@ -71,25 +59,25 @@ def test_appends_given_several_times_all_append_in_order(tmp_path):
                                "finetune.stages+=[{name: b, task: vqa, steps: 1}, {name: c, task: vqa, steps: 1}]",
                                "finetune.vqa.steps=4"])
     assert settings["finetune.vqa.steps"] == 4  # any other name: the last value
-    stages = load_pipeline(write_pipeline(tmp_path, train_steps()), settings).steps[3].params["stages"]
+    stages = load_pipeline(write_pipeline(tmp_path, world_steps()), settings).steps[3].params["stages"]
     assert [(stage["name"], stage["steps"]) for stage in stages] == [("vqa", 4), ("a", 1), ("b", 1), ("c", 1)]
 
 
 def test_one_path_where_a_field_is_a_list_of_paths_is_a_list_of_one(tmp_path):
-    pipeline = load_pipeline(write_pipeline(tmp_path, train_steps()), {"finetune.predict": "${world}/val.jsonl"})
+    pipeline = load_pipeline(write_pipeline(tmp_path, world_steps()), {"finetune.predict": "${world}/val.jsonl"})
     finetune = pipeline.steps[3]
     assert _run_config(finetune.params, str(finetune.folder)).predict == [str(tmp_path / "out" / "world" / "val.jsonl")]
     with pytest.raises(RunConfigError, match=r"^predict: expected a list, found 3$"):  # a path, not anything
         RunConfig.from_dict({**_run_config(finetune.params, "x").to_dict(), "predict": 3})
     report = {"name": "report", "kind": "report", "runs": "${finetune}"}  # the report step's runs, the same
-    assert load_pipeline(write_pipeline(tmp_path, [*train_steps(), report])).steps[4].params["runs"] == str(
+    assert load_pipeline(write_pipeline(tmp_path, [*world_steps(), report])).steps[4].params["runs"] == str(
         finetune.folder)
 
 
 def test_an_appended_vqa_stage_without_answers_uses_and_records_the_previous_stage_s(tmp_path):
     answers = tmp_path / "answers.txt"
     answers.write_text("red\nblue\n")
-    steps = train_steps()
+    steps = world_steps()
     steps[3]["stages"][0]["options"] = {"answers": str(answers)}
     pipeline = load_pipeline(write_pipeline(tmp_path, steps), {"finetune.stages+": E2E})
     recorded = _run_config(pipeline.steps[3].params, "out").to_dict()  # what run.json records
@@ -105,7 +93,7 @@ def test_an_appended_vqa_stage_without_answers_uses_and_records_the_previous_sta
 
 
 def test_an_input_that_refers_to_itself_or_to_no_step_is_refused(tmp_path):
-    path = write_pipeline(tmp_path, train_steps(), {"note": "x"})
+    path = write_pipeline(tmp_path, world_steps(), {"note": "x"})
     assert error_lines(path, {"note": "${note}"}) == [
         f"{path}: inputs: note refers to ${{note}}, itself (a step's value reads an input as ${{inputs.note}}); an "
         "input may refer to ${here} and steps only"]
@@ -116,7 +104,7 @@ def test_an_input_that_refers_to_itself_or_to_no_step_is_refused(tmp_path):
 
 
 def test_an_out_that_is_a_file_is_one_line_before_anything_runs(tmp_path):
-    path = write_pipeline(tmp_path, train_steps())
+    path = write_pipeline(tmp_path, world_steps())
     for out, problem in ((path, "is a file"), (path / "runs", f"would be made inside {path}, a file")):
         result = CliRunner().invoke(main, ["pipeline", "run", str(path), "--jobs", "1", "--set", f"out={out}"])
         assert result.exit_code == 2 and result.output == (
@@ -127,7 +115,7 @@ def test_an_out_that_is_a_file_is_one_line_before_anything_runs(tmp_path):
 def test_a_step_whose_outputs_its_own_problem_hides_adds_no_line_about_them(tmp_path):
     """Two later steps read ${finetune.predictions}: a finetune step with a nameless stage was named,
     and each of them added that finetune offers nothing by name, yet that a train step offers it."""
-    steps = train_steps()
+    steps = world_steps()
     steps += [{"name": name, "kind": "evaluate", "benchmark": "vqa2", "questions": "${world}/val.jsonl",
                "annotations": "${world}/val.jsonl", "predictions": f"${{finetune.predictions}}/{name}.json"}
               for name in ("dev", "test")]
