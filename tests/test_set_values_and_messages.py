@@ -4,7 +4,6 @@ one, an appended stage records the answers it uses, an input that refers to itse
 the messages of a refused `.pth`, an `out` that is a file, a starting checkpoint that is no
 checkpoint, and a step whose own problems leave its outputs unknown."""
 
-
 import pytest
 import torch
 import yaml
