@@ -59,10 +59,19 @@ def read_conllu(path: str | Path) -> list[ParsedSentence]:
     return sentences
 
 
-# A HEAD of more digits is past any sentence's words (and past what int() reads: a traceback).
 HEAD_DIGITS = 18
-_FIELD_PARSERS = {"head": lambda fields, index: 10 ** HEAD_DIGITS if len(fields[index]) > HEAD_DIGITS
-                  and fields[index].isdigit() else DEFAULT_FIELD_PARSERS["head"](fields, index)}
+TOO_LONG_HEAD = 10 ** HEAD_DIGITS  # stands for a HEAD of more digits: past any sentence's words
+
+
+def _head(fields: list[str], index: int) -> int | None:
+    """A row's HEAD as conllu reads it, except one of more than HEAD_DIGITS digits (int() refuses one
+    of thousands: a traceback), read as TOO_LONG_HEAD."""
+    if len(fields[index]) > HEAD_DIGITS and fields[index].isdigit():
+        return TOO_LONG_HEAD
+    return DEFAULT_FIELD_PARSERS["head"](fields, index)
+
+
+_FIELD_PARSERS = {"head": _head}
 
 
 def _sentence(text: str, where: str, lines: list[int]) -> ParsedSentence:
@@ -95,7 +104,7 @@ def tree_problem(words: list[Word], place: Callable[[int], str] = lambda word: "
     (`place`: where word i is, for the message), or None."""
     for word in words:
         if not 0 <= word.head <= len(words):
-            head = word.head if word.head < 10 ** HEAD_DIGITS else f"of more than {HEAD_DIGITS} digits"
+            head = f"of more than {HEAD_DIGITS} digits" if word.head >= TOO_LONG_HEAD else word.head
             return (f"word {word.index} {word.form!r}{place(word.index)} has head {head}, not a word of the "
                     f"sentence (0 to {len(words)})")
         if word.head == word.index:

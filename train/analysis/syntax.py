@@ -97,8 +97,8 @@ def caption_arcs(caption: Caption, words: list[Word], spans: list[tuple[int, int
 def parsed_captions(captions: list[Caption], sentences: list[ParsedSentence], labels: str
                     ) -> tuple[list[ParsedCaption], list[dict[str, str]]]:
     """The captions whose parse is a tree that aligns with their text, with their arcs (Stanford's
-    structure rebuilt from the label set `labels`'); and the others, named (image id, caption index,
-    the sentence's place in the parses, why)."""
+    structure rebuilt where the parses' label set `labels` has another); and the others, named (image
+    id, caption index, the sentence's place in the parses, why)."""
     parsed, skipped = [], []
     for caption, sentence in zip(captions, sentences):
         spans = sentence.problem or align(sentence, caption.text)
