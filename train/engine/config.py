@@ -191,11 +191,16 @@ class RunConfig:
         """Each stage's `Task.carried_options` that it leaves unset, from the run's previous stage of its
         task that set them (a stage appended with `+=` continues that stage's head)."""
         given: dict[tuple[str, str], Any] = {}
+        stages = []  # new objects where an option is carried: the caller's stay as given
         for stage in self.stages:
-            for name in TASKS[stage.task].carried_options:
-                if getattr(stage.options, name) is None:
-                    setattr(stage.options, name, given.get((stage.task, name)))
-                given[stage.task, name] = getattr(stage.options, name)
+            carried = {name: given.get((stage.task, name)) for name in TASKS[stage.task].carried_options
+                       if getattr(stage.options, name) is None}
+            if any(value is not None for value in carried.values()):
+                stage = dataclasses.replace(stage, options=dataclasses.replace(stage.options, **carried))
+            given.update({(stage.task, name): getattr(stage.options, name)
+                          for name in TASKS[stage.task].carried_options})
+            stages.append(stage)
+        self.stages = stages
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
