@@ -21,6 +21,7 @@ from torch import nn
 
 from extract.pickles import ARRAYS, load_pickle
 from vlbert.errors import UserError
+from vlbert.torch_files import first_line, load_weights_only
 
 
 class CheckpointError(UserError):
@@ -38,7 +39,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             # Model-zoo and caffe-converted files are Python 2 pickles of NumPy arrays; nothing else loads.
             data = load_pickle(path, CheckpointError, ARRAYS, encoding="latin1")
         elif suffix in (".pth", ".pt"):
-            data = torch.load(path, map_location="cpu", weights_only=True)
+            data = load_weights_only(path, CheckpointError)
         elif suffix == ".safetensors":
             from safetensors.torch import load_file
 
@@ -48,7 +49,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     except CheckpointError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decoding failure is reported with the file name
-        raise CheckpointError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {first_line(exc)})") from None
     if isinstance(data, dict) and isinstance(data.get("model"), dict):
         data = data["model"]
     if not isinstance(data, dict):

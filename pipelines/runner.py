@@ -33,9 +33,11 @@ replaced; references in VALUE are resolved as in the file): `--set finetune.max_
 `STEP.FIELD.KEY` sets one key of a mapping field (`--set finetune.model.hidden_size=256`,
 `--set cache.overrides.score_thresh=0.5`), `STEP.FIELD+=VALUE` appends to a list field (a stage:
 `--set 'finetune.stages+={name: e2e, task: vqa, steps: 100, visual: end2end}'`), and in a train
-step `STEP.STAGE.FIELD` a field of the stage named STAGE (`--set finetune.vqa.steps=100`). A name
-the file declares as an input is the input. `slurm:` (a top-level mapping, a step's own mapping, or
-`--set slurm.KEY=VALUE`) holds the Slurm executor's settings (pipelines/executors/slurm.py).
+step `STEP.STAGE.FIELD` a field of the stage named STAGE (`--set finetune.vqa.steps=100`). Whatever
+their order, whole fields are set first, then appends (each one given, in order), then keys and stage
+fields, so a stage field may name a stage that `+=` adds; an input's value may refer to `${here}` and
+steps only. A name the file declares as an input is the input. `slurm:` (a top-level mapping, a
+step's own mapping, or `--set slurm.KEY=VALUE`) holds the Slurm executor's settings (pipelines/executors/slurm.py).
 
 The whole file is checked when it loads, before any step runs, and every problem found is named
 together, one line each, in one PipelineError (`FILE: step 'NAME' (kind): problem`): `--set` names
@@ -63,7 +65,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from pipelines.execution import Step, strings
 from pipelines.steps import KINDS, Foreknown, Layout, StepKind
@@ -116,6 +118,22 @@ def parse_setting(text: str) -> tuple[str, Any]:
     return name, parsed if isinstance(parsed, (str, int, float, bool, list, dict, type(None))) else value
 
 
+def parse_settings(texts: Iterable[str]) -> dict[str, Any]:
+    """The `--set` values of a command line, by name: a later value of a name replaces an earlier one,
+    but appends (`NAME+=VALUE`) given several times all append, in order."""
+    settings: dict[str, Any] = {}
+    for name, value in map(parse_setting, texts):
+        if name.endswith(APPEND) and name in settings:
+            value = [*_as_items(settings[name]), *_as_items(value)]
+        settings[name] = value
+    return settings
+
+
+def _as_items(value: Any) -> list[Any]:
+    """What an append adds: a list's items, or the value itself."""
+    return value if isinstance(value, list) else [value]
+
+
 def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -> Pipeline:
     """The pipeline of file `path` with `settings` (input name → value, `out`, `STEP.FIELD`), every
     reference resolved and every step checked; PipelineError listing every problem."""
@@ -124,17 +142,21 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
     settings = {name: str(value) if isinstance(value, Path) else value for name, value in (settings or {}).items()}
     here = str(path.resolve().parent)
     declared = _declared_inputs(path, document)
-    given, step_settings, slurm, problems = _sorted_settings(path, document, declared, settings)
-    inputs, unset, input_problems = _input_values(path, declared, given, here)
+    step_names = [entry["name"] for entry in document["steps"] if isinstance(entry, dict)
+                  and isinstance(entry.get("name"), str)]
+    given, step_settings, slurm, problems = _sorted_settings(path, step_names, declared, settings)
+    inputs, unset, input_problems = _input_values(path, declared, given, here, step_names)
     problems += input_problems
     references: dict[str, Any] = {HERE: here, **{INPUT + name: value for name, value in inputs.items()}}
     top_level = _top_level_problems(path, document, references)
     if top_level:
         raise PipelineError("\n".join(problems + top_level))
     out = _out(path, document, settings, references)
+    problems += _out_problems(path, out)
     known = Foreknown(unset=tuple(f"${{{INPUT}{name}}}" for name in unset))
     steps, step_slurm = [], {}
     owners: dict[str, Path] = {}  # a step's reference, and its outputs', → the step's folder
+    named_once = list(known.unset)  # markers of problems that follow from one named elsewhere
     for index, entry in enumerate(document["steps"]):
         if not isinstance(entry, dict) or not all(isinstance(entry.get(key), str) for key in ("name", "kind")):
             problems.append(f"{path}: steps[{index}]: every step needs a `name` and a `kind`: {entry!r}")
@@ -145,8 +167,10 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
         entry = {key: value for key, value in entry.items() if key != SLURM}
         step, step_problems = _step(entry, out, references, step_settings.get(entry["name"], {}), known, owners)
         problems += [f"{path}: step {step.name!r} ({step.kind}): {problem}" for problem in step_problems
-                     if not any(marker in problem for marker in known.unset)]  # named once, as an input
+                     if not any(marker in problem for marker in named_once)]  # named once: as an input, a step
         outputs = KINDS[step.kind].outputs(step.params, step.folder) if step.kind in KINDS else {}
+        if step_problems and not outputs:  # its outputs are unknown because its own problems are named
+            named_once.append(f"${{{step.name}.")
         named = {step.name: str(step.folder), **{f"{step.name}.{output}": path for output, path in outputs.items()}}
         references.update(named)
         owners.update(dict.fromkeys(named, step.folder))
@@ -206,12 +230,10 @@ def _declared_inputs(path: Path, document: dict[str, Any]) -> dict[str, Any]:
     return declared
 
 
-def _sorted_settings(path: Path, document: dict[str, Any], declared: dict[str, Any], settings: dict[str, Any]
+def _sorted_settings(path: Path, step_names: list[str], declared: dict[str, Any], settings: dict[str, Any]
                      ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any], list[str]]:
     """The settings of inputs, those of steps' fields (step name → {FIELD or STAGE.FIELD: value}), the
     Slurm settings (`slurm.KEY`), and a problem for each name that is none of these."""
-    step_names = [entry["name"] for entry in document["steps"] if isinstance(entry, dict)
-                  and isinstance(entry.get("name"), str)]
     inputs, steps, slurm, problems = {}, {}, {}, []
     for name, value in settings.items():
         step = max((s for s in step_names if name.startswith(s + ".")), key=len, default=None)
@@ -232,22 +254,31 @@ def _unknown_setting(path: Path, name: str, inputs: list[str], steps: list[str])
             f"inputs: {', '.join(inputs)}; steps (--set STEP.FIELD=VALUE): {', '.join(steps)}")
 
 
-def _input_values(path: Path, declared: dict[str, Any], given: dict[str, Any], here: str
+def _input_values(path: Path, declared: dict[str, Any], given: dict[str, Any], here: str, step_names: list[str]
                   ) -> tuple[dict[str, Any], list[str], list[str]]:
     """The declared inputs with the given values, `${here}` resolved (a step's folder, `${STEP}`, is
     resolved where a step uses the input); the inputs without a value (null in the file and not given:
-    their references stay as written); the problems. A value given as null is none."""
+    their references stay as written); the problems. A value given as null is none; one that refers to
+    an input, itself included, or to no step is refused."""
     values = {**declared, **given}
     unset = [name for name, value in values.items() if value is None and name not in given]
     problems = [f"{path}: no value for input{'s' if len(unset) > 1 else ''} {', '.join(unset)}; "
                 f"pass {' '.join(f'--set {name}=...' for name in unset)}"] if unset else []
-    unresolved = [f"{path}: inputs: {name} refers to ${{{ref}}}; an input may refer to ${{{HERE}}} and steps only"
-                  for name, value in values.items() for ref in _references(value) if ref.startswith(INPUT)]
+    unresolved = [f"{path}: inputs: {name} refers to ${{{ref}}}{_not_a_step(ref, name)}; an input may refer to "
+                  f"${{{HERE}}} and steps only" for name, value in values.items() for ref in _references(value)
+                  if ref != HERE and not any(ref == step or ref.startswith(step + ".") for step in step_names)]
     if unresolved:
         raise PipelineError("\n".join(problems + unresolved))
     resolved = {name: f"${{{INPUT}{name}}}" if name in unset else _resolve(value, {HERE: here}, partial=True)
                 for name, value in values.items()}
     return resolved, unset, problems
+
+
+def _not_a_step(ref: str, name: str) -> str:
+    """Why `${ref}` in input `name`'s value names no step."""
+    if ref == name:
+        return ", itself (a step's value reads an input as ${" + INPUT + name + "})"
+    return "" if ref.startswith(INPUT) else ", not a step of this pipeline"
 
 
 def _top_level_problems(path: Path, document: dict[str, Any], references: dict[str, Any]) -> list[str]:
@@ -268,6 +299,15 @@ def _out(path: Path, document: dict[str, Any], settings: dict[str, Any], referen
     return Path(str(_resolve(document.get(OUT, f"runs/{document.get('name', path.stem)}"), references)))
 
 
+def _out_problems(path: Path, out: Path) -> list[str]:
+    """A problem when `out`, or a folder it would be made in, is an existing file."""
+    file = next((folder for folder in (out, *out.parents) if folder.exists() and not folder.is_dir()), None)
+    if file is None:
+        return []
+    where = "is a file" if file == out else f"would be made inside {file}, a file"
+    return [f"{path}: out: {out} {where}; the output folder must be a folder or not exist yet"]
+
+
 def _step(entry: dict[str, Any], out: Path, references: dict[str, Any], settings: dict[str, Any],
           known: Foreknown, owners: dict[str, Path]) -> tuple[Step, list[str]]:
     """A pipeline file's step with its `--set STEP.…` `settings`, and its problems; `references` holds
@@ -286,7 +326,7 @@ def _step(entry: dict[str, Any], out: Path, references: dict[str, Any], settings
     if kind not in KINDS:
         problems.append(f"unknown kind {kind!r} (known: {', '.join(sorted(KINDS))})")
     if kind in KINDS:
-        problems += [f"--set {name}.{field}: {problem}" for field, value in settings.items()
+        problems += [f"--set {name}.{field}: {problem}" for field, value in _in_setting_order(settings)
                      for problem in [_set_field(params, field, value, KINDS[kind])] if problem]
     unknown = [ref for ref in _references(params) if ref not in references]
     problems += [_unknown_reference(ref, references) for ref in unknown]
@@ -328,6 +368,17 @@ def _checked_step(kind: StepKind, params: dict[str, Any], folder: Path, known: F
     return kind.verify(params, folder, known)
 
 
+def _in_setting_order(settings: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A step's `--set` values in the order that lets each build on the others, whatever the command
+    line's order: whole fields first (`stages=[...]`), then appends (`stages+=...`), then keys and
+    stage fields (`model.hidden_size`, `e2e.steps` of a stage just appended); the command line's
+    order within each."""
+    def rank(field: str) -> int:
+        return 2 if "." in field else 1 if field.endswith(APPEND) else 0
+
+    return sorted(settings.items(), key=lambda item: rank(item[0]))
+
+
 def _set_field(params: dict[str, Any], field: str, value: Any, kind: StepKind) -> str | None:
     """Sets `FIELD`, `FIELD.KEY` (in a mapping field: `model.hidden_size`) or, in a train step,
     `STAGE.FIELD` (the stage named STAGE); `FIELD+` appends to a list field (a stage, or a list of
@@ -338,7 +389,7 @@ def _set_field(params: dict[str, Any], field: str, value: Any, kind: StepKind) -
         head = head[:-len(APPEND)]
         if not isinstance(params.get(head) or [], list):
             return f"{head} is {params[head]!r}, not a list that {field} could append to"
-        params[head] = [*(params.get(head) or []), *(value if isinstance(value, list) else [value])]
+        params[head] = [*(params.get(head) or []), *_as_items(value)]
         return None
     if head in fields:
         if not rest:

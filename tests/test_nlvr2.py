@@ -175,16 +175,34 @@ def test_pair_classification_saves_loads_and_starts_from_a_pretraining_checkpoin
 
 
 def test_consistency_is_the_share_of_distinct_statements_right_on_every_pair():
-    # Set 1's sentence A on pairs 0, 1, 2 (all right), its sentence B on pairs 0, 1 (one wrong); set 2's
-    # sentence A (the same text, another set: another statement) on pair 0 (wrong).
+    # Set 1's sentence 0 on pairs 0, 1, 2 (all right), its sentence 1 on pairs 0, 1 (one wrong); set 2's
+    # sentence 0 (another set: another statement) on pair 0 (wrong).
     truth = {"dev-1-0-0": True, "dev-1-1-0": False, "dev-1-2-0": True, "dev-1-0-1": True, "dev-1-1-1": True,
              "dev-2-0-0": False}
-    sentences = {"dev-1-0-0": "A", "dev-1-1-0": "A", "dev-1-2-0": "A", "dev-1-0-1": "B", "dev-1-1-1": "B",
-                 "dev-2-0-0": "A"}
     predicted = {"dev-1-0-0": True, "dev-1-1-0": False, "dev-1-2-0": True, "dev-1-0-1": True, "dev-1-1-1": False,
                  "dev-2-0-0": True}
-    assert score_nlvr2(truth, sentences, predicted) == {"accuracy": 66.67, "consistency": 33.33, "count": 6,
-                                                        "statements": 3}
+    assert score_nlvr2(truth, predicted) == {"accuracy": 66.67, "consistency": 33.33, "count": 6, "statements": 3}
+
+
+def test_consistency_groups_by_split_set_and_sentence_id_as_the_official_script(tmp_path):
+    """lil-lab/nlvr's nlvr2/eval/metrics.py groups an identifier split-setid-pairid-sentenceid by all
+    but its pair id: one text written twice for a set (sentence ids 0 and 1) is two statements, and the
+    same ids in two splits are two statements."""
+    statements = [("dev-7-0-0", "Two dogs.", True, True), ("dev-7-1-0", "Two dogs.", False, False),
+                  ("dev-7-0-1", "Two dogs.", False, True), ("test1-7-0-0", "Two dogs.", True, True)]
+    truth = {identifier: label for identifier, _, label, _ in statements}
+    predicted = {identifier: prediction for identifier, _, _, prediction in statements}
+    assert score_nlvr2(truth, predicted) == {"accuracy": 75.0, "consistency": 66.67, "count": 4, "statements": 3}
+    # The same through `vlbert evaluate nlvr2` on a published file (one split) and its predictions CSV.
+    dev = [(identifier, text, label, prediction) for identifier, text, label, prediction in statements
+           if identifier.startswith("dev-")]
+    (tmp_path / "dev.json").write_text("".join(json.dumps({"identifier": identifier, "sentence": text,
+                                                           "label": str(label)}) + "\n"
+                                               for identifier, text, label, _ in dev))
+    (tmp_path / "dev.csv").write_text("".join(f"{identifier},{prediction}\n" for identifier, _, _, prediction in dev))
+    result = evaluate_command("--annotations", str(tmp_path / "dev.json"), "--predictions", str(tmp_path / "dev.csv"))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"accuracy": 66.67, "consistency": 50.0, "count": 3, "statements": 2}
 
 
 def evaluate_command(*arguments: str):

@@ -200,7 +200,7 @@ def test_every_step_is_checked_at_load_before_anything_runs(tmp_path):
              train_step("text-number", base_lr="1,5e-5"),
              train_step("wrong-type", batch_size=[4]),
              {**train_step("ok", base_lr="1e-5"), "detector": "frozen"},
-             {"name": "report", "kind": "report", "runs": "${ok}"}]
+             {"name": "report", "kind": "report", "runs": {"ok": "${ok}"}}]
     path = write_pipeline(tmp_path, steps)
     with pytest.raises(PipelineError) as error:
         run_pipeline(path, log=lambda _: None)
@@ -209,7 +209,7 @@ def test_every_step_is_checked_at_load_before_anything_runs(tmp_path):
         f"{path}: step 'typo' (train): stages[0] ('vqa'): unknown field 'base_Lr' (did you mean 'base_lr'?)",
         f"{path}: step 'text-number' (train): stages[0].base_lr: expected a number, found '1,5e-5'",
         f"{path}: step 'wrong-type' (train): stages[0].batch_size: expected an integer, found a list",
-        f"{path}: step 'report' (report): runs: expected a list, found '{tmp_path / 'out' / 'ok'}'",
+        f"{path}: step 'report' (report): runs: expected a list, found a mapping",
     ]
     assert not (tmp_path / "out").exists()  # no step ran, no folder was made
 

@@ -138,12 +138,13 @@ def test_the_circle_check_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_extract_imports_of_the_other_packages_only_the_error_base_and_the_config_loader():
+def test_extract_imports_of_the_other_packages_only_the_error_base_the_config_loader_and_the_torch_loader():
     graph = import_graph()
     outside = {target for name, targets in graph.items() if name.split(".")[0] == "extract"
                for target in targets if target.split(".")[0] != "extract"}
-    assert outside == {"vlbert.errors", "vlbert.typed_config"}
-    assert graph["vlbert.typed_config"] == {"vlbert.errors"} and graph["vlbert.errors"] == set()
+    assert outside == {"vlbert.errors", "vlbert.typed_config", "vlbert.torch_files"}
+    assert graph["vlbert.typed_config"] == graph["vlbert.torch_files"] == {"vlbert.errors"}
+    assert graph["vlbert.errors"] == set()
 
 
 def test_vlbert_extract_loads_nothing_of_train(tmp_path):

@@ -1,6 +1,8 @@
 """Syntactic grounding (VisualBERT Table 2): the metric on a hand-parsed CoNLL-U fixture with a
-hand-built attention tensor whose planted head grounds `amod` arcs, the Stanford ↔ UD label map,
-bad inputs, and `vlbert analyze syntax` end to end on the tiny world in Flickr30K Entities' layout."""
+hand-built attention tensor whose planted head grounds `amod` arcs, the Stanford ↔ UD label map and
+the prep/pobj arcs rebuilt from UD (one sentence parsed by hand in UD and in ClearNLP gives the same
+Stanford arcs), parses that are no tree skipped and named, bad inputs, and `vlbert analyze syntax`
+end to end on the tiny world in Flickr30K Entities' layout."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pipelines.world.generate import load_split
 from pipelines.world.tiny import TINY_MODEL
 from train.analysis.parses import read_conllu
 from train.analysis.phrases import PHRASE_READERS
-from train.analysis.relations import paper_name, stanford_names, ud_names
+from train.analysis.relations import LABEL_SETS, paper_name, stanford_names, ud_names
 from train.analysis.syntax import SyntaxTally, analyze_syntax, read_syntax_inputs, syntax_result
 from train.data.files import DataError
 from train.data.regions import RegionBank
@@ -161,13 +163,15 @@ def test_the_planted_head_is_the_best_for_amod_with_its_accuracy_and_the_baselin
     assert amod["confidence_baseline"] == round(confident, 4) == 0.2
     assert amod["random_baseline"] == round(random, 4)
     assert amod["intervals"]["best"][0] <= 0.8 <= amod["intervals"]["best"][1]
-    # The most common first (ties by name): amod 5, det 3, nmod and punct 2, then one each.
+    # The most common first (ties by name): amod 5, det 3, punct 2, then one each; UD's nmod and case
+    # of "circle beside ... square" rebuilt as Stanford's prep and pobj.
     assert [(row["relation"], row["arcs"]) for row in result["relations"]] == [
-        ("amod", 5), ("det", 3), ("nmod", 2), ("punct", 2), ("case", 1), ("nsubj", 1), ("nummod", 1)]
+        ("amod", 5), ("det", 3), ("punct", 2), ("nsubj", 1), ("nummod", 1), ("pobj", 1), ("prep", 1)]
     assert all(row["top"] for row in result["relations"])
-    # nmod joins two entity words: one arc each way.
-    nmod = next(row for row in result["relations"] if row["relation"] == "nmod")
-    assert nmod["arcs"] == 2 and nmod["paper"]["relation"] == "prep"
+    assert [(arc.relation, arc.entity_word, arc.other_word) for arc in inputs.captions[0].arcs
+            if arc.relation in ("prep", "pobj")] == [("prep", "circle", "beside"), ("pobj", "square", "beside")]
+    assert {row["relation"]: row["paper"]["relation"] for row in result["relations"]
+            if row["relation"] in ("prep", "pobj")} == {"prep": "prep", "pobj": "pobj"}
 
 
 def test_the_region_attention_filter_leaves_out_the_planted_head_that_gives_the_rois_little(tmp_path):
@@ -195,15 +199,51 @@ def test_sentences_whose_parse_is_not_their_caption_are_skipped_and_named(tmp_pa
 
 
 def test_the_stanford_and_ud_names_map_both_ways():
-    assert {label: paper_name(label) for label in ("compound", "nummod", "acl", "obj", "case", "obl", "nmod",
-                                                    "det", "amod", "nsubj", "punct", "pobj", "dobj", "nn")} == {
-        "compound": "nn", "nummod": "num", "acl": "partmod", "obj": "dobj", "case": "pobj", "obl": "prep",
-        "nmod": "prep", "det": "det", "amod": "amod", "nsubj": "nsubj", "punct": "punct", "pobj": "pobj",
+    assert {label: paper_name(label) for label in ("compound", "flat", "flat:name", "nummod", "acl", "obj", "det",
+                                                    "amod", "nsubj", "punct", "pobj", "prep", "dobj", "nn")} == {
+        "compound": "nn", "flat": "nn", "flat:name": "nn", "nummod": "num", "acl": "partmod", "obj": "dobj",
+        "det": "det", "amod": "amod", "nsubj": "nsubj", "punct": "punct", "pobj": "pobj", "prep": "prep",
         "dobj": "dobj", "nn": "nn"}
-    assert ud_names("nn") == ("compound",) and ud_names("prep") == ("obl", "nmod") and ud_names("partmod") == ("acl",)
+    # UD's case, obl and nmod are rebuilt as prep, pobj and possessive (below); left over, they are none of them.
+    assert [stanford_names(label) for label in ("case", "obl", "nmod", "obl:agent")] == [(), (), (), ()]
+    assert ud_names("nn") == ("compound", "flat", "flat:name") and ud_names("partmod") == ("acl",)
+    assert ud_names("prep") == ud_names("pobj") == ud_names("possessive") == ()  # rebuilt, not renamed
     assert stanford_names("nmod:poss") == ("poss",) and paper_name("nmod:poss") is None
-    assert stanford_names("obl:agent") == ("prep",)  # a subtype the map lacks: its base
+    assert stanford_names("nmod:tmod") == stanford_names("obl:tmod") == ("tmod",)
+    assert stanford_names("nmod:npmod") == stanford_names("obl:npmod") == ("npadvmod",)
+    assert stanford_names("obl:unmarked") == stanford_names("nmod:unmarked") == ("tmod", "npadvmod")
+    assert stanford_names("acl:x") == ("partmod", "infmod")  # a subtype the map lacks: its base
     assert stanford_names("reparandum") == ()
+
+
+# "A man in a red hat sits on John 's bench ." parsed by hand: UD's structure and labels, then
+# ClearNLP's (spaCy's English models: Stanford's structure, case the possessive 's).
+HAND_PARSED = {
+    "ud": [("A", 2, "det"), ("man", 7, "nsubj"), ("in", 6, "case"), ("a", 6, "det"), ("red", 6, "amod"),
+           ("hat", 2, "nmod"), ("sits", 0, "root"), ("on", 11, "case"), ("John", 11, "nmod:poss"), ("'s", 9, "case"),
+           ("bench", 7, "obl"), (".", 7, "punct")],
+    "clearnlp": [("A", 2, "det"), ("man", 7, "nsubj"), ("in", 2, "prep"), ("a", 6, "det"), ("red", 6, "amod"),
+                 ("hat", 3, "pobj"), ("sits", 0, "root"), ("on", 7, "prep"), ("John", 11, "poss"), ("'s", 9, "case"),
+                 ("bench", 8, "pobj"), (".", 7, "punct")],
+}
+STANFORD_ARCS = {("det", "man", "A"), ("nsubj", "sits", "man"), ("prep", "man", "in"), ("pobj", "in", "hat"),
+                 ("det", "hat", "a"), ("amod", "hat", "red"), ("prep", "sits", "on"), ("pobj", "on", "bench"),
+                 ("poss", "bench", "John"), ("possessive", "John", "'s"), ("punct", "sits", ".")}
+
+
+@pytest.mark.parametrize("labels", HAND_PARSED)
+def test_a_hand_parsed_sentence_gives_the_stanford_arcs_in_either_label_set(tmp_path, labels):
+    """prep joins the modified word to the preposition and pobj the preposition to its noun, rebuilt
+    from UD's obl/nmod and case; the possessive 's is no pobj."""
+    path = tmp_path / f"{labels}.conllu"
+    path.write_text("".join(f"{index}\t{form}\t_\t_\t_\t_\t{head}\t{relation}\t_\t_\n"
+                            for index, (form, head, relation) in enumerate(HAND_PARSED[labels], 1)))
+    (sentence,) = read_conllu(path)
+    words = LABEL_SETS[labels].as_stanford(sentence.words)
+    arcs = {(stanford_names(word.relation, labels), words[word.head - 1].form, word.form) for word in words
+            if word.head}
+    assert all(len(names) == 1 for names, _, _ in arcs)
+    assert {(names[0], head, dependent) for names, head, dependent in arcs} == STANFORD_ARCS
 
 
 def test_spacys_clearnlp_labels_keep_their_own_meanings_of_case_and_nmod(tmp_path):
@@ -233,8 +273,6 @@ def test_spacys_clearnlp_labels_keep_their_own_meanings_of_case_and_nmod(tmp_pat
     (PARSES.replace("3\tamod", "x\tamod", 1),
      "{parses}:1 (sentence 1): not CoNLL-U (Failed parsing field 'head': 'x' is not a valid value for "
      "parse_int_value.)"),
-    (PARSES.replace("3\tcircle\t_\tNOUN\t_\t_\t0", "3\tcircle\t_\tNOUN\t_\t_\t12"),
-     "{parses}:1 (sentence 1): word 3 'circle' has head 12, not a word of the sentence (0 to 9)"),
     (PARSES.replace("1\tTwo\t_\tNUM\t_\t_\t3\tnummod\t_\t_", "1\tTwo\t_\tNUM"),
      "{parses}:12 (sentence 2): word 1 'Two' has no head or relation (HEAD None, DEPREL None); CoNLL-U has 10 "
      "tab-separated columns"),
@@ -244,6 +282,30 @@ def test_parses_that_do_not_fit_the_captions_are_one_line(tmp_path, parses, mess
     with pytest.raises(DataError) as error:
         read_syntax_inputs(split, "conllu", path, None, None)
     assert str(error.value) == message.format(parses=path)
+
+
+CIRCLE_ROW = "3\tcircle\t_\tNOUN\t_\t_\t0\troot"  # line 4 of PARSES
+
+
+@pytest.mark.parametrize("parse, reason", [
+    (PARSES.replace(CIRCLE_ROW, CIRCLE_ROW.replace("\t0\troot", "\t3\troot")),
+     "word 3 'circle' (line 4) is its own head: not a tree"),
+    (PARSES.replace(CIRCLE_ROW, CIRCLE_ROW.replace("\t0\troot", "\t8\tdep")),
+     "the heads of words 3 'circle' → 8 'square' → 3 'circle' (line 4) form a cycle: not a tree"),
+    (PARSES.replace(CIRCLE_ROW, CIRCLE_ROW.replace("\t0\troot", "\t12\troot")),
+     "word 3 'circle' (line 4) has head 12, not a word of the sentence (0 to 9)"),
+    (PARSES.replace(CIRCLE_ROW, CIRCLE_ROW.replace("\t0\troot", "\t" + "9" * 5000 + "\troot")),
+     "word 3 'circle' (line 4) has head of more than 18 digits, not a word of the sentence (0 to 9)"),
+])
+def test_a_parse_that_is_no_tree_is_skipped_named_and_counted(tmp_path, parse, reason):
+    split, parses = write_entities(tmp_path, parse)
+    inputs = read_syntax_inputs(split, "conllu", parses, None, None)
+    assert inputs.skipped[0] == {"image_id": "1", "caption": 0, "parse": f"{parses}:1 (sentence 1)",
+                                 "text": "A red circle beside a large blue square .", "reason": reason}
+    assert [item["parse"] for item in inputs.skipped] == [f"{parses}:1 (sentence 1)", f"{parses}:19 (sentence 3)"]
+    assert [item.item_id for item in inputs.captions] == ["1/1", "2/2"]
+    result = syntax_result(SyntaxTally(inputs.relations, layers=2, heads=2), inputs, None)
+    assert result["captions"] == 2 and len(result["skipped"]) == 2
 
 
 def test_conllu_comments_and_empty_nodes_carry_no_words(tmp_path):

@@ -38,6 +38,7 @@ from vlbert.modeling import (
     VLBertModel,
     VLBertPreTrainedModel,
 )
+from vlbert.torch_files import first_line, refusal, refused_global
 
 OFFICIAL_VISUAL_FEATURE_SIZE = 2048
 OFFICIAL_GEOMETRY_FREQUENCIES = 256  # fixed in the reference's coordinate embedding
@@ -121,13 +122,15 @@ def read_official_state_dict(path: str | Path, trust_pickle: bool = False) -> di
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as error:
-        refused = _REFUSED_GLOBAL.search(str(error))
-        if refused is None or trust_pickle:
-            raise ValueError(f"{path}: a damaged PyTorch checkpoint ({_first_line(error)})") from None
-        raise ValueError(f"{path} holds objects beyond tensors ({refused.group(1)}); convert it with --trust-pickle "
+        if trust_pickle:
+            raise ValueError(f"{path}: a damaged PyTorch checkpoint ({first_line(error)})") from None
+        refused = refused_global(error)
+        if refused is None:
+            raise ValueError(f"{path}: {refusal(error)}") from None
+        raise ValueError(f"{path} holds objects beyond tensors ({refused}); convert it with --trust-pickle "
                          "(trust_pickle=True) only if you trust the file") from None
     except (EOFError, RuntimeError) as error:  # what torch.load raises for a truncated or damaged file
-        raise ValueError(f"{path}: a damaged PyTorch checkpoint ({_first_line(error) or 'truncated'})") from None
+        raise ValueError(f"{path}: a damaged PyTorch checkpoint ({first_line(error) or 'truncated'})") from None
     state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path}: not a VL-BERT checkpoint; expected a state dict of tensors, or a dict with one "
@@ -138,7 +141,6 @@ def read_official_state_dict(path: str | Path, trust_pickle: bool = False) -> di
 # torch.save's legacy format (before PyTorch 1.6, as the official files) opens with a pickled magic number.
 _LEGACY_HEADER = pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2)[:-1]  # without STOP
 _ZIP_HEADER = b"PK\x03\x04"  # torch.save's zip format (a truncated one still starts so)
-_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")  # torch's weights-only unpickler
 
 
 def _written_by_torch_save(path: Path) -> bool:
@@ -146,10 +148,6 @@ def _written_by_torch_save(path: Path) -> bool:
     with path.open("rb") as f:
         head = f.read(len(_LEGACY_HEADER))
     return head.startswith(_ZIP_HEADER) or head == _LEGACY_HEADER
-
-
-def _first_line(error: BaseException) -> str:
-    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
 
 
 def convert_official_checkpoint(

@@ -34,6 +34,7 @@ from transformers.models.bert.modeling_bert import BertEncoder
 
 from vlbert import losses
 from vlbert.config import VLBertConfig
+from vlbert.torch_files import load_weights_only
 
 VISUAL_SEGMENT = 2
 WEIGHTS_NAME = "model.safetensors"  # a model folder's weights (transformers' BERT folders name theirs the same)
@@ -445,7 +446,7 @@ def read_bert_weights(directory: str | Path) -> tuple[dict[str, torch.Tensor], d
     if (directory / WEIGHTS_NAME).is_file():
         state = load_file(directory / WEIGHTS_NAME)
     elif (directory / "pytorch_model.bin").is_file():
-        state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        state = load_weights_only(directory / "pytorch_model.bin")
     else:
         raise FileNotFoundError(f"{directory} has neither {WEIGHTS_NAME} nor pytorch_model.bin")
     backbone: dict[str, torch.Tensor] = {}

@@ -3,8 +3,9 @@
 Detector configs, run configs, VLBertConfig and pipeline step parameters all load through
 `from_mapping`: names must be fields (an unknown one is named with the closest known one), required
 fields present, values of the annotated type (bool, int, float, str, Path, list, tuple, dict, a
-nested dataclass or a list of them, `X | None`, `Literal[...]`), with integers widened to floats and
-`5e-5` read as the number it spells, and every float finite. A field's `Range` (metadata `at_least(0)`,
+nested dataclass or a list of them, `X | None`, `Literal[...]`), with integers widened to floats,
+`5e-5` read as the number it spells, one path as a list of one where a field is a list of paths
+(`EXISTING_PATHS`), and every float finite. A field's `Range` (metadata `at_least(0)`,
 `above(0)`) bounds its numbers. A mistake is one error of the caller's class naming the key path
 (`stages[0].base_lr`); `load_yaml` (every config file's reader, bounded) and `located` add the file
 and line.
@@ -34,6 +35,8 @@ class FieldError(UserError):
 # Field metadata of an input path: it must exist when the job that reads it starts (not when the
 # config loads: in a pipeline, it may be an earlier step's output).
 EXISTING_PATH = {"must_exist": True}
+# Field metadata of a list of input paths: each must exist, and one path given alone is a list of one.
+EXISTING_PATHS = {**EXISTING_PATH, "one_as_list": True}
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
@@ -152,6 +155,8 @@ def _checked(value: Any, hint: Any, metadata: Mapping, where: str, error: type[E
     if dataclasses.is_dataclass(hint):
         return from_mapping(hint, value, where, error)
     base, args = typing.get_origin(hint) or hint, typing.get_args(hint)
+    if base is list and metadata.get("one_as_list") and isinstance(value, str):
+        value = [value]
     field_type = FIELD_TYPES[base]
     if not field_type.accepts(value):
         raise _error(error, where, f"expected {field_type.expected}, found {describe(value)}")

@@ -130,7 +130,7 @@ def syntax_command(model_dir: Path, store: Path, annotations: Path, parses: Path
                       f"best head {best['layer']}-{best['head']} {best['accuracy']:.3f}"))
     if result["skipped"]:
         names = [f"{item['image_id']}/{item['caption']}" for item in result["skipped"]]
-        click.echo(f"{len(names)} captions skipped, their parse not their text: {', '.join(names[:5])}"
+        click.echo(f"{len(names)} captions skipped, their parse not a tree or not their text: {', '.join(names[:5])}"
                    f"{', ...' if len(names) > 5 else ''} (all in syntax.json, skipped)")
 
 

@@ -23,9 +23,9 @@ def _pipeline_options(command):
 
 
 def _loaded(file: Path, settings: tuple[str, ...], out: Path | None):
-    from pipelines.runner import load_pipeline, parse_setting, with_out
+    from pipelines.runner import load_pipeline, parse_settings, with_out
 
-    return load_pipeline(file, with_out(file, out, dict(parse_setting(text) for text in settings)))
+    return load_pipeline(file, with_out(file, out, parse_settings(settings)))
 
 
 @click.group("pipeline")
@@ -70,10 +70,10 @@ def run_command(file: Path, settings: tuple[str, ...], out: Path | None, jobs: i
     stops every running step (training writes a checkpoint first); a rerun resumes them.
     Clusters: docs/cluster.md.
     """
-    from pipelines.runner import parse_setting, run_pipeline
+    from pipelines.runner import parse_settings, run_pipeline
 
     options = {"wait": wait} if executor == "slurm" else {"threads": threads, "status_stream": sys.stdout}
-    root = run_pipeline(file, out, log=click.echo, settings=dict(parse_setting(text) for text in settings),
+    root = run_pipeline(file, out, log=click.echo, settings=parse_settings(settings),
                         jobs=jobs, executor=executor, **options)
     click.echo(f"pipeline outputs: {root.resolve()}")
 

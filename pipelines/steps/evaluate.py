@@ -10,6 +10,7 @@ from typing import Any
 
 from pipelines.steps.base import Foreknown, Log, StepKind, missing_paths, parse, registered
 from train.engine.errors import RunConfigError
+from vlbert.typed_config import EXISTING_PATHS
 
 
 @functools.cache
@@ -21,7 +22,9 @@ def _evaluation_params(benchmark: str) -> type:
     fields = [("benchmark", str)]
     for spec in sorted(BENCHMARKS[benchmark].inputs, key=lambda spec: not spec.required):  # defaults last
         kind = list[str] if spec.multiple else str
-        fields.append((spec.name, kind) if spec.required else (spec.name, kind | None, dataclasses.field(default=None)))
+        metadata = EXISTING_PATHS if spec.multiple else {}  # one file alone is a list of one
+        fields.append((spec.name, kind, dataclasses.field(metadata=metadata)) if spec.required else
+                      (spec.name, kind | None, dataclasses.field(default=None, metadata=metadata)))
     return dataclasses.make_dataclass("EvaluateParams", fields)
 
 

@@ -10,11 +10,12 @@ from typing import Any
 
 from pipelines.steps.base import Foreknown, Log, StepKind, field_names, missing_paths, parse
 from train.engine.errors import RunConfigError
+from vlbert.typed_config import EXISTING_PATHS
 
 
 @dataclass
 class ReportParams:
-    runs: list[str]
+    runs: list[str] = dataclasses.field(metadata=EXISTING_PATHS)  # run folders: one alone is a list of one
     compare: list[list[str]] = dataclasses.field(default_factory=list)  # pairs [A, B]: B − A
     baseline: str | None = None  # every other run against it
 

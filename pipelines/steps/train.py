@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,9 +115,10 @@ def _model_problems(run: RunConfig, known: Foreknown) -> list[str]:
     start = run.start
     if start is None or not known.checkable(start[1]) or not Path(start[1]).is_dir():
         return []  # a missing one is named as such
-    config, problem = _checkpoint_config(*start)
-    if problem is not None:
-        return [problem]
+    try:
+        config = run.start_config()
+    except RunConfigError as exc:
+        return [str(exc)]
     problems = []
     vocabulary = known.vocabularies.get(Path(run.vocabulary), Path(run.vocabulary))
     if "vocab_size" in config and known.checkable(str(vocabulary)) and vocabulary.is_dir():
@@ -128,22 +128,6 @@ def _model_problems(run: RunConfig, known: Foreknown) -> list[str]:
         problems.append(f"store: {run.store} holds {feature_size}-d features, the model of init_from {start[1]} "
                         f"takes visual_feature_size {config['visual_feature_size']}")
     return problems
-
-
-def _checkpoint_config(field_name: str, folder: str) -> tuple[dict[str, Any], str | None]:
-    """The config.json of a VL-BERT (save_pretrained) or BERT (transformers) checkpoint, or its problem."""
-    from vlbert.modeling import CONFIG_NAME
-
-    path = Path(folder) / CONFIG_NAME
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}, f"{field_name}: {folder} holds no {CONFIG_NAME}; expected a checkpoint folder"
-    except (OSError, ValueError) as exc:
-        return {}, f"{field_name}: {path} is not readable JSON ({exc})"
-    if not isinstance(config, dict):
-        return {}, f"{field_name}: {path} is not a JSON object"
-    return config, None
 
 
 def _vocabulary_problems(vocabulary: Path, vocab_size: Any, start: tuple[str, str]) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipelines.steps.base import Foreknown, Log, StepKind, field_names, missing_paths, parse
 from train.engine.errors import RunConfigError
-from vlbert.typed_config import at_least
+from vlbert.typed_config import EXISTING_PATHS, at_least
 
 
 # What a tokenizer folder may hold (BertTokenizerFast.from_pretrained reads them); vocab.txt is needed.
@@ -27,7 +27,7 @@ class VocabularyParams:
 
     world: str | None = None
     given: str | None = None
-    texts: list[str] = dataclasses.field(default_factory=list)
+    texts: list[str] = dataclasses.field(default_factory=list, metadata=EXISTING_PATHS)
     size: int = dataclasses.field(default=30522, metadata=at_least(1))
     min_frequency: int = dataclasses.field(default=2, metadata=at_least(1))
     lowercase: bool = True

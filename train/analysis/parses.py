@@ -6,7 +6,9 @@ A parse is trusted only where its tokens are the caption's own text: `align` fin
 token at the caption's next non-space character, and a sentence where one is not there (a parser
 that rewrote quotes or brackets, a parse of another caption) is skipped and named, never aligned by
 guesswork. A multiword token (`3-4`) gives its words its characters; empty nodes (`3.1`) carry no
-text and are left out.
+text and are left out. A parse must also be a tree: every word reaches the root (head 0) through its
+heads; a head outside the sentence, a word that is its own head, or a cycle of heads makes the
+sentence skipped and named (`ParsedSentence.problem`, with the word's file and line), never scored.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Callable
 
 import conllu
 from conllu.exceptions import ParseException
+from conllu.parser import DEFAULT_FIELD_PARSERS
 
 from train.analysis.phrases import Caption
 from train.data.files import DataError, read_text, shown
@@ -35,36 +38,57 @@ class ParsedSentence:
     words: list[Word]  # word i has index i + 1
     tokens: list[tuple[str, tuple[int, ...]]]  # surface tokens in order: (form, the ids of its words)
     where: str  # the sentence's place, for messages
+    problem: str | None = None  # why its words are not a tree (`tree_problem`): the sentence is skipped
 
 
 def read_conllu(path: str | Path) -> list[ParsedSentence]:
-    """The sentences of a CoNLL-U file; DataError naming the file and line of the first sentence that
-    is not CoNLL-U, or whose word lacks a head or relation or names a head outside the sentence."""
+    """The sentences of a CoNLL-U file, each with its tree problem if any; DataError naming the file
+    and line of the first sentence that is not CoNLL-U, or whose word lacks a head or relation."""
     path = Path(path)
     sentences, block, first = [], [], 1
     for number, line in enumerate([*read_text(path).splitlines(), ""], 1):
         if line.strip():
-            block.append(line)
+            block.append((number, line))
             continue
-        if any(not row.startswith("#") for row in block):
-            sentences.append(_sentence("\n".join(block) + "\n\n", f"{path}:{first} (sentence {len(sentences) + 1})"))
+        rows = [(row_number, row) for row_number, row in block if not row.startswith("#")]
+        if rows:
+            text = "\n".join(row for _, row in block) + "\n\n"
+            where = f"{path}:{first} (sentence {len(sentences) + 1})"
+            sentences.append(_sentence(text, where, [row_number for row_number, _ in rows]))
         block, first = [], number + 1
     return sentences
 
 
-def _sentence(text: str, where: str) -> ParsedSentence:
+HEAD_DIGITS = 18
+TOO_LONG_HEAD = 10 ** HEAD_DIGITS  # stands for a HEAD of more digits: past any sentence's words
+
+
+def _head(fields: list[str], index: int) -> int | None:
+    """A row's HEAD as conllu reads it, except one of more than HEAD_DIGITS digits (int() refuses one
+    of thousands: a traceback), read as TOO_LONG_HEAD."""
+    if len(fields[index]) > HEAD_DIGITS and fields[index].isdigit():
+        return TOO_LONG_HEAD
+    return DEFAULT_FIELD_PARSERS["head"](fields, index)
+
+
+_FIELD_PARSERS = {"head": _head}
+
+
+def _sentence(text: str, where: str, lines: list[int]) -> ParsedSentence:
+    """The sentence of `text` (a CoNLL-U block whose token rows are on `lines` of the file)."""
     try:
-        (tokens,) = conllu.parse(text)
+        (tokens,) = conllu.parse(text, field_parsers=_FIELD_PARSERS)
     except ParseException as exc:
         raise DataError(f"{where}: not CoNLL-U ({exc})") from None
-    words, surface, covered = [], [], set()
-    for token in tokens:
+    words, surface, covered, word_lines = [], [], set(), {}
+    for token, line in zip(tokens, lines):
         index = token["id"]
         if isinstance(index, tuple) and index[1] == "-":  # a multiword token: its form is the text
             surface.append((token["form"], tuple(range(index[0], index[2] + 1))))
             covered.update(range(index[0], index[2] + 1))
         elif isinstance(index, int):
             words.append(_word(token, where))
+            word_lines[index] = line
             if index not in covered:
                 surface.append((token["form"], (index,)))
         # an empty node (a decimal id) has no text and no basic head
@@ -72,11 +96,31 @@ def _sentence(text: str, where: str) -> ParsedSentence:
         raise DataError(f"{where}: word ids {shown([word.index for word in words])} are not 1, 2, 3, ... in order")
     if any(index > len(words) for _, ids in surface for index in ids):
         raise DataError(f"{where}: a multiword token covers ids past the last word ({len(words)})")
+    return ParsedSentence(words, surface, where, tree_problem(words, lambda word: f" (line {word_lines[word]})"))
+
+
+def tree_problem(words: list[Word], place: Callable[[int], str] = lambda word: "") -> str | None:
+    """Why `words` (word i has index i + 1) are not a dependency tree, naming the first word at fault
+    (`place`: where word i is, for the message), or None."""
     for word in words:
         if not 0 <= word.head <= len(words):
-            raise DataError(f"{where}: word {word.index} {word.form!r} has head {word.head}, not a word of the "
-                            f"sentence (0 to {len(words)})")
-    return ParsedSentence(words, surface, where)
+            head = f"of more than {HEAD_DIGITS} digits" if word.head >= TOO_LONG_HEAD else word.head
+            return (f"word {word.index} {word.form!r}{place(word.index)} has head {head}, not a word of the "
+                    f"sentence (0 to {len(words)})")
+        if word.head == word.index:
+            return f"word {word.index} {word.form!r}{place(word.index)} is its own head: not a tree"
+    reaches_root: set[int] = {0}
+    for word in words:
+        path = [word.index]
+        while path[-1] not in reaches_root:
+            head = words[path[-1] - 1].head
+            if head in path:
+                cycle = path[path.index(head):] + [head]
+                chain = " → ".join(f"{i} {words[i - 1].form!r}" for i in cycle)
+                return f"the heads of words {chain}{place(cycle[0])} form a cycle: not a tree"
+            path.append(head)
+        reaches_root.update(path)
+    return None
 
 
 def _word(token: dict, where: str) -> Word:
@@ -139,7 +183,7 @@ def spacy_parses(captions: list[Caption], parses: Path | None) -> list[ParsedSen
         words = [Word(token.i + 1, token.text, 0 if token.head.i == token.i else token.head.i + 1,
                       "root" if token.dep_ == "ROOT" else token.dep_) for token in doc]
         sentences.append(ParsedSentence(words, [(word.form, (word.index,)) for word in words],
-                                        f"{models[0]} parse {number + 1}"))
+                                        f"{models[0]} parse {number + 1}", tree_problem(words)))
     return sentences
 
 

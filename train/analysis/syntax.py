@@ -3,15 +3,17 @@ dependency arc between w1 and w2, where w1 is an entity aligned to an image regi
 each head attend from w2 to w1's region?
 
 Captions, entities and boxes are Flickr30K Entities' (`phrases.flickr30k_entities_captions`), the
-parses any parser's (`parses.PARSERS`). w1 is an entity's word: the syntactic head of a boxed entity
-phrase (its word whose head lies outside the phrase; the rightmost of several, as English noun
-phrases end in theirs). Every arc with an entity word at one end gives a pair, w1 that end and w2
-the other, under the arc's relation: det, amod, nn, num arcs inside the phrase (w2 the determiner or
-modifier), and arcs out of it (nsubj: w2 the verb; pobj: w2 the preposition). An arc joining two
-entity words gives a pair each way. The scoring is the entity analysis's (`grounding.GroundingTally`):
-w2's most-attended RoI (its pieces' attention averaged, among the RoIs only) is right when its IoU
-with w1's box (the union of the entity's boxes) is ≥ 0.5; the baselines are a uniformly random RoI
-and the most confident one (the paper's), the intervals bootstrap ones over the arcs.
+parses any parser's (`parses.PARSERS`), each a tree (else the caption is skipped and named), with
+Stanford's prep and pobj arcs rebuilt where its label set is UD's (`relations.LABEL_SETS`). w1 is an
+entity's word: the syntactic head of a boxed entity phrase (its word whose head lies outside the
+phrase; the rightmost of several, as English noun phrases end in theirs). Every arc with an entity
+word at one end gives a pair, w1 that end and w2 the other, under the arc's relation: det, amod, nn,
+num arcs inside the phrase (w2 the determiner or modifier), and arcs out of it (nsubj: w2 the verb;
+prep, pobj: w2 the preposition). An arc joining two entity words gives a pair each way. The scoring is the
+entity analysis's (`grounding.GroundingTally`): w2's most-attended RoI (its pieces' attention
+averaged, among the RoIs only) is right when its IoU with w1's box (the union of the entity's boxes)
+is ≥ 0.5; the baselines are a uniformly random RoI and the most confident one (the paper's), the
+intervals bootstrap ones over the arcs.
 
 The paper reports, per relation, the best of the heads that give on average more than 20% of the
 attention from the source words to the image regions (`min_region_attention=0.2`): a head's share
@@ -78,9 +80,8 @@ def entity_words(caption: Caption, words: list[Word], spans: list[tuple[int, int
     return found
 
 
-def caption_arcs(caption: Caption, sentence: ParsedSentence, spans: list[tuple[int, int]]) -> list[Arc]:
-    """The (w1, w2) pairs of a caption's parse, in word order."""
-    words = sentence.words
+def caption_arcs(caption: Caption, words: list[Word], spans: list[tuple[int, int]]) -> list[Arc]:
+    """The (w1, w2) pairs of a caption's parse (its words, a tree), in word order."""
     entities = entity_words(caption, words, spans)
     arcs = []
     for word in words:
@@ -93,18 +94,20 @@ def caption_arcs(caption: Caption, sentence: ParsedSentence, spans: list[tuple[i
     return arcs
 
 
-def parsed_captions(captions: list[Caption], sentences: list[ParsedSentence]) -> tuple[list[ParsedCaption],
-                                                                                       list[dict[str, str]]]:
-    """The captions whose parse aligns with their text, with their arcs; and the others, named
-    (image id, caption index, the sentence's place in the parses, why)."""
+def parsed_captions(captions: list[Caption], sentences: list[ParsedSentence], labels: str
+                    ) -> tuple[list[ParsedCaption], list[dict[str, str]]]:
+    """The captions whose parse is a tree that aligns with their text, with their arcs (Stanford's
+    structure rebuilt where the parses' label set `labels` has another); and the others, named (image
+    id, caption index, the sentence's place in the parses, why)."""
     parsed, skipped = [], []
     for caption, sentence in zip(captions, sentences):
-        spans = align(sentence, caption.text)
+        spans = sentence.problem or align(sentence, caption.text)
         if isinstance(spans, str):
             skipped.append({"image_id": caption.image_id, "caption": caption.number, "parse": sentence.where,
                             "text": caption.text, "reason": spans})
         else:
-            parsed.append(ParsedCaption(caption, caption_arcs(caption, sentence, spans)))
+            words = LABEL_SETS[labels].as_stanford(sentence.words)
+            parsed.append(ParsedCaption(caption, caption_arcs(caption, words, spans)))
     return parsed, skipped
 
 
@@ -134,7 +137,8 @@ def read_syntax_inputs(annotations: Path, parser: str, parses: Path | None, imag
                 if images is None or caption.store_key in images][:max_items]
     if not on_store:
         raise DataError(f"{annotations}: no caption on an image of the store")
-    parsed, skipped = parsed_captions(*map(list, zip(*on_store)))
+    labels = labels or PARSERS[parser].labels
+    parsed, skipped = parsed_captions(*map(list, zip(*on_store)), labels)
     entities = [Phrase(f"{c.image_id}/{c.number}/{k}", c.store_key, c.file, c.text, span, box)
                 for c, _ in on_store for k, (span, box) in enumerate(c.entities) if box is not None]
     counts: dict[str, int] = {}
@@ -142,12 +146,11 @@ def read_syntax_inputs(annotations: Path, parser: str, parses: Path | None, imag
         for arc in item.arcs:
             counts[arc.relation] = counts.get(arc.relation, 0) + 1
     if not counts:
-        why = f"{len(skipped)} of {len(on_store)} parses do not align with their caption" if skipped else \
-            "no parse word is the head of a boxed entity phrase"
+        why = (f"{len(skipped)} of {len(on_store)} parses are skipped (not a tree, or not their caption)"
+               if skipped else "no parse word is the head of a boxed entity phrase")
         raise DataError(f"{annotations}: no dependency arc to score ({why})")
     relations = sorted(counts, key=lambda relation: (-counts[relation], relation))
-    return SyntaxInputs([item for item in parsed if item.arcs], skipped, left_out(entities), relations, parser,
-                        labels or PARSERS[parser].labels)
+    return SyntaxInputs([item for item in parsed if item.arcs], skipped, left_out(entities), relations, parser, labels)
 
 
 def plotted_relations(chosen: list[str] | None, relations: list[str], labels: str) -> list[str]:
@@ -332,7 +335,8 @@ def markdown_table(result: dict[str, Any]) -> str:
         "# Syntactic grounding (VisualBERT §3.1, Table 2)", "",
         f"Model `{result['model']}`, captions `{result['annotations']}`, parses: "
         f"{result['parses'] or result['parser']}. {result['captions']} captions, {result['arcs']} arcs; "
-        f"{len(result['skipped'])} captions skipped (their parse is not their text: `skipped` in syntax.json). "
+        f"{len(result['skipped'])} captions skipped (their parse is not a tree, or not their text: `skipped` in "
+        "syntax.json). "
         f"Best head (layer-head, from 1) among {heads}; accuracy: the share of arcs whose w2 attends most to a "
         f"RoI with IoU ≥ {result['iou_threshold']} with w1's box. The held-out best head is chosen on half the "
         "arcs and scored on the other half.", "",
@@ -345,5 +349,5 @@ def markdown_table(result: dict[str, Any]) -> str:
               "Flickr30K validation captions parsed by AllenNLP (Stanford dependencies), the best of the heads "
               "giving more than 20% of their attention to regions; a parser's label is read as the Stanford "
               f"relation joining the same words, through the map of its label set ({result['labels']}; "
-              "train/analysis/relations.py)."]
+              "train/analysis/relations.py), UD's prepositional phrases rebuilt as Stanford's prep and pobj arcs."]
     return "\n".join(lines) + "\n"

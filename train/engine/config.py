@@ -21,8 +21,8 @@ from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
 from vlbert import VLBertConfig
 from vlbert.config import MODEL_SIZES
-from vlbert.typed_config import (EXISTING_PATH, SEEDS, above, at_least, checked_fields, describe, did_you_mean,
-                                 from_mapping, join_key, load_yaml, located)
+from vlbert.typed_config import (EXISTING_PATH, EXISTING_PATHS, SEEDS, above, at_least, checked_fields, describe,
+                                 did_you_mean, from_mapping, join_key, load_yaml, located)
 
 # The shortest sequence every task can build (vlbert.tokenization.fit_lengths): [CLS], one word piece
 # of each of two text segments (VQA's question and [MASK], VCR's context and candidate) with their
@@ -150,7 +150,7 @@ class RunConfig:
     vocabulary: str = field(metadata=EXISTING_PATH)  # directory with the tokenizer's vocab.txt
     stages: list[StageConfig]
     # Further annotation files (test splits) whose predictions each stage writes.
-    predict: list[str] = field(default_factory=list, metadata=EXISTING_PATH)
+    predict: list[str] = field(default_factory=list, metadata=EXISTING_PATHS)
     # For end-to-end stages: the images root (default: the store's images_root) and detector
     # weights (default: the store's checkpoint).
     images: str | None = field(default=None, metadata=EXISTING_PATH)
@@ -185,6 +185,22 @@ class RunConfig:
             raise RunConfigError(f"stages[0].steps: 0 evaluates the model the run starts from without training it, "
                                  f"and this run starts from {'BERT' if self.bert else 'random weights'}: give "
                                  "init_from (a VL-BERT checkpoint with the task's heads), or steps ≥ 1")
+        self._carry_options()
+
+    def _carry_options(self) -> None:
+        """Each stage's `Task.carried_options` that it leaves unset, from the run's previous stage of its
+        task that set them (a stage appended with `+=` continues that stage's head)."""
+        given: dict[tuple[str, str], Any] = {}
+        stages = []  # new objects where an option is carried: the caller's stay as given
+        for stage in self.stages:
+            carried = {name: given.get((stage.task, name)) for name in TASKS[stage.task].carried_options
+                       if getattr(stage.options, name) is None}
+            if any(value is not None for value in carried.values()):
+                stage = dataclasses.replace(stage, options=dataclasses.replace(stage.options, **carried))
+            given.update({(stage.task, name): getattr(stage.options, name)
+                          for name in TASKS[stage.task].carried_options})
+            stages.append(stage)
+        self.stages = stages
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -227,6 +243,26 @@ class RunConfig:
         """(field, folder) of the checkpoint the model starts from: init_from, else bert; None for
         random weights."""
         return ("init_from", self.init_from) if self.init_from else ("bert", self.bert) if self.bert else None
+
+    def start_config(self) -> dict[str, Any] | None:
+        """The config.json of the VL-BERT (save_pretrained) or BERT (transformers) checkpoint the model
+        starts from (`start`; None: random weights); RunConfigError naming the field when it cannot be read."""
+        from vlbert.modeling import CONFIG_NAME
+
+        if self.start is None:
+            return None
+        field_name, folder = self.start
+        path = Path(folder) / CONFIG_NAME
+        try:
+            config = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise RunConfigError(f"{field_name}: {folder} holds no {CONFIG_NAME}; expected a checkpoint "
+                                 "folder") from None
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError among them
+            raise RunConfigError(f"{field_name}: {path} is not readable JSON ({exc})") from None
+        if not isinstance(config, dict):
+            raise RunConfigError(f"{field_name}: {path} is not a JSON object")
+        return config
 
 
 _RUN_FIELDS = frozenset(spec.name for spec in dataclasses.fields(RunConfig))

@@ -189,10 +189,9 @@ class Trainer:
     def _check_tokenizer_fits_model(self) -> None:
         """A checkpoint to start from fixes the vocabulary size; the tokenizer must have that many
         word pieces (from random weights, the model takes the tokenizer's)."""
-        if self.run.start is not None:
-            config = read_json(Path(self.run.start[1]) / CONFIG_NAME)
-            if isinstance(config, dict) and isinstance(config.get("vocab_size"), int):
-                check_vocabulary_size(self.tokenizer, config["vocab_size"], self.run.vocabulary)
+        config = self.run.start_config()
+        if config is not None and isinstance(config.get("vocab_size"), int):
+            check_vocabulary_size(self.tokenizer, config["vocab_size"], self.run.vocabulary)
 
     def _train_annotations(self) -> AnnotationFile | MixedAnnotations:
         """The training annotations: one file, or several mixed by their numbers of items (their

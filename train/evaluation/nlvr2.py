@@ -1,7 +1,9 @@
 """NLVR2's two metrics (Suhr et al. 2019): accuracy, the share of statements whose predicted truth
 value is their label; and consistency, the share of distinct statements right on every image pair
-they are paired with. A distinct statement is its (split-setid, sentence): NLVR2 pairs each
-sentence written for a set with several of the set's image pairs. Both in percent with 2 decimals.
+they are paired with. A distinct statement is its (split, set id, sentence id), the identifier
+split-setid-pairid-sentenceid without its pair id, as the official script (lil-lab/nlvr,
+nlvr2/eval/metrics.py) groups them: NLVR2 pairs each sentence written for a set with several of the
+set's image pairs, and the same text under two sentence ids is two statements. Both in percent with 2 decimals.
 Predictions file: the leaderboard's CSV, one line `identifier,True` or `identifier,False` per
 statement of the split.
 """
@@ -18,9 +20,11 @@ from train.data.sources.nlvr2 import LABELS, read_statements
 from train.evaluation.predictions import check_prediction_ids
 
 
-def statement_group(identifier: str, sentence: str) -> tuple[str, str]:
-    """The distinct statement that an item states: (split-setid, sentence)."""
-    return identifier.rsplit("-", 2)[0], sentence
+def statement_group(identifier: str) -> tuple[str, str, str]:
+    """The distinct statement that an item states: (split, set id, sentence id) of its identifier,
+    split-setid-pairid-sentenceid (`train.data.sources.nlvr2` checks that form)."""
+    split, set_id, _, sentence_id = identifier.split("-")
+    return split, set_id, sentence_id
 
 
 def statement_scores(truth: dict[str, bool], predictions: dict[str, bool]) -> dict[str, float]:
@@ -28,22 +32,23 @@ def statement_scores(truth: dict[str, bool], predictions: dict[str, bool]) -> di
     return {identifier: float(predictions[identifier] == label) for identifier, label in truth.items()}
 
 
-def score_nlvr2(truth: dict[str, bool], sentences: dict[str, str], predictions: dict[str, bool]) -> dict[str, Any]:
+def score_nlvr2(truth: dict[str, bool], predictions: dict[str, bool]) -> dict[str, Any]:
     """{"accuracy": %, "consistency": %, "count", "statements"} of `predictions` (identifier → truth
-    value, one for every statement of `truth`, identifier → label); `sentences` gives each
-    statement's sentence, and "statements" counts the distinct ones."""
+    value, one for every statement of `truth`, identifier → label); "statements" counts the distinct
+    ones."""
     if not truth:
         raise ValueError("score_nlvr2: no statements to score")
     scores = statement_scores(truth, predictions)
-    return {"accuracy": _percent(list(scores.values())), "consistency": _percent(consistent(scores, sentences)),
-            "count": len(scores), "statements": len(set(statement_group(i, sentences[i]) for i in scores))}
+    groups = consistent(scores)
+    return {"accuracy": _percent(list(scores.values())), "consistency": _percent(groups), "count": len(scores),
+            "statements": len(groups)}
 
 
-def consistent(scores: dict[str, float], sentences: dict[str, str]) -> list[float]:
+def consistent(scores: dict[str, float]) -> list[float]:
     """1.0 for each distinct statement of `scores` (identifier → 0/1) right on every pair, else 0.0."""
-    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for identifier, score in scores.items():
-        groups[statement_group(identifier, sentences[identifier])].append(score)
+        groups[statement_group(identifier)].append(score)
     return [min(group) for group in groups.values()]
 
 
@@ -62,8 +67,7 @@ def evaluate_nlvr2(annotations: str | Path, predictions: str | Path) -> dict[str
     given = read_nlvr2_predictions(predictions)
     check_prediction_ids([s.identifier for s in statements], [identifier for identifier, _ in given], "identifier",
                          predictions)
-    return score_nlvr2({s.identifier: s.label for s in statements}, {s.identifier: s.sentence for s in statements},
-                       dict(given))
+    return score_nlvr2({s.identifier: s.label for s in statements}, dict(given))
 
 
 def read_nlvr2_predictions(path: Path) -> list[tuple[str, bool]]:

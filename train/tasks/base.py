@@ -81,6 +81,9 @@ class Task:
     pretrained_heads: Callable[[Any], dict[str, str]] = lambda options: {}
     # (model, a batch's inputs on the device, options) → {"loss": ..., other logged losses}
     loss: Callable[[torch.nn.Module, dict[str, torch.Tensor], Any], dict[str, torch.Tensor]] = model_loss
+    # options that a stage leaves unset (None) and takes from the run's previous stage of the task that set
+    # them, as run.json then records: the head it continues was built for them (VQA's answers)
+    carried_options: tuple[str, ...] = ()
 
     def model_overrides(self, data: TaskData, options: Any) -> dict[str, Any]:
         """Every HEAD_DEFAULTS field and the task's own model config fields, as this task's stage sets them."""

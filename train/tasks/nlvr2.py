@@ -60,7 +60,6 @@ class ReasoningAccuracy(Evaluator):
     def __init__(self, data: TaskData, dataset: VisualReasoning) -> None:
         statements = [dataset.item(index)[1] for index in range(len(dataset))]
         self.truth = {s.identifier: s.label for s in statements if s.label is not None}
-        self.sentences = {s.identifier: s.sentence for s in statements}
         self.predicted: dict[str, bool] = {}
 
     def add(self, samples, inputs, output) -> None:
@@ -77,7 +76,7 @@ class ReasoningAccuracy(Evaluator):
             return unscored(self.metric, len(self.predicted))
         right = sum(statement_scores(truth, self.predicted).values())
         more_frequent = Counter(truth.values()).most_common(1)[0][1]
-        official = score_nlvr2(truth, self.sentences, self.predicted)
+        official = score_nlvr2(truth, self.predicted)
         return {**scored(self.metric, right, more_frequent, len(truth)),
                 "consistency": round(official["consistency"] / 100, 4), "official": official}
 

@@ -23,7 +23,7 @@ class VqaOptions:
     SETTINGS: ClassVar[str] = "VQA options"
 
     # The answer vocabulary: an answers.txt of `vlbert data prepare vqa2` (one answer a line, most
-    # frequent first); default: every training answer.
+    # frequent first); default: the run's previous VQA stage's (Task.carried_options), else every training answer.
     answers: str | None = field(default=None, metadata=EXISTING_PATH)
 
 
@@ -100,4 +100,4 @@ def _dataset(data: TaskData, options: VqaOptions, annotations: AnnotationFile, s
 
 TASK = Task("vqa", VLBertForQuestionAnswering, _dataset, AnswerAccuracy, "VQA: answer scores at a [MASK]", ".json",
             options=VqaOptions, model_config=lambda data, options: {"num_answers": len(answer_vocabulary(data, options))},
-            read_inputs=answer_vocabulary)
+            read_inputs=answer_vocabulary, carried_options=("answers",))
