@@ -23,12 +23,15 @@ def checkout() -> Path:
     return Path(os.environ.get(CHECKOUT_VARIABLE, ROOT))
 
 
-def run_child(script: str, code: Path, spec: dict[str, Any]) -> dict[str, Any]:
+def run_child(script: str, code: Path, spec: dict[str, Any], every_line: bool = False) -> Any:
     """`script --child SPEC` in a fresh process measuring the code at `code`: the JSON object it
-    prints last."""
+    prints last, or with `every_line` each line of its output that is a JSON object."""
     env = {**os.environ, CHECKOUT_VARIABLE: str(code)}
     done = subprocess.run([sys.executable, script, "--child", json.dumps(spec)], env=env, capture_output=True,
                           text=True)
     if done.returncode:
         raise RuntimeError(f"the measurement with the code at {code} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    lines = done.stdout.strip().splitlines()
+    if every_line:
+        return [json.loads(line) for line in lines if line.startswith("{")]
+    return json.loads(lines[-1])

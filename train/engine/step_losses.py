@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function
 
 
 @dataclass
@@ -38,8 +39,9 @@ class PendingLosses:
         """The pending steps' losses as floats (one device-to-host copy), in step order; none pending after."""
         if not self._steps:
             return []
-        values = torch.stack([torch.stack([v.float() for v in losses.values()])
-                              for _, _, losses, _ in self._steps]).tolist()
+        with record_function("losses to host"):
+            values = torch.stack([torch.stack([v.float() for v in losses.values()])
+                                  for _, _, losses, _ in self._steps]).tolist()
         host = [StepLosses(step, lr, dict(zip(losses, row)), skipped)
                 for (step, lr, losses, skipped), row in zip(self._steps, values)]
         self._steps = []
