@@ -188,17 +188,20 @@ class StageStreams:
         return [list(order.position(batch - self.batch, start)) for (_, order), start in zip(self.streams, self.starts)]
 
     def batches(self, workers: int, pad_token_id: int, device: torch.device, prefetch: bool) -> Iterator[Batch]:
-        """Micro-batches from the stage's `batch`-th on, each one batch of every stream, forever, their
-        tensors on `device` (with `prefetch` on CUDA, each copied there while the step before computes);
-        its workers live as long as the iterator (the whole stage)."""
+        """`collated` batches with their tensors on `device` (with `prefetch` on CUDA, each copied there
+        while the step before computes)."""
+        return on_device(self.collated(workers, pad_token_id, device.type == "cuda"), device, ahead=prefetch)
+
+    def collated(self, workers: int, pad_token_id: int, pin_memory: bool) -> Iterator[Batch]:
+        """Micro-batches from the stage's `batch`-th on, each one batch of every stream, forever, as
+        the workers collate them; its workers live as long as the iterator (the whole stage)."""
         keys = [order.keys_from(stream, start) for stream, ((_, order), start) in enumerate(zip(self.streams, self.starts))]
         sampler = (sum((next(stream_keys) for stream_keys in keys), []) for _ in iter(int, 1))
         # A generator of its own: the DataLoader would otherwise draw its workers' base seed from the
         # global RNG, which would shift dropout after a resume.
-        loader = DataLoader(Streams([dataset for dataset, _ in self.streams]), batch_sampler=sampler,
-                            collate_fn=Collate(pad_token_id), num_workers=workers, pin_memory=device.type == "cuda",
-                            generator=torch.Generator().manual_seed(self.batch))
-        return on_device(iter(loader), device, ahead=prefetch)
+        return iter(DataLoader(Streams([dataset for dataset, _ in self.streams]), batch_sampler=sampler,
+                               collate_fn=Collate(pad_token_id), num_workers=workers, pin_memory=pin_memory,
+                               generator=torch.Generator().manual_seed(self.batch)))
 
 
 def evaluation_batches(dataset: Dataset, batch_size: int, workers: int, pad_token_id: int,
