@@ -9,7 +9,9 @@ data, and the share of the device's bf16 peak, measured side by side in one run.
 The demo world gives the annotations (VQA questions) and vocabulary; the FeatureStore holds
 BUTD-sized synthetic records for its images (2048-d float16 features, 100 boxes, top-10 class
 probabilities), so batches move what real training moves. `--variable-regions` adds a store with
-BUTD's 10–100 regions per image, trained with length-aware batches off and on.
+BUTD's 10–100 regions per image, trained with length-aware batches off and on; `--end2end` the
+end-to-end stage (the butd-vg detector's trunk and res5, random weights, on the world's images at
+its 600-pixel short side) and the ratio of the cached stage's samples/s to it.
 
 Each configuration trains one VQA stage of --warmup + --steps steps in a fresh run folder, in a
 child process that imports the code under test (this tree, or --baseline: a checkout of another
@@ -48,6 +50,7 @@ MODELS = {
 }
 BOXES, DIM = 100, 2048
 FEWEST_BOXES = 10  # BUTD keeps 10 to 100 boxes per image
+EVAL_IMAGES = 8
 # Dense bf16 peaks (TFLOP/s, without sparsity) by a part of the device's name, most specific first.
 PEAK_BF16 = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
              ("GH200", 989.0), ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0),
@@ -62,11 +65,13 @@ def peak_bf16(device_name: str) -> float | None:
     return next((tflops * 1e12 for part, tflops in PEAK_BF16 if part in device_name), None)
 
 
-def make_data(work: Path, images: int) -> Path:
+def make_data(work: Path, images: int, end2end: bool) -> Path:
     """The demo world (annotations, vocabulary), a store of its images with 100 boxes each
-    (`store`), and one with BUTD's 10–100 (`store-variable`)."""
+    (`store`), one with BUTD's 10–100 (`store-variable`), and with `end2end` one of 100 boxes that
+    names the butd-vg detector (random weights) and the world's images (`store-e2e`)."""
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     from bench_store import synthetic_record
+    from extract.presets import PRESETS
     from extract.store import FeatureStoreWriter, build_meta
     from pipelines.world.generate import generate_world
     from train.data.annotations import read_annotations
@@ -74,11 +79,19 @@ def make_data(work: Path, images: int) -> Path:
 
     world = work / "world"
     generate_world(world, num_images=images, seed=3)
+    # Evaluation is no part of the figures: a few images of the split keep its time short.
+    lines = (world / "val.jsonl").read_text().splitlines(keepends=True)
+    (world / "val-few.jsonl").write_text("".join(lines[:EVAL_IMAGES]))
     write_world_vocabulary(world, work / "vocab")
     ids = sorted({a.image_id for split in ("train", "val") for a in read_annotations(world / f"{split}.jsonl")})
     rng = np.random.default_rng(0)
-    for store, boxes in (("store", lambda: BOXES), ("store-variable", lambda: int(rng.integers(FEWEST_BOXES, BOXES + 1)))):
-        meta = build_meta(feature_dim=DIM, mode="imported", num_classes=1601, top_k_classes=10)
+    stores = [("store", lambda: BOXES, {}),
+              ("store-variable", lambda: int(rng.integers(FEWEST_BOXES, BOXES + 1)), {})]
+    if end2end:
+        stores.append(("store-e2e", lambda: BOXES, dict(images_root=str(world), detector={
+            "source": "preset:butd-vg", "config": PRESETS["butd-vg"].to_dict(), "checkpoint": None})))
+    for store, boxes, detector in stores:
+        meta = build_meta(feature_dim=DIM, mode="imported", num_classes=1601, top_k_classes=10, **detector)
         with FeatureStoreWriter(work / store, meta) as writer:
             for start in range(0, len(ids), 50):
                 writer.commit({i: synthetic_record(rng, boxes(), DIM, 0) for i in ids[start:start + 50]})
@@ -86,8 +99,10 @@ def make_data(work: Path, images: int) -> Path:
 
 
 def run_spec(work: Path, out: str, args, config: dict) -> dict:
-    stage = dict(name="vqa", task="vqa", steps=args.warmup + args.steps, batch_size=config["batch_size"],
-                 base_lr=1e-5, num_workers=config["workers"], checkpoint_minutes=0)
+    end2end = config["store"] == "store-e2e"
+    steps = args.warmup + (args.end2end_steps if end2end else args.steps)
+    stage = dict(name="vqa", task="vqa", steps=steps, batch_size=config["batch_size"], base_lr=1e-5,
+                 num_workers=config["workers"], checkpoint_minutes=0, visual="end2end" if end2end else "cached")
     if config["precision"] != "fp32":  # code from before the field ran fp32 on the CPU and has no such field
         stage["precision"] = config["precision"]
     # Fields that code from before them lacks are given only where they are not their default.
@@ -97,7 +112,7 @@ def run_spec(work: Path, out: str, args, config: dict) -> dict:
         stage["prefetch"] = False
     return dict(out=str(work / out), store=str(work / config["store"]), vocabulary=str(work / "vocab"),
                 train_annotations=str(work / "world" / "train.jsonl"),
-                eval_annotations=str(work / "world" / "val.jsonl"), model=MODELS[args.model],
+                eval_annotations=str(work / "world" / "val-few.jsonl"), model=MODELS[args.model],
                 max_length=args.max_length, eval_batch_size=config["batch_size"], device=args.device, stages=[stage])
 
 
@@ -118,11 +133,15 @@ def train(specs: list[dict], profile: str | None) -> None:
         ignored = sorted(set(spec["stages"][0]) - known)
         spec["stages"][0] = {k: v for k, v in spec["stages"][0].items() if k in known}
         run = RunConfig.from_dict(spec)
-        trainer = Trainer(run, log=lambda message: None)
-        if profile and index == 0:
-            result = profiled(trainer, run.stages[0].log_every, Path(profile))
-        else:
-            result = trainer.fit()[0]
+        try:
+            trainer = Trainer(run, log=lambda message: None)
+            if profile and index == 0:
+                result = profiled(trainer, run.stages[0].log_every, Path(profile))
+            else:
+                result = trainer.fit()[0]
+        except Exception as exc:  # one configuration's failure is its line; the next still runs
+            print(json.dumps({"failed": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}), flush=True)
+            continue
         model = load_pretrained(RunFolder(run.out_dir).stage(0, "vqa").final)
         embeddings = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
         device = torch.cuda.get_device_name() if run.device.startswith("cuda") else "cpu"
@@ -188,22 +207,28 @@ def profile_summary(profiler, steps: int, cuda: bool) -> str:
 
 def configurations(args) -> list[dict]:
     workers = [None if w == "auto" else int(w) for w in args.workers.split(",")]
-    compiled = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
-    fixed = [dict(store="store", batch_size=b, precision=p, workers=w, buckets=False, compile=c)
-             for b in map(int, args.batch_sizes.split(",")) for p in args.precisions.split(",") for w in workers
-             for c in compiled]
-    variable = [dict(fixed[0], store="store-variable", buckets=buckets, compile=False) for buckets in (False, True)]
-    return fixed + (variable if args.variable_regions else [])
+    """In the order they run (a time limit cuts the last): the first configuration (the first of each
+    list), it compiled (--compile first), its runs on the store of 10-100 regions, the end-to-end stage,
+    then the other configurations."""
+    fixed = [dict(store="store", batch_size=b, precision=p, workers=w, buckets=False, compile=args.compile == "on")
+             for b in map(int, args.batch_sizes.split(",")) for p in args.precisions.split(",") for w in workers]
+    compiled = [dict(fixed[0], compile=True)] if args.compile == "first" else []
+    variable = [dict(fixed[0], store="store-variable", buckets=buckets) for buckets in (False, True)]
+    end2end = dict(fixed[0], store="store-e2e", batch_size=args.end2end_batch_size, compile=False)
+    return [fixed[0], *compiled, *(variable if args.variable_regions else []), *([end2end] if args.end2end else []),
+            *fixed[1:]]
 
 
 def label(config: dict) -> str:
-    store = "10-100 RoIs" if config["store"] == "store-variable" else f"{BOXES} RoIs"
+    store = {"store-variable": "10-100 RoIs", "store-e2e": "end-to-end"}.get(config["store"], f"{BOXES} RoIs")
     return (f"{store:11s} {config['precision']:5s} batch {config['batch_size']:3d}, "
             f"{'auto' if config['workers'] is None else config['workers']} workers"
             + (", buckets" if config["buckets"] else "") + (", compiled" if config["compile"] else ""))
 
 
 def show(code: str, config: dict, result: dict) -> str:
+    if "failed" in result:
+        return f"  {code:9s} {label(config)}: failed: {result['failed']}"
     steady = result.get("steady_samples_per_s")
     peak = peak_bf16(result.get("device_name", "cpu"))
     tokens = result.get("steady_tokens_per_s")
@@ -214,6 +239,11 @@ def show(code: str, config: dict, result: dict) -> str:
             f"stage {result['samples_per_s']:7.1f}, waiting for data {'n/a' if wait is None else f'{wait:5.1%}'}, "
             f"MFU {mfu}" + (f" (this code lacks {', '.join(result['ignored_fields'])})"
                             if result.get("ignored_fields") else ""))
+
+
+def rate(result: dict) -> float:
+    """A result's steady samples/s (its stage's where the code has none); 0 for a failed or no result."""
+    return result.get("steady_samples_per_s") or result.get("samples_per_s", 0.0)
 
 
 def main() -> None:
@@ -227,10 +257,15 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=140, help="text + RoIs + [END]: 100 RoIs fit")
     parser.add_argument("--workers", default="auto", help="comma-separated DataLoader worker counts, or auto")
     parser.add_argument("--precisions", default="fp32", help="comma-separated, of fp32, tf32, bf16, fp16")
-    parser.add_argument("--compile", default="off", choices=("off", "on", "both"))
+    parser.add_argument("--compile", default="off", choices=("off", "on", "first"),
+                        help="torch.compile every configuration, or also the first one compiled")
     parser.add_argument("--prefetch", default="on", choices=("off", "on"), help="batches copied to CUDA a step ahead")
     parser.add_argument("--variable-regions", action="store_true",
                         help="also a store of 10-100 RoIs per image, length-aware batches off and on")
+    parser.add_argument("--end2end", action="store_true", help="also the end-to-end stage (the butd-vg trunk and res5, "
+                        "random weights, on the world's images) at the first configuration's precision")
+    parser.add_argument("--end2end-batch-size", type=int, default=8)
+    parser.add_argument("--end2end-steps", type=int, default=10, help="its steps measured after the warm-up")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="a folder for the trace of the first configuration")
     parser.add_argument("--baseline", type=Path, help="another checkout of the project to time beside this one")
@@ -243,31 +278,39 @@ def main() -> None:
     codes = {"this tree": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
     configs = configurations(args)
     with tempfile.TemporaryDirectory() as tmp:
-        work = make_data(Path(tmp), args.images)
+        work = make_data(Path(tmp), args.images, args.end2end)
         best: dict[tuple[str, int], dict] = {}
+        print(f"{args.device}, model {args.model}, {args.warmup} warm-up + {args.steps} measured steps, {DIM}-d float16 "
+              f"features; each configuration as it ends, then the best of {args.repeats}", flush=True)
         for repeat in range(args.repeats):
             for code, path in codes.items():
                 profile = str(args.profile.resolve()) if args.profile and repeat == 0 and code == "this tree" else None
                 runs = [run_spec(work, f"run-{code}-{repeat}-{index}", args, config) for index, config in enumerate(configs)]
-                results = run_child(__file__, path, {"runs": runs, "profile": profile}, every_line=True)
-                for index, result in enumerate(results):
-                    key = (code, index)
-                    rate = result.get("steady_samples_per_s") or result["samples_per_s"]
-                    if key not in best or rate > (best[key].get("steady_samples_per_s") or best[key]["samples_per_s"]):
-                        best[key] = result
-        print(f"{args.device}, model {args.model}, {args.warmup} warm-up + {args.steps} measured steps, {DIM}-d float16 "
-              f"features, best of {args.repeats}")
-        for (code, index), result in best.items():
+                ended = iter(range(len(runs)))
+
+                def kept(result: dict, code: str = code) -> None:
+                    index = next(ended)
+                    print(show(code, configs[index], result), flush=True)
+                    if rate(result) > rate(best.get((code, index), {})):
+                        best[(code, index)] = result
+
+                run_child(__file__, path, {"runs": runs, "profile": profile}, each=kept)
+        print(f"best of {args.repeats}:")
+        for (code, index), result in sorted(best.items(), key=lambda item: item[0][1]):
             print(show(code, configs[index], result))
+        if args.baseline:
+            for index, config in enumerate(configs):
+                new, old = (rate(best.get((code, index), {})) for code in codes)
+                if new and old:
+                    print(f"  {label(config)}: this tree / baseline {new / old:.2f}x")
+        index = next((i for i, config in enumerate(configs) if config["store"] == "store-e2e"), None)
+        cached, end2end = rate(best.get(("this tree", 0), {})), rate(best.get(("this tree", index), {}))
+        if cached and end2end:
+            print(f"  cached / end-to-end samples/s: {cached / end2end:.1f}x ({label(configs[0])} against "
+                  f"{label(configs[index])})")
         if args.profile:
             print((args.profile / "summary.txt").read_text().rstrip())
             print(f"  trace: {args.profile / 'trace.json.gz'}")
-        if args.baseline:
-            for index, config in enumerate(configs):
-                new, old = (best[(code, index)].get("steady_samples_per_s") or best[(code, index)]["samples_per_s"]
-                            for code in codes)
-                print(f"  {label(config)}: this tree / baseline {new / old:.2f}x")
-
 
 if __name__ == "__main__":
     main()

@@ -219,14 +219,15 @@ class VLBertEncoder(nn.Module):
     def __init__(self, config: VLBertConfig):
         super().__init__()
         self.bert = BertEncoder(bert_config(config))
+        # Sequences padded to a multiple of this many elements, so that a few shapes cover every batch
+        # (each shape costs a compiled graph, or a cuDNN attention plan)
         self.length_multiple = 1
 
-    def run_compiled(self, length_multiple: int) -> None:
-        """Runs the encoder through torch.compile from now on (but where attention probabilities are
-        asked for), sequences padded to a multiple of `length_multiple` elements so that a few shapes
-        cover every batch. The compiled module is no submodule: the state dict keeps its names."""
+    def run_compiled(self) -> None:
+        """Trains through torch.compile from now on (evaluation, and attention probabilities, run
+        eager: no graph of their own to compile). The compiled module is no submodule: the state
+        dict keeps its names."""
         self.__dict__["_compiled"] = torch.compile(self.bert)
-        self.length_multiple = length_multiple
 
     def forward(
         self, embeddings: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False
@@ -241,7 +242,7 @@ class VLBertEncoder(nn.Module):
         additive_mask = additive_mask.masked_fill(~attention_mask, torch.finfo(embeddings.dtype).min)
         additive_mask = additive_mask[:, None, None, :]
         if not output_attentions:
-            bert = self.__dict__.get("_compiled", self.bert)
+            bert = self.__dict__.get("_compiled", self.bert) if self.training else self.bert
             return bert(embeddings, attention_mask=additive_mask).last_hidden_state[:, :length], None
         with self._recording_attention() as attentions:
             hidden = self.bert(embeddings, attention_mask=additive_mask).last_hidden_state

@@ -1,7 +1,10 @@
-"""A stage's `compile: true`: its model's encoders run through torch.compile, sequence lengths
-rounded up to a multiple of LENGTH_MULTIPLE elements, so that batches of any length (length-aware
-ones vary) share a few compiled shapes. Checked before anything trains: where torch cannot compile
-on the device (no compiler, no Triton, a Python torch does not support), the run is refused in one line.
+"""Few sequence shapes, and a compiled encoder: a stage's `compile: true` runs its model's encoders
+through torch.compile; with it or `length_buckets: true`, sequence lengths are rounded up to a
+multiple of LENGTH_MULTIPLE elements, so that batches of any length share a few shapes (each new
+shape costs a compilation, or on CUDA a cuDNN attention plan: length-aware batches without the
+rounding ran slower than without buckets on an H200). Checked before anything trains: where torch
+cannot compile on the device (no compiler, no Triton, a Python torch does not support), the run is
+refused in one line.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ def compile_problem(device: torch.device) -> str | None:
     return None
 
 
-def compile_encoders(model: nn.Module) -> int:
-    """Compiles every VL-BERT encoder in `model`; returns how many."""
-    encoders = [module for module in model.modules() if isinstance(module, VLBertEncoder)]
-    for encoder in encoders:
-        encoder.run_compiled(LENGTH_MULTIPLE)
-    return len(encoders)
+def few_shapes(model: nn.Module, compiled: bool) -> None:
+    """Every VL-BERT encoder of `model` rounding its sequence lengths, and with `compiled`, compiled."""
+    for encoder in (module for module in model.modules() if isinstance(module, VLBertEncoder)):
+        encoder.length_multiple = LENGTH_MULTIPLE
+        if compiled:
+            encoder.run_compiled()

@@ -37,7 +37,7 @@ from train.data.regions import RegionBank
 from train.end2end import EndToEndVisual, with_appearance
 from train.engine.batches import Batch, EpochBatches, LengthBuckets, StageStreams
 from train.engine.checkpoint import CheckpointSchedule, load_training_state, prune_checkpoints, random_state, save_checkpoint
-from train.engine.compiled import compile_encoders, compile_problem
+from train.engine.compiled import compile_problem, few_shapes
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
 from train.engine.damaged import DamagedRecords
 from train.engine.distributed import World, any_rank, barrier, from_rank_zero, gathered, process_group
@@ -522,8 +522,8 @@ class Trainer:
         return StageParts(model, visual, optimizer, scheduler, parameters, stage_precision, scaler)
 
     def _objective(self, stage: StageConfig, parts: StageParts, batches: PeekedBatches) -> nn.Module:
-        if stage.compile:
-            compile_encoders(parts.model)
+        if stage.compile or stage.length_buckets:
+            few_shapes(parts.model, compiled=stage.compile)
         objective = Objective(parts.model, parts.visual, stage)
         if not self.world.distributed:
             return objective
