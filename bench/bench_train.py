@@ -280,12 +280,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = make_data(Path(tmp), args.images, args.end2end)
         best: dict[tuple[str, int], dict] = {}
-        print(f"{args.device}, model {args.model}, {args.warmup} warm-up + {args.steps} measured steps, {DIM}-d float16 "
-              f"features; each configuration as it ends, then the best of {args.repeats}", flush=True)
+        print(f"{args.device}, model {args.model}, {args.warmup} warm-up + {args.steps} measured steps, {DIM}-d "
+              f"float16 features; each configuration as it ends, then the best of {args.repeats}", flush=True)
         for repeat in range(args.repeats):
             for code, path in codes.items():
                 profile = str(args.profile.resolve()) if args.profile and repeat == 0 and code == "this tree" else None
-                runs = [run_spec(work, f"run-{code}-{repeat}-{index}", args, config) for index, config in enumerate(configs)]
+                runs = [run_spec(work, f"run-{code}-{repeat}-{index}", args, config)
+                        for index, config in enumerate(configs)]
                 ended = iter(range(len(runs)))
 
                 def kept(result: dict, code: str = code) -> None:

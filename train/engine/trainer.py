@@ -39,7 +39,6 @@ from train.engine.batches import Batch, EpochBatches, LengthBuckets, StageStream
 from train.engine.checkpoint import CheckpointSchedule, load_training_state, prune_checkpoints, random_state, save_checkpoint
 from train.engine.compiled import compile_problem, few_shapes
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
-from train.engine.damaged import DamagedRecords
 from train.engine.distributed import World, any_rank, barrier, from_rank_zero, gathered, process_group
 from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
@@ -298,8 +297,8 @@ class Trainer:
         step, saved, saved_world = self._start(stage, stage_dir, parts)
         progress = StageProgress.from_saved(saved, skip_damaged=self.run.damaged_records == "skip")
         streams = self._streams(stage, step, parts.visual, saved.get("positions"), saved_world)
-        batches = PeekedBatches(streams.batches(self.speed[stage.name]["workers"], self.tokenizer.pad_token_id, self.device,
-                                                stage.prefetch))
+        workers = self.speed[stage.name]["workers"]
+        batches = PeekedBatches(streams.batches(workers, self.tokenizer.pad_token_id, self.device, stage.prefetch))
         objective = self._objective(stage, parts, batches)
         with self._stage_log(stage, stage_dir, step) as log:
             run = StageRun(stage, stage_dir, parts, progress, log, streams)
@@ -415,10 +414,11 @@ class Trainer:
             shown = diverged or steps[-1]  # another rank's loss diverged
             self._log_steps(run, [losses for losses in steps if losses.step < shown.step], bar)
             kept = run.folder.latest_checkpoint()
+            keeping = f" (its last checkpoint, {kept.name}, is kept)" if kept else ""
             raise NonFiniteLossError(
                 f"{self.folder.root}: stage {run.stage.name}: the loss is {shown.losses['loss']} at step {shown.step}; "
-                f"training stopped, saving nothing of it" + (f" (its last checkpoint, {kept.name}, is kept)" if kept else "")
-                + ": a lower base_lr or clip_grad_norm may avoid it (a changed config needs --restart)")
+                f"training stopped, saving nothing of it{keeping}: a lower base_lr or clip_grad_norm may avoid it (a "
+                "changed config needs --restart)")
         self._log_steps(run, steps, bar)
 
     @staticmethod
@@ -501,8 +501,8 @@ class Trainer:
         return evaluate(task.evaluator(self.data, dataset), run.parts.model, run.parts.visual, dataset,
                         self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id,
                         lambda batch: run.progress.damaged.check(batch.damaged, batch.with_images),
-                        run.parts.precision, predictions, run.folder.item_scores(split), self.speed[run.stage.name]["workers"],
-                        self.world)
+                        run.parts.precision, predictions, run.folder.item_scores(split),
+                        self.speed[run.stage.name]["workers"], self.world)
 
     # ---- pieces ----------------------------------------------------------------------------
 
