@@ -1,23 +1,38 @@
-"""Training throughput through the Trainer: samples/s, and the share of training time spent waiting
-for data, measured side by side in one run.
+"""Training throughput through the Trainer at steady state: samples/s, the share of time waiting for
+data, and the share of the device's bf16 peak, measured side by side in one run.
 
-    .venv/bin/python bench/bench_train.py                                  # CPU, tiny model, 0 and 2 workers
-    .venv/bin/python bench/bench_train.py --baseline /tmp/base             # ... beside the code at /tmp/base
-    python bench/bench_train.py --device cuda --model base --batch-size 32 --precisions fp32,bf16 --workers 4
+    .venv/bin/python bench/bench_train.py                                   # CPU, tiny model, a quick look
+    .venv/bin/python bench/bench_train.py --baseline /tmp/base              # ... beside the code at /tmp/base
+    python bench/bench_train.py --device cuda --model base --batch-sizes 16,32,64,128,256 --precisions bf16 \\
+        --warmup 20 --steps 200 --variable-regions --profile /tmp/profile
 
 The demo world gives the annotations (VQA questions) and vocabulary; the FeatureStore holds
 BUTD-sized synthetic records for its images (2048-d float16 features, 100 boxes, top-10 class
-probabilities), so batches move what real training moves. Each configuration trains one VQA
-stage of --steps steps in a fresh run folder, in a subprocess that imports the code under test
-(this tree, or --baseline: a checkout of another commit, e.g. `git worktree add /tmp/base HEAD~1`);
-its figures are the stage's evaluation: samples/s and data_wait_share (the baseline may lack the
-latter). Configurations alternate over --repeats and the best of each is kept, so a change of
-load on a shared machine falls on all of them.
+probabilities), so batches move what real training moves. `--variable-regions` adds a store with
+BUTD's 10–100 regions per image, trained with length-aware batches off and on; `--end2end` the
+end-to-end stage (the butd-vg detector's trunk and res5, random weights, on the world's images at
+its 600-pixel short side) and the ratio of the cached stage's samples/s to it.
+
+Each configuration trains one VQA stage of --warmup + --steps steps in a fresh run folder, in a
+child process that imports the code under test (this tree, or --baseline: a checkout of another
+commit, e.g. `git worktree add /tmp/base HEAD~1`). Its figures come from inside the training loop:
+the stage's eval.json times the steps between the end of its first logging interval (the warm-up:
+start-up, first batches, compilation) and its last step, at points where the host has waited for
+the device (`train.engine.stage_progress`); "stage" is the old figure, the stage's wall time. MFU
+is 6 × parameters (embedding tables left out) × real tokens/s over the device's dense bf16 peak
+(PEAK_BF16; unknown for other devices and the CPU). Configurations alternate over --repeats and
+the best of each is kept, so a change of load on a shared machine falls on all of them.
+
+--profile DIR saves a torch.profiler trace of the warm-up's last steps of the first configuration (trace.json.gz,
+for chrome://tracing or Perfetto) and prints where a step's time goes: the trainer's ranges (data
+wait, host to device, forward, backward, optimiser, losses to host), on the host and on the device,
+the device's busy share, and the host's waits for the device (synchronisations, copies to the host).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -34,12 +49,29 @@ MODELS = {
     "base": {},  # VLBertConfig's defaults: VL-BERT-base
 }
 BOXES, DIM = 100, 2048
+FEWEST_BOXES = 10  # BUTD keeps 10 to 100 boxes per image
+EVAL_IMAGES = 8
+# Dense bf16 peaks (TFLOP/s, without sparsity) by a part of the device's name, most specific first.
+PEAK_BF16 = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
+             ("GH200", 989.0), ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0),
+             ("L4", 121.0), ("A10", 125.0)]
+PHASES = ("data wait", "host to device", "forward", "backward", "optimiser", "losses to host")
+PROFILED_STEPS = 3
+HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense")
 
 
-def make_data(work: Path, images: int) -> Path:
-    """The demo world (annotations, vocabulary) and a BUTD-sized store of its images."""
+def peak_bf16(device_name: str) -> float | None:
+    """The device's dense bf16 peak in FLOP/s, None when the table does not know it."""
+    return next((tflops * 1e12 for part, tflops in PEAK_BF16 if part in device_name), None)
+
+
+def make_data(work: Path, images: int, end2end: bool) -> Path:
+    """The demo world (annotations, vocabulary), a store of its images with 100 boxes each
+    (`store`), one with BUTD's 10–100 (`store-variable`), and with `end2end` one of 100 boxes that
+    names the butd-vg detector (random weights) and the world's images (`store-e2e`)."""
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     from bench_store import synthetic_record
+    from extract.presets import PRESETS
     from extract.store import FeatureStoreWriter, build_meta
     from pipelines.world.generate import generate_world
     from train.data.annotations import read_annotations
@@ -47,34 +79,171 @@ def make_data(work: Path, images: int) -> Path:
 
     world = work / "world"
     generate_world(world, num_images=images, seed=3)
+    # Evaluation is no part of the figures: a few images of the split keep its time short.
+    lines = (world / "val.jsonl").read_text().splitlines(keepends=True)
+    (world / "val-few.jsonl").write_text("".join(lines[:EVAL_IMAGES]))
     write_world_vocabulary(world, work / "vocab")
     ids = sorted({a.image_id for split in ("train", "val") for a in read_annotations(world / f"{split}.jsonl")})
     rng = np.random.default_rng(0)
-    meta = build_meta(feature_dim=DIM, mode="imported", num_classes=1601, top_k_classes=10)
-    with FeatureStoreWriter(work / "store", meta) as writer:
-        for start in range(0, len(ids), 50):
-            writer.commit({i: synthetic_record(rng, BOXES, DIM, 0) for i in ids[start:start + 50]})
+    stores = [("store", lambda: BOXES, {}),
+              ("store-variable", lambda: int(rng.integers(FEWEST_BOXES, BOXES + 1)), {})]
+    if end2end:
+        stores.append(("store-e2e", lambda: BOXES, dict(images_root=str(world), detector={
+            "source": "preset:butd-vg", "config": PRESETS["butd-vg"].to_dict(), "checkpoint": None})))
+    for store, boxes, detector in stores:
+        meta = build_meta(feature_dim=DIM, mode="imported", num_classes=1601, top_k_classes=10, **detector)
+        with FeatureStoreWriter(work / store, meta) as writer:
+            for start in range(0, len(ids), 50):
+                writer.commit({i: synthetic_record(rng, boxes(), DIM, 0) for i in ids[start:start + 50]})
     return work
 
 
-def run_spec(work: Path, out: str, args, workers: int, precision: str) -> dict:
-    stage = dict(name="vqa", task="vqa", steps=args.steps, batch_size=args.batch_size, base_lr=1e-5,
-                 num_workers=workers, checkpoint_minutes=0)
-    if precision != "fp32":  # code from before the field ran fp32 on the CPU and has no such field
-        stage["precision"] = precision
-    return dict(out=str(work / out), store=str(work / "store"), train_annotations=str(work / "world" / "train.jsonl"),
-                eval_annotations=str(work / "world" / "val.jsonl"), vocabulary=str(work / "vocab"),
-                model=MODELS[args.model], max_length=args.max_length, eval_batch_size=args.batch_size,
-                device=args.device, stages=[stage])
+def run_spec(work: Path, out: str, args, config: dict) -> dict:
+    end2end = config["store"] == "store-e2e"
+    steps = args.warmup + (args.end2end_steps if end2end else args.steps)
+    stage = dict(name="vqa", task="vqa", steps=steps, batch_size=config["batch_size"], base_lr=1e-5,
+                 num_workers=config["workers"], checkpoint_minutes=0, visual="end2end" if end2end else "cached")
+    if config["precision"] != "fp32":  # code from before the field ran fp32 on the CPU and has no such field
+        stage["precision"] = config["precision"]
+    # Fields that code from before them lacks are given only where they are not their default.
+    stage.update({k: v for k, v in (("log_every", args.warmup), ("length_buckets", config["buckets"]),
+                                    ("compile", config["compile"])) if v})
+    if args.prefetch == "off":
+        stage["prefetch"] = False
+    return dict(out=str(work / out), store=str(work / config["store"]), vocabulary=str(work / "vocab"),
+                train_annotations=str(work / "world" / "train.jsonl"),
+                eval_annotations=str(work / "world" / "val-few.jsonl"), model=MODELS[args.model],
+                max_length=args.max_length, eval_batch_size=config["batch_size"], device=args.device, stages=[stage])
 
 
-def train(spec: dict) -> None:
-    """In the child process: `spec` trained by the checkout's code; prints the stage's evaluation."""
+def train(specs: list[dict], profile: str | None) -> None:
+    """In the child process: each spec trained by the checkout's code; prints each stage's evaluation
+    with the trained parameters (embedding tables left out) and the device's name, a line each."""
     sys.path.insert(0, str(checkout()))
-    from train.engine.config import RunConfig
-    from train.engine.trainer import Trainer
+    import torch
 
-    print(json.dumps(Trainer(RunConfig.from_dict(spec), log=lambda message: None).fit()[0]))
+    from train.engine.config import RunConfig, StageConfig
+    from train.engine.run_folder import RunFolder
+    from train.engine.trainer import Trainer
+    from vlbert.modeling import load_pretrained
+
+    known = {field.name for field in dataclasses.fields(StageConfig)}
+    for index, spec in enumerate(specs):
+        # Code from before a speed field trains without it; the result names what it left out.
+        ignored = sorted(set(spec["stages"][0]) - known)
+        spec["stages"][0] = {k: v for k, v in spec["stages"][0].items() if k in known}
+        run = RunConfig.from_dict(spec)
+        try:
+            trainer = Trainer(run, log=lambda message: None)
+            if profile and index == 0:
+                result = profiled(trainer, run.stages[0].log_every, Path(profile))
+            else:
+                result = trainer.fit()[0]
+        except Exception as exc:  # one configuration's failure is its line; the next still runs
+            print(json.dumps({"failed": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}), flush=True)
+            continue
+        model = load_pretrained(RunFolder(run.out_dir).stage(0, "vqa").final)
+        embeddings = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+        device = torch.cuda.get_device_name() if run.device.startswith("cuda") else "cpu"
+        print(json.dumps({**result, "parameters": sum(p.numel() for p in model.parameters()) - embeddings,
+                          "device_name": device, "ignored_fields": ignored}), flush=True)
+
+
+def profiled(trainer, warmup: int, folder: Path) -> dict:
+    """`trainer.fit()` with a torch.profiler trace of the last PROFILED_STEPS steps of the warm-up (of
+    `warmup` steps), and its summary, in `folder`."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cuda = trainer.device.type == "cuda"
+
+    def written(profiler) -> None:
+        profiler.export_chrome_trace(str(folder / "trace.json.gz"))
+        (folder / "summary.txt").write_text(profile_summary(profiler, PROFILED_STEPS, cuda) + "\n")
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    # The profiled steps end with the warm-up, so that the profiler's cost stays out of the steady figures.
+    waited = max(0, warmup - PROFILED_STEPS - 2)
+    with profile(activities=activities, schedule=schedule(wait=waited, warmup=2, active=PROFILED_STEPS, repeat=1),
+                 on_trace_ready=written) as profiler:
+        original = trainer._optimiser_step
+
+        def stepped(*args, **kwargs):
+            losses = original(*args, **kwargs)
+            profiler.step()
+            return losses
+
+        trainer._optimiser_step = stepped
+        return trainer.fit()[0]
+
+
+def profile_summary(profiler, steps: int, cuda: bool) -> str:
+    """Per step: each of the trainer's ranges on the host and the device, the device's busy time, and
+    the host's waits for the device."""
+    events = profiler.key_averages()
+    by_name = {event.key: event for event in events}
+
+    def device_us(event) -> float:
+        return getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0))
+
+    lines = [f"profile, per step (mean of the warm-up's last {steps} steps): host ms, device ms"]
+    for phase in PHASES:
+        event = by_name.get(phase)
+        if event is not None:
+            lines.append(f"  {phase:15s} host {event.cpu_time_total / 1e3 / steps:8.2f} ms   "
+                         f"device {device_us(event) / 1e3 / steps:8.2f} ms   ({event.count // steps} per step)")
+    if cuda:
+        kernels = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) for e in events)
+        lines.append(f"  device kernels and copies: {kernels / 1e3 / steps:.2f} ms per step")
+    waits = [(name, by_name[name].count / steps) for name in HOST_WAITS if name in by_name]
+    lines.append("  synchronisations and reads of a tensor's value by the host per step (on CUDA, each waits for "
+                 "the device): "
+                 + (", ".join(f"{name} {count:g}" for name, count in waits) if waits else "none"))
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
+    lines.append("  top host operators (self ms per step): "
+                 + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3 / steps:.2f}" for e in top))
+    return "\n".join(lines)
+
+
+def configurations(args) -> list[dict]:
+    workers = [None if w == "auto" else int(w) for w in args.workers.split(",")]
+    """In the order they run (a time limit cuts the last): the first configuration (the first of each
+    list), it compiled (--compile first), its runs on the store of 10-100 regions, the end-to-end stage,
+    then the other configurations."""
+    fixed = [dict(store="store", batch_size=b, precision=p, workers=w, buckets=False, compile=args.compile == "on")
+             for b in map(int, args.batch_sizes.split(",")) for p in args.precisions.split(",") for w in workers]
+    compiled = [dict(fixed[0], compile=True)] if args.compile == "first" else []
+    variable = [dict(fixed[0], store="store-variable", buckets=buckets) for buckets in (False, True)]
+    end2end = dict(fixed[0], store="store-e2e", batch_size=args.end2end_batch_size, compile=False)
+    return [fixed[0], *compiled, *(variable if args.variable_regions else []), *([end2end] if args.end2end else []),
+            *fixed[1:]]
+
+
+def label(config: dict) -> str:
+    store = {"store-variable": "10-100 RoIs", "store-e2e": "end-to-end"}.get(config["store"], f"{BOXES} RoIs")
+    return (f"{store:11s} {config['precision']:5s} batch {config['batch_size']:3d}, "
+            f"{'auto' if config['workers'] is None else config['workers']} workers"
+            + (", buckets" if config["buckets"] else "") + (", compiled" if config["compile"] else ""))
+
+
+def show(code: str, config: dict, result: dict) -> str:
+    if "failed" in result:
+        return f"  {code:9s} {label(config)}: failed: {result['failed']}"
+    steady = result.get("steady_samples_per_s")
+    peak = peak_bf16(result.get("device_name", "cpu"))
+    tokens = result.get("steady_tokens_per_s")
+    mfu = f"{6 * result['parameters'] * tokens / peak:6.1%}" if peak and tokens else "unknown"
+    wait = result.get("steady_data_wait_share", result.get("data_wait_share"))
+    steady_text = f"{steady:8.1f} samples/s steady" if steady else "  steady n/a"
+    return (f"  {code:9s} {label(config)}: {steady_text} ({result.get('steady_steps', 0)} steps), "
+            f"stage {result['samples_per_s']:7.1f}, waiting for data {'n/a' if wait is None else f'{wait:5.1%}'}, "
+            f"MFU {mfu}" + (f" (this code lacks {', '.join(result['ignored_fields'])})"
+                            if result.get("ignored_fields") else ""))
+
+
+def rate(result: dict) -> float:
+    """A result's steady samples/s (its stage's where the code has none); 0 for a failed or no result."""
+    return result.get("steady_samples_per_s") or result.get("samples_per_s", 0.0)
 
 
 def main() -> None:
@@ -82,48 +251,67 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="tiny", choices=list(MODELS))
     parser.add_argument("--images", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=5, help="steps left out: the first logging interval")
+    parser.add_argument("--steps", type=int, default=20, help="steps measured after the warm-up (200 on a GPU)")
+    parser.add_argument("--batch-sizes", default="16", help="comma-separated")
     parser.add_argument("--max-length", type=int, default=140, help="text + RoIs + [END]: 100 RoIs fit")
-    parser.add_argument("--workers", default="0,2", help="comma-separated DataLoader worker counts")
+    parser.add_argument("--workers", default="auto", help="comma-separated DataLoader worker counts, or auto")
     parser.add_argument("--precisions", default="fp32", help="comma-separated, of fp32, tf32, bf16, fp16")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--compile", default="off", choices=("off", "on", "first"),
+                        help="torch.compile every configuration, or also the first one compiled")
+    parser.add_argument("--prefetch", default="on", choices=("off", "on"), help="batches copied to CUDA a step ahead")
+    parser.add_argument("--variable-regions", action="store_true",
+                        help="also a store of 10-100 RoIs per image, length-aware batches off and on")
+    parser.add_argument("--end2end", action="store_true", help="also the end-to-end stage (the butd-vg trunk and res5, "
+                        "random weights, on the world's images) at the first configuration's precision")
+    parser.add_argument("--end2end-batch-size", type=int, default=8)
+    parser.add_argument("--end2end-steps", type=int, default=10, help="its steps measured after the warm-up")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--profile", type=Path, help="a folder for the trace of the first configuration")
     parser.add_argument("--baseline", type=Path, help="another checkout of the project to time beside this one")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return train(json.loads(args.child))
-    print("command:", shlex.join(["python", "bench/bench_train.py", *sys.argv[1:]]))
+        spec = json.loads(args.child)
+        return train(spec["runs"], spec.get("profile"))
+    print("command:", shlex.join(["python", "bench/bench_train.py", *sys.argv[1:]]), flush=True)
     codes = {"this tree": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
-    configurations = [(code, int(workers), precision) for code in codes for workers in args.workers.split(",")
-                      for precision in args.precisions.split(",")]
+    configs = configurations(args)
     with tempfile.TemporaryDirectory() as tmp:
-        work = make_data(Path(tmp), args.images)
-        best: dict[tuple, dict] = {}
+        work = make_data(Path(tmp), args.images, args.end2end)
+        best: dict[tuple[str, int], dict] = {}
+        print(f"{args.device}, model {args.model}, {args.warmup} warm-up + {args.steps} measured steps, {DIM}-d "
+              f"float16 features; each configuration as it ends, then the best of {args.repeats}", flush=True)
         for repeat in range(args.repeats):
-            for index, (code, workers, precision) in enumerate(configurations):
-                spec = run_spec(work, f"run-{repeat}-{index}", args, workers, precision)
-                result = run_child(__file__, codes[code], spec)
-                key = (code, workers, precision)
-                if key not in best or result["samples_per_s"] > best[key]["samples_per_s"]:
-                    best[key] = result
-        print(f"{args.device}, model {args.model}, batch {args.batch_size}, {args.steps} steps, {BOXES} RoIs x {DIM}-d "
-              f"float16, best of {args.repeats}")
-        for (code, workers, precision), result in best.items():
-            wait = result.get("data_wait_share")
-            print(f"  {code:9s} {precision:5s} {workers} workers: {result['samples_per_s']:8.1f} samples/s, "
-                  f"waiting for data {'n/a' if wait is None else f'{100 * wait:5.1f}%'} of training time")
-        for workers in args.workers.split(","):
-            for precision in args.precisions.split(","):
-                if args.baseline:
-                    new, old = (best[(code, int(workers), precision)]["samples_per_s"] for code in codes)
-                    print(f"  {precision} {workers} workers: this tree / baseline {new / old:.2f}x")
-        for workers in args.workers.split(","):
-            rates = [best[("this tree", int(workers), p)]["samples_per_s"] for p in args.precisions.split(",")]
-            if len(rates) > 1:
-                print(f"  {workers} workers: " + ", ".join(f"{p} {r / rates[0]:.2f}x of {args.precisions.split(',')[0]}"
-                                                        for p, r in zip(args.precisions.split(","), rates)))
+            for code, path in codes.items():
+                profile = str(args.profile.resolve()) if args.profile and repeat == 0 and code == "this tree" else None
+                runs = [run_spec(work, f"run-{code}-{repeat}-{index}", args, config)
+                        for index, config in enumerate(configs)]
+                ended = iter(range(len(runs)))
 
+                def kept(result: dict, code: str = code) -> None:
+                    index = next(ended)
+                    print(show(code, configs[index], result), flush=True)
+                    if rate(result) > rate(best.get((code, index), {})):
+                        best[(code, index)] = result
+
+                run_child(__file__, path, {"runs": runs, "profile": profile}, each=kept)
+        print(f"best of {args.repeats}:")
+        for (code, index), result in sorted(best.items(), key=lambda item: item[0][1]):
+            print(show(code, configs[index], result))
+        if args.baseline:
+            for index, config in enumerate(configs):
+                new, old = (rate(best.get((code, index), {})) for code in codes)
+                if new and old:
+                    print(f"  {label(config)}: this tree / baseline {new / old:.2f}x")
+        index = next((i for i, config in enumerate(configs) if config["store"] == "store-e2e"), None)
+        cached, end2end = rate(best.get(("this tree", 0), {})), rate(best.get(("this tree", index), {}))
+        if cached and end2end:
+            print(f"  cached / end-to-end samples/s: {cached / end2end:.1f}x ({label(configs[0])} against "
+                  f"{label(configs[index])})")
+        if args.profile:
+            print((args.profile / "summary.txt").read_text().rstrip())
+            print(f"  trace: {args.profile / 'trace.json.gz'}")
 
 if __name__ == "__main__":
     main()

@@ -11,8 +11,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKOUT_VARIABLE = "BENCH_CHECKOUT"
@@ -23,12 +24,22 @@ def checkout() -> Path:
     return Path(os.environ.get(CHECKOUT_VARIABLE, ROOT))
 
 
-def run_child(script: str, code: Path, spec: dict[str, Any]) -> dict[str, Any]:
+def run_child(script: str, code: Path, spec: dict[str, Any], each: Callable[[dict], None] | None = None) -> Any:
     """`script --child SPEC` in a fresh process measuring the code at `code`: the JSON object it
-    prints last."""
+    prints last, or with `each`, every line of its output that is a JSON object, handed to `each`
+    as it comes (so that a run stopped by a time limit has shown what it measured) and returned."""
     env = {**os.environ, CHECKOUT_VARIABLE: str(code)}
-    done = subprocess.run([sys.executable, script, "--child", json.dumps(spec)], env=env, capture_output=True,
-                          text=True)
-    if done.returncode:
-        raise RuntimeError(f"the measurement with the code at {code} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryFile("w+") as errors:  # a file: a full pipe would stall the child
+        child = subprocess.Popen([sys.executable, script, "--child", json.dumps(spec)], env=env,
+                                 stdout=subprocess.PIPE, stderr=errors, text=True)
+        lines = []
+        for line in child.stdout:
+            lines.append(line)
+            if each is not None and line.startswith("{"):
+                each(json.loads(line))
+        if child.wait():
+            errors.seek(0)
+            raise RuntimeError(f"the measurement with the code at {code} failed:\n{errors.read()[-3000:]}")
+    if each is not None:
+        return [json.loads(line) for line in lines if line.startswith("{")]
+    return json.loads(lines[-1])

@@ -256,8 +256,8 @@ def _training_streams(world):
 
 def test_batches_collated_by_workers_equal_those_made_in_one_process(world):
     streams, tokenizer = _training_streams(world)
-    in_process = StageStreams.at(streams, 5).batches(0, tokenizer.pad_token_id, pin_memory=False)
-    by_workers = StageStreams.at(streams, 5).batches(2, tokenizer.pad_token_id, pin_memory=False)
+    in_process = StageStreams.at(streams, 5).collated(0, tokenizer.pad_token_id, pin_memory=False)
+    by_workers = StageStreams.at(streams, 5).collated(2, tokenizer.pad_token_id, pin_memory=False)
     for _ in range(6):  # across an epoch's end
         one, other = next(in_process), next(by_workers)
         assert one.usable == other.usable == 6 and one.with_images == 3 and not one.damaged
@@ -271,9 +271,9 @@ def test_batches_collated_by_workers_equal_those_made_in_one_process(world):
 def test_stage_batches_start_where_a_resumed_stage_left_off(world):
     """Batch b of a stage is the same whether the stage starts at 0 or resumes at b."""
     streams, tokenizer = _training_streams(world)
-    from_start = StageStreams.at(streams, 0).batches(0, tokenizer.pad_token_id, pin_memory=False)
+    from_start = StageStreams.at(streams, 0).batches(0, tokenizer.pad_token_id, torch.device("cpu"), prefetch=True)
     batches = [next(from_start) for _ in range(5)]
-    resumed = next(StageStreams.at(streams, 4).batches(0, tokenizer.pad_token_id, pin_memory=False))
+    resumed = next(StageStreams.at(streams, 4).batches(0, tokenizer.pad_token_id, torch.device("cpu"), prefetch=True))
     assert torch.equal(resumed.inputs["input_ids"], batches[4].inputs["input_ids"])
 
 

@@ -48,7 +48,7 @@ def decisions(world: Path, stage: StageConfig, edit=lambda inputs: None) -> list
     trainer = Trainer(run)
     parts = trainer._parts(stage, None)
     objective = Objective(parts.model, parts.visual, stage)
-    batches = trainer._streams(stage, 0, None, None, 1).batches(0, trainer.tokenizer.pad_token_id, False)
+    batches = trainer._streams(stage, 0, None, None, 1).batches(0, trainer.tokenizer.pad_token_id, trainer.device, False)
     found = []
     for batch in (next(batches) for _ in range(3)):
         edit(batch.inputs)

@@ -220,15 +220,31 @@ class VLBertEncoder(nn.Module):
     def __init__(self, config: VLBertConfig):
         super().__init__()
         self.bert = BertEncoder(bert_config(config))
+        # Sequences padded to a multiple of this many elements, so that a few shapes cover every batch
+        # (each shape costs a compiled graph, or a cuDNN attention plan)
+        self.length_multiple = 1
+
+    def run_compiled(self) -> None:
+        """Trains through torch.compile from now on (evaluation, and attention probabilities, run
+        eager: no graph of their own to compile). The compiled module is no submodule: the state
+        dict keeps its names."""
+        self.__dict__["_compiled"] = torch.compile(self.bert)
 
     def forward(
         self, embeddings: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        length = embeddings.shape[1]
+        if not output_attentions and self.length_multiple > 1:
+            # Padded elements are masked out of attention and cut off the output: real ones see the same.
+            padding = -length % self.length_multiple
+            embeddings = F.pad(embeddings, (0, 0, 0, padding))
+            attention_mask = F.pad(attention_mask, (0, padding), value=False)
         additive_mask = torch.zeros(attention_mask.shape, dtype=embeddings.dtype, device=embeddings.device)
         additive_mask = additive_mask.masked_fill(~attention_mask, torch.finfo(embeddings.dtype).min)
         additive_mask = additive_mask[:, None, None, :]
         if not output_attentions:
-            return self.bert(embeddings, attention_mask=additive_mask).last_hidden_state, None
+            bert = self.__dict__.get("_compiled", self.bert) if self.training else self.bert
+            return bert(embeddings, attention_mask=additive_mask).last_hidden_state[:, :length], None
         with self._recording_attention() as attentions:
             hidden = self.bert(embeddings, attention_mask=additive_mask).last_hidden_state
         return hidden, tuple(attentions)
@@ -801,7 +817,8 @@ class VLBertForImageTextMatching(VLBertPreTrainedModel):
         logits = self.score(encoded.pooled_output)
         loss = None
         if labels is not None and labels.dim() == 2:
-            if not bool((labels[:, 0] == 1).all() and (labels[:, 1:] == 0).all()) or labels.shape[1] % 2 == 0:
+            if labels.shape[1] % 2 == 0 or (_on_host(labels) and not bool((labels[:, 0] == 1).all()
+                                                                          and (labels[:, 1:] == 0).all())):
                 raise ValueError(f"labels {tuple(labels.shape)}: expected groups of a positive then an even "
                                  "number of negatives")
             loss = losses.MATCHING_LOSSES[self.config.matching_loss](logits.view(labels.shape), labels,
@@ -875,11 +892,18 @@ class VLBertForPairClassification(VLBertPreTrainedModel):
         encoded = self.vlbert(**inputs)
         logits = self.pair_head(encoded.pooled_output)
         if labels is not None and labels.dim() == 2:
-            if labels.shape[1] != 2 or not bool((labels[:, 0] == labels[:, 1]).all()):
+            if labels.shape[1] != 2 or (_on_host(labels) and not bool((labels[:, 0] == labels[:, 1]).all())):
                 raise ValueError(f"labels {tuple(labels.shape)}: expected one label per pair, given to both images")
             labels = labels[:, 0]
         loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
         return TaskOutput(encoded, logits, loss)
+
+
+def _on_host(labels: torch.Tensor) -> bool:
+    """Whether checking the labels' values costs nothing: on a GPU, reading a check's result makes the
+    host wait for the device every step (training's labels come from the task's datasets, which make
+    them as these checks expect)."""
+    return labels.device.type == "cpu"
 
 
 def load_pretrained(directory: str | Path) -> VLBertPreTrainedModel:

@@ -22,7 +22,7 @@ import numpy as np
 from extract.store.layout import (
     acquire_shard, data_file, failures_in, lmdb_errors, read_meta, release_shard, shard_dirs, shared_shard,
 )
-from extract.store.records import decode_record, widened
+from extract.store.records import decode_record, record_header, widened
 from extract.store.schema import DamagedRecordError, RecordLayout, StoreError, stored_id, stored_key
 
 
@@ -125,6 +125,16 @@ class FeatureStore:
             raise StoreError(f"listed in {data_file(self.shards[self._owners[i]])} but not found by key lookup "
                              "(a damaged key or page)")
         return value
+
+    def box_count(self, image_id: str) -> int:
+        """The record's number of boxes, from its header alone: no array is read or checksummed (a
+        pass over a corpus's records touches a page of each). DamagedRecordError when it does not decode."""
+        i = self._position(image_id)
+        try:
+            header = self._read(int(self._owners[i]), lambda txn: record_header(txn.get(self._keys[i]) or b""))
+            return int(header["arrays"]["boxes"][1][0])
+        except (StoreError, KeyError, IndexError, TypeError, ValueError) as exc:
+            raise DamagedRecordError(f"{self.root}: record {image_id!r} is damaged: {exc}", image_id) from None
 
     def __getitem__(self, image_id: str) -> dict[str, Any]:
         record = self.decoded(image_id, self.float32)

@@ -81,6 +81,20 @@ def encode_record(record: Mapping[str, Any], image_id: str) -> bytes:
     return body + CHECKSUM.pack(record_checksum(encode_key(image_id), body))
 
 
+def record_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A record's JSON header (every array's dtype, shape and offset; the scalar fields), read
+    without its arrays or checksum: StoreError when it does not decode."""
+    try:
+        record_version(data)
+        (head_len,) = HEADER_LENGTH.unpack_from(data, 4)
+        header = json.loads(bytes(data[PREFIX : PREFIX + head_len]))
+    except (ValueError, struct.error) as exc:
+        raise StoreError(f"its header does not decode ({type(exc).__name__}: {exc})") from None
+    if not isinstance(header, dict) or not isinstance(header.get("arrays"), dict):
+        raise StoreError("its header lists no arrays")
+    return header
+
+
 def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum: bool = True) -> dict[str, Any]:
     """The record stored under `image_id` from its bytes, after checking its checksum (unless
     `checksum` is False). Arrays are writable views of `data` when it is a bytearray (which the

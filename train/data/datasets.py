@@ -23,7 +23,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from extract.store.schema import DamagedRecordError
-from train.data.annotations import AnnotationFile
+from train.data.annotations import ITEM_KINDS, AnnotationFile
 from train.data.regions import RegionBank, Regions
 from vlbert.tokenization import TextSequence, build_caption_sequence, word_pieces
 
@@ -95,6 +95,25 @@ class AnnotatedDataset(SeededDataset):
     def item(self, index: int):
         """(the image's annotation, the item) of sample `index`."""
         return self.annotations.item(self.items[index], self.KIND)
+
+    def sample_lengths(self) -> np.ndarray:
+        """Each sample's length as length-aware batches order them: its image's elements (the whole
+        image and its RoIs, from the store's record headers) and the words of its item's first text
+        (a caption, a question, an expression). An estimate (word pieces and truncation come when the
+        sample is made) read in one pass; a damaged record counts no regions (its sample meets the
+        damaged-record policy when made)."""
+        regions: dict[str, int] = {}
+        texts = ITEM_KINDS[self.KIND].texts
+        lengths = np.empty(len(self.items), np.int64)
+        for index in range(len(self.items)):
+            annotation, item = self.item(index)
+            if annotation.image_id not in regions:
+                try:
+                    regions[annotation.image_id] = self.regions.count(annotation.image_id)
+                except DamagedRecordError:
+                    regions[annotation.image_id] = 0
+            lengths[index] = regions[annotation.image_id] + len(next(iter(texts([item])), "").split())
+        return lengths
 
 
 def published_id(published: int | None, index: int) -> int:

@@ -63,6 +63,10 @@ class RegionBank:
     def num_variants(self) -> int:
         return int(self.store.meta["mask_variants"]["count"])
 
+    def count(self, image_id: str) -> int:
+        """The elements `get` gives for the image (the whole image and its RoIs), without reading them."""
+        return min(self.store.box_count(image_id), self.max_regions) + 1
+
     def __contains__(self, image_id: str) -> bool:
         return image_id in self.store
 

@@ -7,7 +7,11 @@ and the workers make and collate those samples. Damaged records travel as marker
 collated batch, so the stage's damaged-record policy still runs in the training process.
 
 Features stay in the store's float16 through the worker pipes and the pinned host buffer; they
-are widened to float32 on the device (`train.data.collate.to_device`), which is exact.
+are widened to float32 on the device (`train.data.collate.to_device`), which is exact. The batches
+reach the training process on its device already (`train.engine.prefetch`).
+
+`LengthBuckets` orders a stream as UNITER's token-bucket sampler does, at a fixed batch size: each
+batch holds samples of similar lengths, so that little of it is padding.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from train.data.collate import collate
 from train.data.datasets import DamagedSample, Sample
 from train.engine.distributed import World
+from train.engine.prefetch import on_device
 
 
 Position = tuple[int, int]  # (epoch, samples of the epoch's permutation that earlier batches took)
@@ -66,6 +72,36 @@ class EpochBatches:
                 yield [(stream, epoch, index) for index in indices]
 
 
+class LengthBuckets(EpochBatches):
+    """EpochBatches whose batches each hold samples of similar `lengths` (UNITER's token buckets, at a
+    fixed batch size). Each epoch's permutation (its whole batches' samples) is cut into pools of
+    POOL_BATCHES batches of all ranks; a pool is sorted by length (ties in permutation order) and
+    cut into batches, and the epoch's batches are then shuffled. All of it follows from (seed, epoch),
+    so positions, resuming and the ranks' turns are EpochBatches'; a batch of all ranks holds
+    neighbours in length, so each rank's share of it does too."""
+
+    POOL_BATCHES = 64
+
+    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, world: World) -> None:
+        super().__init__(len(lengths), batch_size, seed, world)
+        self.lengths = np.asarray(lengths)
+
+    def epochs_from(self, start: Position) -> Iterator[tuple[int, list[list[int]]]]:
+        epoch, drawn = start
+        while True:
+            generator = torch.Generator().manual_seed(self.seed * 100003 + epoch)
+            order = torch.randperm(self.size, generator=generator).numpy()[: self.per_epoch * self.total]
+            pool = self.total * self.POOL_BATCHES
+            batches = []
+            for first in range(0, len(order), pool):
+                sorted_pool = order[first : first + pool][np.argsort(self.lengths[order[first : first + pool]],
+                                                                      kind="stable")]
+                batches += [sorted_pool[b : b + self.total] for b in range(0, len(sorted_pool), self.total)]
+            shuffled = torch.randperm(len(batches), generator=generator).tolist()
+            yield epoch, [batches[b][self.rank :: self.world_size].tolist() for b in shuffled[drawn // self.total :]]
+            epoch, drawn = epoch + 1, 0
+
+
 class Streams(Dataset):
     """The samples of several datasets by (stream, epoch, index); each dataset draws a sample's
     random choices from (seed, epoch, index), so a sample is the same in any worker."""
@@ -89,6 +125,8 @@ class Batch:
     usable: int  # samples collated
     with_images: int  # samples that read the store (text-only ones do not), damaged ones included
     samples: list[Sample] | None = None  # evaluation: the collated samples (ids, targets), without features
+    tokens: int = 0  # the sequences' elements, padding left out
+    pixels: dict[str, list] | None = None  # on the device: the PIXELS entries, which stay on the host
 
     def pin_memory(self) -> Batch:
         """Called by the DataLoader's pinning thread: tensors into page-locked memory, so that the
@@ -112,7 +150,19 @@ class Collate:
         inputs = collate(usable, self.pad_token_id) if usable else None
         kept = [replace(s, regions=None, image=None) if isinstance(s, Sample) else s for s in usable] \
             if self.keep_samples else None
-        return Batch(inputs, damaged, len(usable), len(samples) - text_only, kept)
+        return Batch(inputs, damaged, len(usable), len(samples) - text_only, kept,
+                     real_elements(inputs) if inputs is not None else 0)
+
+
+def real_elements(inputs: dict) -> int:
+    """The elements of a collated batch's sequences that are no padding: text, RoIs, [END]. The
+    RoIs of a sample count once for each of its sequences (a multiple choice's candidates)."""
+    text = inputs["text_mask"]
+    sequences = text.shape[:-1].numel()
+    elements = int(text.sum()) + sequences
+    if "box_mask" in inputs:
+        elements += int(inputs["box_mask"].sum()) * sequences // len(inputs["box_mask"])
+    return elements
 
 
 @dataclass
@@ -137,9 +187,14 @@ class StageStreams:
         """Where each stream's micro-batch `batch` (of the stage) begins, for a checkpoint."""
         return [list(order.position(batch - self.batch, start)) for (_, order), start in zip(self.streams, self.starts)]
 
-    def batches(self, workers: int, pad_token_id: int, pin_memory: bool) -> Iterator[Batch]:
-        """Micro-batches from the stage's `batch`-th on, each one batch of every stream, forever; its
-        workers live as long as the iterator (the whole stage)."""
+    def batches(self, workers: int, pad_token_id: int, device: torch.device, prefetch: bool) -> Iterator[Batch]:
+        """`collated` batches with their tensors on `device` (with `prefetch` on CUDA, each copied there
+        while the step before computes)."""
+        return on_device(self.collated(workers, pad_token_id, device.type == "cuda"), device, ahead=prefetch)
+
+    def collated(self, workers: int, pad_token_id: int, pin_memory: bool) -> Iterator[Batch]:
+        """Micro-batches from the stage's `batch`-th on, each one batch of every stream, forever, as
+        the workers collate them; its workers live as long as the iterator (the whole stage)."""
         keys = [order.keys_from(stream, start) for stream, ((_, order), start) in enumerate(zip(self.streams, self.starts))]
         sampler = (sum((next(stream_keys) for stream_keys in keys), []) for _ in iter(int, 1))
         # A generator of its own: the DataLoader would otherwise draw its workers' base seed from the

@@ -133,9 +133,10 @@ class CheckpointSchedule:
         self.every_steps, self.seconds = every_steps, minutes * 60
         self.last = monotonic()
 
-    def due(self, step: int) -> bool:
+    def due(self, step: int, clock: bool = True) -> bool:
+        """Whether a checkpoint is due after `step`; without `clock`, by the step trigger alone."""
         by_steps = self.every_steps > 0 and step % self.every_steps == 0
-        return by_steps or (self.seconds > 0 and monotonic() - self.last >= self.seconds)
+        return by_steps or (clock and self.seconds > 0 and monotonic() - self.last >= self.seconds)
 
     def written(self) -> None:
         self.last = monotonic()

@@ -31,13 +31,13 @@ SHORTEST_SEQUENCE = 8
 
 # Fields that do not change what a run computes: a rerun in the same run folder may change them
 # (and the run folder's recorded config then takes the new values), any other difference is refused. They say where
-# outputs go, evaluation batching, data-loading workers, checkpointing, and whether damaged
-# records are skipped (switching to "skip" after a failure is the point of the option).
+# outputs go, evaluation batching, data-loading workers and prefetching, checkpointing, logging intervals,
+# and whether damaged records are skipped (switching to "skip" after a failure is the point of the option).
 # `stages[]` stands for every stage. The device counts by its type only (`COMPARED_AS`): another
 # GPU computes the same, a CPU does not.
 RESULT_NEUTRAL_FIELDS = frozenset({
     "out", "eval_batch_size", "damaged_records", "stages[].num_workers", "stages[].checkpoint_every",
-    "stages[].checkpoint_minutes", "stages[].keep_checkpoints",
+    "stages[].checkpoint_minutes", "stages[].keep_checkpoints", "stages[].log_every", "stages[].prefetch",
 })
 COMPARED_AS: dict[str, Callable[[Any], Any]] = {"device": lambda name: str(name).split(":")[0]}
 
@@ -71,8 +71,23 @@ class StageConfig:
     # wall time since the last checkpoint; 0: no time trigger
     checkpoint_minutes: float = field(default=10.0, metadata=at_least(0))
     keep_checkpoints: int = field(default=2, metadata=at_least(0))  # the newest ones kept per stage; 0: all
-    # DataLoader processes that read, make and collate samples (0: the training process does).
-    num_workers: int = field(default=2, metadata=at_least(0))
+    # DataLoader processes that read, make and collate samples (0: the training process does); none (the
+    # default): the cores this process may use, shared by the node's ranks, less one. run.json records it
+    num_workers: int | None = field(default=None, metadata=at_least(0))
+    # Steps between the losses' trips to the host, where they are logged and checked finite (a
+    # checkpoint and the stage's end bring them too): a trip every step would keep the GPU waiting
+    log_every: int = field(default=10, metadata=at_least(1))
+    # Speed paths (docs/training.md, "Training fast"), each recorded in run.json under "speed":
+    # batches of samples of similar lengths (the image's regions), so that little of a batch is padding
+    length_buckets: bool = False
+    # torch.compile of the encoder, sequence lengths rounded up to a multiple of 16; refused where
+    # torch cannot compile
+    compile: bool = False
+    # AdamW's and SGD's fused kernels on CUDA, their multi-tensor (foreach) ones elsewhere; false: one
+    # parameter at a time
+    fused_optimizer: bool = True
+    # on CUDA: the next batch copied to the device on a side stream while the step computes
+    prefetch: bool = True
     # fp32 (TF32 off on CUDA: the reference numbers), tf32 (CUDA), bf16, or fp16 (CUDA, loss scaled).
     # auto: bf16 where the device computes it natively (CUDA, Ampere or later), else fp32; run.json records
     # what it resolved to

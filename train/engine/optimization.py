@@ -31,8 +31,22 @@ def learning_rate_factor(stage) -> Callable[[int], float]:
     return factor
 
 
-# The reference code's optimisers: AdamW, and SGD with momentum 0.9 (its VCR fine-tuning).
-OPTIMIZERS: dict[str, Callable[[list[dict], float], torch.optim.Optimizer]] = {
-    "adamw": lambda groups, lr: torch.optim.AdamW(groups, lr=lr),
-    "sgd": lambda groups, lr: torch.optim.SGD(groups, lr=lr, momentum=0.9),
+# How an optimiser updates its parameters: all in one fused kernel per step (CUDA), a few multi-tensor
+# (foreach) kernels, or one parameter after another. Each gives the others' numbers to float rounding.
+KERNELS: dict[str, dict[str, bool]] = {"fused": {"fused": True}, "foreach": {"foreach": True},
+                                       "for-loop": {"foreach": False}}
+
+
+def optimizer_kernel(fused: bool, device: torch.device) -> str:
+    """A stage's `fused_optimizer` on `device`: fused on CUDA, foreach elsewhere; for-loop when off."""
+    if not fused:
+        return "for-loop"
+    return "fused" if device.type == "cuda" else "foreach"
+
+
+# The reference code's optimisers: AdamW, and SGD with momentum 0.9 (its VCR fine-tuning); each takes
+# the parameter groups, the learning rate and a kernel of KERNELS.
+OPTIMIZERS: dict[str, Callable[[list[dict], float, str], torch.optim.Optimizer]] = {
+    "adamw": lambda groups, lr, kernel: torch.optim.AdamW(groups, lr=lr, **KERNELS[kernel]),
+    "sgd": lambda groups, lr, kernel: torch.optim.SGD(groups, lr=lr, momentum=0.9, **KERNELS[kernel]),
 }

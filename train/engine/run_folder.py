@@ -5,7 +5,8 @@ writes it and for the reports, pipeline steps, benches and tests that read it.
                                     under "world" its number of processes and every change of it, and
                                     under "precision" each stage's arithmetic (`auto` resolved), and
                                     under "mixture" (several train_annotations) each file's images,
-                                    items and share of them
+                                    items and share of them, and under "speed" each stage's workers,
+                                    optimiser kernel and speed paths as they ran
     train.lock                      held by the process that trains the run (its pid and host inside)
     metrics.jsonl                   one JSON object per optimiser step and per evaluation
     tensorboard/<i>-<name>/         the stage's TensorBoard scalars
@@ -37,6 +38,7 @@ _RUN_FILE = "run.json"
 _WORLD = "world"  # run.json's record of the processes, beside the config's fields
 _PRECISION = "precision"  # run.json's record of each stage's precision as its device resolved it
 _MIXTURE = "mixture"  # run.json's record of the training files' items and shares, where there are several
+_SPEED = "speed"  # run.json's record of each stage's speed settings on its machine
 _LOCK = "train.lock"
 _METRICS = "metrics.jsonl"
 _TENSORBOARD = "tensorboard"
@@ -131,7 +133,7 @@ class RunFolder:
 
     def config(self) -> dict[str, Any]:
         """The run config recorded in run.json."""
-        return {k: v for k, v in self._recorded().items() if k not in (_WORLD, _PRECISION, _MIXTURE)}
+        return {k: v for k, v in self._recorded().items() if k not in (_WORLD, _PRECISION, _MIXTURE, _SPEED)}
 
     def world(self) -> dict[str, Any]:
         """run.json's record of the processes: {"size": the latest session's, "changes": [{"stage",
@@ -151,14 +153,25 @@ class RunFolder:
     def _recorded(self) -> dict[str, Any]:
         return json.loads(self.config_file.read_text())
 
+    def speed(self) -> dict[str, dict[str, Any]]:
+        """run.json's record of each stage's speed settings as they ran (`train.engine.speed`): its
+        workers, optimiser kernel, prefetch, compile, length_buckets, log_every; {} for a run from
+        before the record."""
+        return self._recorded().get(_SPEED, {})
+
     def write_config(self, config: dict[str, Any], world: dict[str, Any] | None = None,
-                     precisions: dict[str, str] | None = None, mixture: list[dict[str, Any]] | None = None) -> None:
-        """run.json: `config`, and `world` (see `world()`), `precisions` and `mixture` (see `mixture()`)
-        when given."""
+                     precisions: dict[str, str] | None = None, mixture: list[dict[str, Any]] | None = None,
+                     speed: dict[str, dict[str, Any]] | None = None) -> None:
+        """run.json: `config`, and `world` (see `world()`), `precisions`, `mixture` and `speed` (see
+        `mixture()`, `speed()`) when given."""
         self.root.mkdir(parents=True, exist_ok=True)
-        records = {name: value for name, value in ((_WORLD, world), (_PRECISION, precisions), (_MIXTURE, mixture))
-                   if value}
+        records = {name: value for name, value in ((_WORLD, world), (_PRECISION, precisions), (_MIXTURE, mixture),
+                                                   (_SPEED, speed)) if value}
         write_atomically(self.config_file, json.dumps({**config, **records}, indent=1))
+
+    def write_world(self, world: dict[str, Any]) -> None:
+        """run.json with its record of the processes replaced by `world`, the rest as recorded."""
+        write_atomically(self.config_file, json.dumps({**self._recorded(), _WORLD: world}, indent=1))
 
     @property
     def lock_file(self) -> Path:

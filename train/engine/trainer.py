@@ -13,10 +13,8 @@ of each split, and saves its random state into rank 0's checkpoints.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
-import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import record_function
 
 from extract.atomic import folder_written_whole, remove
 from extract.device import check_device, rank_device, use_device
@@ -36,16 +35,18 @@ from train.data.annotations import AnnotationFile, MixedAnnotations
 from train.data.files import read_json
 from train.data.regions import RegionBank
 from train.end2end import EndToEndVisual, with_appearance
-from train.data.collate import pixel_entries, to_device
-from train.engine.batches import Batch, EpochBatches, StageStreams
+from train.engine.batches import Batch, EpochBatches, LengthBuckets, StageStreams
 from train.engine.checkpoint import CheckpointSchedule, load_training_state, prune_checkpoints, random_state, save_checkpoint
+from train.engine.compiled import compile_problem, few_shapes
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
-from train.engine.damaged import DamagedRecords
 from train.engine.distributed import World, any_rank, barrier, from_rank_zero, gathered, process_group
 from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.run_folder import RunFolder, StageFolder
 from train.engine.stage_log import MutedStageLog, StageLog
+from train.engine.speed import stage_speed
+from train.engine.stage_progress import StageProgress
+from train.engine.step_losses import PendingLosses, StepLosses
 from train.engine.stopping import StopSignals
 from train.tasks import TASKS
 from train.tasks.base import TaskData
@@ -79,33 +80,15 @@ class StageParts:
 
 
 @dataclass
-class StageProgress:
-    """Counters a stage carries over a resume in its checkpoints."""
+class StageRun:
+    """What the steps, checkpoints and evaluation of one stage share."""
 
-    started: float  # time.perf_counter() at which the stage would have started, had it never stopped
-    samples: int
-    damaged: DamagedRecords
-    data_wait: float = 0.0  # seconds the training process waited for batches
-
-    @classmethod
-    def from_saved(cls, saved: dict, skip_damaged: bool) -> StageProgress:
-        """With the counters a checkpoint saved (`saved()`; {} for a stage starting afresh)."""
-        return cls(time.perf_counter() - saved.get("seconds", 0.0), saved.get("samples", 0),
-                   DamagedRecords.from_saved(skip_damaged, saved), saved.get("data_wait_s", 0.0))
-
-    @property
-    def seconds(self) -> float:
-        return time.perf_counter() - self.started
-
-    def saved(self) -> dict:
-        return {"seconds": self.seconds, "samples": self.samples, "data_wait_s": self.data_wait,
-                **self.damaged.saved()}
-
-    def next_batch(self, batches: Iterator[Batch]) -> Batch:
-        waited = time.perf_counter()
-        batch = next(batches)
-        self.data_wait += time.perf_counter() - waited
-        return batch
+    stage: StageConfig
+    folder: StageFolder
+    parts: StageParts
+    progress: StageProgress
+    log: StageLog | MutedStageLog
+    streams: StageStreams | None = None  # None for an evaluation-only stage
 
 
 class Trainer:
@@ -125,6 +108,8 @@ class Trainer:
                            for stage in run.stages}
         for chosen in self.precisions.values():
             chosen.check(self.device)
+        self.speed = {stage.name: stage_speed(stage, self.device, self.world) for stage in run.stages}
+        self._check_compile()
         self.folder = RunFolder(run.out_dir)
         self.regions = RegionBank(run.store, run.max_regions)
         self._check_store_feeds_every_stage()
@@ -185,6 +170,13 @@ class Trainer:
         if stage.visual == "end2end":
             problems.append(EndToEndVisual.store_problem(meta, self.run.images))
         return next((problem for problem in problems if problem), None)
+
+    def _check_compile(self) -> None:
+        """`compile: true` where torch cannot compile on this device: RunConfigError, in one line."""
+        compiled = [index for index, stage in enumerate(self.run.stages) if stage.compile]
+        problem = compile_problem(self.device) if compiled else None
+        if problem is not None:
+            raise RunConfigError(f"stages[{compiled[0]}].compile: {problem}; set compile: false")
 
     def _check_tokenizer_fits_model(self) -> None:
         """A checkpoint to start from fixes the vocabulary size; the tokenizer must have that many
@@ -270,7 +262,8 @@ class Trainer:
                 self._remove_outputs()
             changes = self.folder.world().get("changes", []) if self.folder.is_run else []
             self.folder.write_config(self.run.to_dict(), {"size": self.world.size, "changes": changes},
-                                     {name: chosen.name for name, chosen in self.precisions.items()}, self.mixture)
+                                     {name: chosen.name for name, chosen in self.precisions.items()}, self.mixture,
+                                     self.speed)
             self._sweep_temporaries()
         barrier(self.world)
 
@@ -303,18 +296,19 @@ class Trainer:
         step, saved, saved_world = self._start(stage, stage_dir, parts)
         progress = StageProgress.from_saved(saved, skip_damaged=self.run.damaged_records == "skip")
         streams = self._streams(stage, step, parts.visual, saved.get("positions"), saved_world)
-        batches = PeekedBatches(streams.batches(stage.num_workers, self.tokenizer.pad_token_id,
-                                                self.device.type == "cuda"))
+        workers = self.speed[stage.name]["workers"]
+        batches = PeekedBatches(streams.batches(workers, self.tokenizer.pad_token_id, self.device, stage.prefetch))
         objective = self._objective(stage, parts, batches)
         with self._stage_log(stage, stage_dir, step) as log:
+            run = StageRun(stage, stage_dir, parts, progress, log, streams)
             with self.stop.deferred(f"{self.folder.root}: stage {stage.name}"):
-                self._optimise(stage, stage_dir, parts, objective, batches, streams, step, progress, log)
+                self._optimise(run, objective, batches, step)
                 seconds = progress.seconds
                 del batches  # its DataLoader workers stop before evaluation starts its own
-                self._save(stage, stage_dir, parts, stage.steps, progress, streams)
+                self._save(run, stage.steps)
             if any_rank(self.stop.requested, self.world, self.device):  # it came after the last step
                 raise self.stop.interrupted(f"{self.folder.root}: stage {stage.name}, its last step written")
-            self._finish(stage, stage_dir, parts, seconds, progress, log)
+            self._finish(run, seconds)
         barrier(self.world)
 
     def _evaluate_only(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, previous: Path) -> None:
@@ -325,7 +319,7 @@ class Trainer:
         progress = StageProgress.from_saved({}, skip_damaged=self.run.damaged_records == "skip")
         architecture = read_json(previous / CONFIG_NAME).get("architecture")
         with self._stage_log(stage, stage_dir, 0) as log:
-            self._finish(stage, stage_dir, parts, 0.0, progress, log,
+            self._finish(StageRun(stage, stage_dir, parts, progress, log), 0.0,
                          zero_shot=architecture != TASKS[stage.task].model.__name__)
         barrier(self.world)
 
@@ -375,118 +369,140 @@ class Trainer:
             world = self.folder.world()
             world["changes"].append({"stage": stage.name, "step": step, "from": saved_world, "to": self.world.size,
                                      "learning_rate_scale": scale})
-            self.folder.write_config(self.folder.config(), world, self.folder.precisions())
+            self.folder.write_world(world)
 
-    def _optimise(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, objective: nn.Module,
-                  batches: Iterator[Batch], streams: StageStreams, step: int, progress: StageProgress,
-                  log: StageLog | MutedStageLog) -> None:
+    def _optimise(self, run: StageRun, objective: nn.Module, batches: Iterator[Batch], step: int) -> None:
         """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule, and
-        when a stop signal came (every rank agreeing on the step), then stopping."""
+        when a stop signal came, then stopping.
+
+        The losses stay on the device until the end of each logging interval (`log_every` steps), of
+        the stage, or a checkpoint: then they come to the host, are logged and checked finite
+        (`_logged`), so no checkpoint holds a step after a NaN. Ranks agree on a stop signal and on
+        the time trigger of checkpoints at those points only (a single process, after any step)."""
+        stage = run.stage
         schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
+        pending = PendingLosses()
         with progress_bar(stage.steps, stage.name, "step", initial=step, enabled=self.world.rank == 0) as bar:
             while step < stage.steps:
-                skipped_before = progress.damaged.skipped
-                lr = parts.scheduler.get_last_lr()[0]  # the rate this step applies; the step then advances it
-                losses = self._optimiser_step(stage, parts, objective, batches, progress)
+                skipped_before = run.progress.damaged.skipped
+                lr = run.parts.scheduler.get_last_lr()[0]  # the rate this step applies; the step then advances it
+                losses = self._optimiser_step(run, objective, batches)
                 step += 1
-                self._check_finite(stage, stage_dir, step, losses["loss"])
+                pending.add(step, lr, losses, run.progress.damaged.skipped - skipped_before)
                 bar.update(1)
-                bar.set_postfix(loss=f"{losses['loss']:.3f}")
-                log.step(step, lr, losses, progress.damaged.skipped - skipped_before)
-                stopping = any_rank(self.stop.requested, self.world, self.device)
-                if stopping or (step < stage.steps and self._checkpoint_due(schedule, step)):
-                    self._save(stage, stage_dir, parts, step, progress, streams)
+                interval_end = step % stage.log_every == 0 or step == stage.steps
+                agreed = interval_end or not self.world.distributed
+                stopping = agreed and any_rank(self.stop.requested, self.world, self.device)
+                saving = stopping or (step < stage.steps and self._checkpoint_due(schedule, step, agreed))
+                if interval_end or saving:
+                    self._logged(run, pending.to_host(), bar)
+                    run.progress.mark(step)
+                if saving:
+                    self._save(run, step)
                     schedule.written()
                 if stopping:
                     raise self.stop.interrupted(f"{self.folder.root}: stage {stage.name}, step {step} "
-                                                f"({stage_dir.checkpoint(step).name} written)")
+                                                f"({run.folder.checkpoint(step).name} written)")
 
-    def _check_finite(self, stage: StageConfig, stage_dir: StageFolder, step: int, loss: float) -> None:
-        """Stops the stage (every rank) at a NaN or infinite loss, before the step is logged or saved:
-        the parameters it updated are lost, the last checkpoint is kept, and no final model is written."""
-        if not any_rank(not math.isfinite(loss), self.world, self.device):
-            return
-        kept = stage_dir.latest_checkpoint()
-        raise NonFiniteLossError(
-            f"{self.folder.root}: stage {stage.name}: the loss is {loss} at step {step}; training stopped, saving "
-            f"nothing of it" + (f" (its last checkpoint, {kept.name}, is kept)" if kept else "")
-            + ": a lower base_lr or clip_grad_norm may avoid it (a changed config needs --restart)")
+    def _logged(self, run: StageRun, steps: list[StepLosses], bar) -> None:
+        """Logs the steps' losses; stops the stage (every rank) at a NaN or infinite loss, logging
+        only the steps before it: the parameters it updated are lost, the last checkpoint is kept, and
+        no final model is written."""
+        diverged = next((losses for losses in steps if not losses.finite), None)
+        if any_rank(diverged is not None, self.world, self.device):
+            shown = diverged or steps[-1]  # another rank's loss diverged
+            self._log_steps(run, [losses for losses in steps if losses.step < shown.step], bar)
+            kept = run.folder.latest_checkpoint()
+            keeping = f" (its last checkpoint, {kept.name}, is kept)" if kept else ""
+            raise NonFiniteLossError(
+                f"{self.folder.root}: stage {run.stage.name}: the loss is {shown.losses['loss']} at step {shown.step}; "
+                f"training stopped, saving nothing of it{keeping}: a lower base_lr or clip_grad_norm may avoid it (a "
+                "changed config needs --restart)")
+        self._log_steps(run, steps, bar)
 
-    def _optimiser_step(self, stage: StageConfig, parts: StageParts, objective: nn.Module,
-                        batches: Iterator[Batch], progress: StageProgress) -> dict[str, float]:
-        """One step over `grad_accumulation` micro-batches; returns the losses averaged over them.
+    @staticmethod
+    def _log_steps(run: StageRun, steps: list[StepLosses], bar) -> None:
+        for losses in steps:
+            run.log.step(losses.step, losses.lr, losses.losses, losses.damaged_skipped)
+        if steps:
+            bar.set_postfix(loss=f"{steps[-1].losses['loss']:.3f}")
 
-        Gradients are all-reduced once, on the last micro-batch; the losses stay on the device
-        until the step is done, and come to the host in one copy."""
+    def _optimiser_step(self, run: StageRun, objective: nn.Module, batches: Iterator[Batch]) -> dict[str, torch.Tensor]:
+        """One step over `grad_accumulation` micro-batches; returns the losses averaged over them, on
+        the device. Gradients are all-reduced once, on the last micro-batch."""
+        stage, parts, progress = run.stage, run.parts, run.progress
         parts.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, torch.Tensor] = {}
         for micro in range(stage.grad_accumulation):
-            batch = progress.next_batch(batches)
+            batch = progress.next_batch(batches)  # its tensors on the device already (StageStreams.batches)
             progress.damaged.check(batch.damaged, batch.with_images)
-            progress.samples += batch.usable
-            inputs = to_device(batch.inputs, self.device)
             last = micro == stage.grad_accumulation - 1
             with nullcontext() if last or not isinstance(objective, DistributedDataParallel) else objective.no_sync():
-                with parts.precision.applied(self.device):
-                    losses = objective(inputs, pixel_entries(batch.inputs))
-                with parts.precision.float32_math(self.device):
+                with record_function("forward"), parts.precision.applied(self.device):
+                    losses = objective(batch.inputs, batch.pixels)
+                with record_function("backward"), parts.precision.float32_math(self.device):
                     parts.scaler.scale(losses["loss"] / stage.grad_accumulation).backward()
             for name, value in losses.items():
                 totals[name] = totals.get(name, 0) + value.detach() / stage.grad_accumulation
-        if stage.clip_grad_norm > 0:
-            parts.scaler.unscale_(parts.optimizer)
-            torch.nn.utils.clip_grad_norm_(parts.parameters, stage.clip_grad_norm)
-        parts.scaler.step(parts.optimizer)
-        parts.scaler.update()
-        parts.scheduler.step()
-        return dict(zip(totals, torch.stack(list(totals.values())).float().tolist()))
+        with record_function("optimiser"):
+            if stage.clip_grad_norm > 0:
+                parts.scaler.unscale_(parts.optimizer)
+                # The total norm and the scaling stay on the device: no per-parameter sync.
+                torch.nn.utils.clip_grad_norm_(parts.parameters, stage.clip_grad_norm)
+            parts.scaler.step(parts.optimizer)
+            parts.scaler.update()
+            parts.scheduler.step()
+        return totals
 
-    def _checkpoint_due(self, schedule: CheckpointSchedule, step: int) -> bool:
-        """The schedule's decision, the same on every rank: each rank keeps its own clock, and
-        saving is collective (every rank's random state goes into the checkpoint)."""
-        due = schedule.due(step)
-        return any_rank(due, self.world, self.device) if schedule.seconds > 0 else due
+    def _checkpoint_due(self, schedule: CheckpointSchedule, step: int, agreed: bool) -> bool:
+        """The schedule's decision, the same on every rank: each rank keeps its own clock, and saving
+        is collective (every rank's random state goes into the checkpoint), so ranks agree on the
+        time trigger where `agreed` (the end of a logging interval), counting only steps elsewhere."""
+        if not (self.world.distributed and schedule.seconds > 0):
+            return schedule.due(step)
+        return any_rank(schedule.due(step), self.world, self.device) if agreed else schedule.due(step, clock=False)
 
-    def _finish(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, seconds: float,
-                progress: StageProgress, log: StageLog | MutedStageLog, zero_shot: bool = False) -> None:
+    def _finish(self, run: StageRun, seconds: float, zero_shot: bool = False) -> None:
         """Evaluates the stage on every rank (writing its predictions); rank 0 logs the result and
         writes the final model. `zero_shot`: the stage evaluated another task's model without training."""
-        parts.model.eval()
-        scores = self._evaluate(stage, stage_dir, parts, self.eval_annotations, progress)
+        stage, progress = run.stage, run.progress
+        run.parts.model.eval()
+        scores = self._evaluate(run, self.eval_annotations)
         for predicted in self.predict_annotations:
-            self._evaluate(stage, stage_dir, parts, predicted, progress)
+            self._evaluate(run, predicted)
         if self.world.rank != 0:
             return
         # data_wait_share: the share of training time spent waiting for batches (rank 0's): near 0
-        # when the workers keep up with the device.
+        # when the workers keep up with the device. The steady_ figures leave the stage's start-up and
+        # first logging interval out (train.engine.stage_progress).
         # evaluation_only: the stage trained nothing (`steps: 0`); zero_shot: nor had its model been
         # trained on this task (it started from another task's, e.g. pre-training's)
         result = {"stage": stage.name, "task": stage.task, "visual": stage.visual, "steps": stage.steps,
                   "evaluation_only": stage.steps == 0, "zero_shot": zero_shot, "wall_s": round(seconds, 2),
                   "samples_per_s": round(progress.samples * self.world.size / seconds, 2) if seconds else 0.0,
-                  "data_wait_share": round(progress.data_wait / seconds, 4) if seconds else 0.0, **scores,
-                  "damaged_skipped": progress.damaged.skipped}
+                  "data_wait_share": round(progress.data_wait / seconds, 4) if seconds else 0.0,
+                  **progress.steady(self.world.size), **scores, "damaged_skipped": progress.damaged.skipped}
         # Logged before the final model marks the stage done: a crash in between evaluates again.
-        log.evaluation(result, stage.steps)
-        self._save_final(stage_dir, parts, result)
+        run.log.evaluation(result, stage.steps)
+        self._save_final(run.folder, run.parts, result)
         self.log(f"stage {stage.name}: " + ", ".join(f"{k} {v}" for k, v in result.items()))
         if progress.damaged.skipped:
             self.log(f"stage {stage.name}: {progress.damaged.summary()}")
 
-    def _evaluate(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, annotations: AnnotationFile,
-                  progress: StageProgress) -> dict | None:
+    def _evaluate(self, run: StageRun, annotations: AnnotationFile) -> dict | None:
         """The split's evaluation on rank 0, None on the other ranks."""
-        task = TASKS[stage.task]
-        dataset = task.dataset(self.data, stage.options, annotations, self.run.seed, False)
+        task = TASKS[run.stage.task]
+        dataset = task.dataset(self.data, run.stage.options, annotations, self.run.seed, False)
         split = annotations.path.stem
         predictions = None
         if task.prediction_suffix is not None:
-            predictions = stage_dir.predictions(split, task.prediction_suffix)
-        return evaluate(task.evaluator(self.data, dataset), parts.model, parts.visual, dataset,
+            predictions = run.folder.predictions(split, task.prediction_suffix)
+        return evaluate(task.evaluator(self.data, dataset), run.parts.model, run.parts.visual, dataset,
                         self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id,
-                        lambda batch: progress.damaged.check(batch.damaged, batch.with_images), parts.precision,
-                        predictions, stage_dir.item_scores(split), stage.num_workers, self.world,
-                        f"{stage.name} on {split}")
+                        lambda batch: run.progress.damaged.check(batch.damaged, batch.with_images),
+                        run.parts.precision, predictions, run.folder.item_scores(split),
+                        self.speed[run.stage.name]["workers"], self.world,
+                        f"{run.stage.name} on {split}")
 
     # ---- pieces ----------------------------------------------------------------------------
 
@@ -499,13 +515,15 @@ class Trainer:
         parameters = [p for m in (model, visual) if m is not None for p in m.parameters() if p.requires_grad]
         total_batch = stage.batch_size * self.world.size * stage.grad_accumulation
         optimizer = OPTIMIZERS[stage.optimizer](parameter_groups(model, visual, stage.weight_decay),
-                                                stage.base_lr * total_batch)
+                                                stage.base_lr * total_batch, self.speed[stage.name]["optimizer_kernel"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(stage))
         stage_precision = self.precisions[stage.name]
         scaler = torch.amp.GradScaler(self.device.type, enabled=stage_precision.loss_scaling)
         return StageParts(model, visual, optimizer, scheduler, parameters, stage_precision, scaler)
 
     def _objective(self, stage: StageConfig, parts: StageParts, batches: PeekedBatches) -> nn.Module:
+        if stage.compile or stage.length_buckets:
+            few_shapes(parts.model, compiled=stage.compile)
         objective = Objective(parts.model, parts.visual, stage)
         if not self.world.distributed:
             return objective
@@ -525,7 +543,7 @@ class Trainer:
             return True
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), parts.precision.applied(self.device):
-            loss = objective(to_device(batch.inputs, self.device), pixel_entries(batch.inputs))["loss"]
+            loss = objective(batch.inputs, batch.pixels)["loss"]
         reached = graph_parameters(loss)
         return any(id(p) not in reached for p in parts.parameters)
 
@@ -590,29 +608,34 @@ class Trainer:
         seed = self.run.seed * 1000 + self.run.stages.index(stage)
         task = TASKS[stage.task]
         main = task.dataset(self.data, stage.options, self.data.train, seed, True)
+        # Length-aware batches for the task's samples; the extra streams are text only, short alike.
+        orders = [LengthBuckets(main.sample_lengths(), stage.batch_size, seed, self.world) if stage.length_buckets
+                  else EpochBatches(len(main), stage.batch_size, seed, self.world)]
         if visual is not None:
             main = visual.with_images(main)  # decoded by the DataLoader's workers
-        datasets = [main, *task.extra_streams(self.data, stage.options, seed)]
+        extra = task.extra_streams(self.data, stage.options, seed)
+        orders += [EpochBatches(len(data), stage.batch_size, seed + offset, self.world)
+                   for offset, data in enumerate(extra, 1)]
         batch = step * stage.grad_accumulation
         if positions is None and saved_world != self.world.size:
             saved = World(size=saved_world)
-            positions = [EpochBatches(len(data), stage.batch_size, seed, saved).position(batch) for data in datasets]
-        return StageStreams.at([(data, EpochBatches(len(data), stage.batch_size, seed + offset, self.world))
-                                for offset, data in enumerate(datasets)], batch, positions)
+            positions = [EpochBatches(len(data), stage.batch_size, seed, saved).position(batch)
+                         for data in [main, *extra]]
+        return StageStreams.at(list(zip([main, *extra], orders)), batch, positions)
 
-    def _save(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, step: int,
-              progress: StageProgress, streams: StageStreams) -> None:
+    def _save(self, run: StageRun, step: int) -> None:
         """A checkpoint, with every rank's random state and where each stream's next batch begins,
         written by rank 0; then the stage's oldest beyond `keep_checkpoints` removed."""
         random_states = gathered(random_state(self.device), self.world)
         if random_states is None:
             return
+        parts = run.parts
         extra = {DETECTOR_WEIGHTS: _detector_state(parts.visual)} if parts.visual is not None else None
         scaler = parts.scaler.state_dict() if parts.scaler.is_enabled() else None
-        saved = {**progress.saved(), "positions": streams.positions(step * stage.grad_accumulation)}
-        save_checkpoint(stage_dir.checkpoint(step), parts.model, parts.optimizer, parts.scheduler, step, saved, extra,
+        saved = {**run.progress.saved(), "positions": run.streams.positions(step * run.stage.grad_accumulation)}
+        save_checkpoint(run.folder.checkpoint(step), parts.model, parts.optimizer, parts.scheduler, step, saved, extra,
                         random_states, scaler)
-        prune_checkpoints(stage_dir, stage.keep_checkpoints)
+        prune_checkpoints(run.folder, run.stage.keep_checkpoints)
 
     def _save_final(self, stage_dir: StageFolder, parts: StageParts, result: dict) -> None:
         with folder_written_whole(stage_dir.final, stage_dir.final_staging) as tmp:

@@ -1,0 +1,171 @@
+"""The speed paths of training (docs/training.md, "Training fast") give the plain path's numbers on
+the CPU: the step that keeps its losses on the device, with a multi-tensor optimiser, trains the
+weights of the step that read its loss every step with a for-loop one; length-aware batches are a
+seeded order that resumes exactly after a kill; the optimiser kernels agree; `compile: true` is
+refused in one line where torch cannot compile."""
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from extract.store import FeatureStore
+from tests.helpers.models import NO_DROPOUT
+from tests.helpers.worlds import copy_world, run_config
+from train.data.regions import RegionBank
+from train.engine.batches import EpochBatches, LengthBuckets
+from train.engine.config import RunConfigError, StageConfig
+from train.engine.distributed import World
+from train.engine.optimization import KERNELS, OPTIMIZERS, parameter_groups
+from train.engine.run_folder import RunFolder
+from train.engine.trainer import Trainer
+
+VQA = StageConfig("vqa", "vqa", steps=6, batch_size=2, base_lr=5e-4, num_workers=0)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def world(tiny_world, tmp_path_factory):
+    return copy_world(tiny_world, tmp_path_factory.mktemp("speed"))
+
+
+def trained(world: Path, out: str, stage: StageConfig) -> tuple[list[float], dict[str, torch.Tensor], dict]:
+    """The stage trained without dropout: its logged losses, final weights and evaluation."""
+    run = run_config(world, out, [stage])
+    run.model.update(NO_DROPOUT)
+    result = Trainer(run).fit()[0]
+    folder = RunFolder(world / out)
+    losses = [record["loss"] for record in folder.metrics() if "step" in record]
+    return losses, load_file(folder.stage(0, stage.name).final / "model.safetensors"), result
+
+
+def test_the_optimised_step_trains_the_weights_of_the_plain_one(world):
+    """50 steps: losses on the device until every 10th step and AdamW's foreach kernel, against a loss
+    read every step and a for-loop AdamW; every step is logged either way."""
+    plain_losses, plain, _ = trained(world, "plain", replace(VQA, steps=50, log_every=1, fused_optimizer=False))
+    fast_losses, fast, result = trained(world, "fast", replace(VQA, steps=50))
+    assert len(fast_losses) == 50 and fast_losses == pytest.approx(plain_losses, rel=1e-5)
+    for name in plain:
+        assert torch.allclose(fast[name], plain[name], atol=1e-6, rtol=1e-5), name
+    # Steady figures: from the end of the first logging interval (step 10) to the last step.
+    assert result["steady_steps"] == 40 and result["steady_samples_per_s"] > 0
+    assert 0 <= result["steady_data_wait_share"] < 1 and result["steady_tokens_per_s"] > result["steady_samples_per_s"]
+    assert RunFolder(world / "fast").speed()["vqa"] == {
+        "workers": 0, "optimizer_kernel": "foreach", "prefetch": False, "compile": False, "length_buckets": False,
+        "log_every": 10}
+
+
+def test_fused_and_foreach_optimisers_follow_the_for_loop_one():
+    """AdamW (with weight decay groups) and SGD, 20 steps of the same gradients: within 1e-6."""
+    torch.manual_seed(0)
+    template = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    gradients = [[torch.randn_like(p) for p in template.parameters()] for _ in range(20)]
+    for name in OPTIMIZERS:
+        trained_by = {}
+        for kernel in KERNELS:
+            model = copy.deepcopy(template)
+            optimizer = OPTIMIZERS[name](parameter_groups(model, None, 1e-2), 1e-2, kernel)
+            for step in gradients:
+                for parameter, gradient in zip(model.parameters(), step):
+                    parameter.grad = gradient.clone()
+                optimizer.step()
+            trained_by[kernel] = torch.cat([p.detach().flatten() for p in model.parameters()])
+        for kernel in ("fused", "foreach"):
+            assert (trained_by[kernel] - trained_by["for-loop"]).abs().max() <= 1e-6, (name, kernel)
+        assert not torch.equal(trained_by["for-loop"], torch.cat([p.flatten() for p in template.parameters()]))
+
+
+def test_length_buckets_are_a_seeded_order_of_similar_lengths_that_resumes_anywhere():
+    lengths = np.random.default_rng(0).integers(10, 141, 1000)
+    buckets = LengthBuckets(lengths, 8, seed=5, world=World())
+    keys = buckets.keys_from(0, (0, 0))
+    batches = [[index for _, _, index in next(keys)] for _ in range(300)]  # 125 a epoch: into the third
+    again = buckets.keys_from(0, (0, 0))
+    assert batches == [[index for _, _, index in next(again)] for _ in range(300)]
+    first_epoch = [index for batch in batches[:125] for index in batch]
+    assert len(first_epoch) == len(set(first_epoch)) == 1000  # every sample once (8 × 125 = 1000)
+    assert batches[:125] != batches[125:250]  # each epoch its own order
+    for start in (1, 37, 124, 125, 200):
+        resumed = buckets.keys_from(0, buckets.position(start))
+        assert [[index for _, _, index in next(resumed)] for _ in range(300 - start)] == batches[start:], start
+    spread = np.mean([np.ptp(lengths[batch]) for batch in batches])
+    plain = EpochBatches(1000, 8, 5, World()).keys_from(0, (0, 0))
+    random_spread = np.mean([np.ptp(lengths[[index for _, _, index in next(plain)]]) for _ in range(300)])
+    assert spread < random_spread / 10
+    # Two ranks of 4 share out the single process's batches of 8.
+    ranks = [LengthBuckets(lengths, 4, 5, World(rank, 2)).keys_from(0, (0, 0)) for rank in range(2)]
+    for batch in batches[:50]:
+        assert sorted(index for rank in ranks for _, _, index in next(rank)) == sorted(batch)
+
+
+def test_the_store_counts_regions_from_record_headers(world):
+    store, bank = FeatureStore(world / "cache"), RegionBank(str(world / "cache"), max_regions=5)
+    for image_id in store.keys():
+        assert store.box_count(image_id) == len(store[image_id]["boxes"])
+        assert bank.count(image_id) == len(bank.get(image_id))
+
+
+KILLED_RUN = """
+import os, signal, sys, torch
+from pathlib import Path
+from dataclasses import replace
+sys.path.insert(0, {root!r})
+from tests.helpers.models import NO_DROPOUT
+from tests.helpers.worlds import run_config
+from train.engine.config import StageConfig
+from train.engine.trainer import Trainer
+torch.set_num_threads({threads})  # as this process: the same rounding
+original, calls = torch.optim.AdamW.step, {{"n": 0}}
+def step(self, *args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == {kill_at}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(self, *args, **kwargs)
+torch.optim.AdamW.step = step
+run = run_config(Path({world!r}), {out!r}, [StageConfig(**{stage!r})])
+run.model.update(NO_DROPOUT)
+Trainer(run, log=print).fit(resume=True)
+"""
+
+
+def test_length_aware_batches_resume_exactly_after_a_kill(world):
+    """Killed (SIGKILL) in step 5, after the checkpoint of step 4, then resumed: the losses and final
+    weights of an uninterrupted run, bitwise."""
+    stage = replace(VQA, steps=7, checkpoint_every=2, length_buckets=True)
+    straight_losses, straight, _ = trained(world, "buckets", stage)
+    fields = {k: v for k, v in vars(stage).items() if k != "options"}
+    script = KILLED_RUN.format(root=str(ROOT), world=str(world), out="buckets-killed", stage=fields, kill_at=5,
+                               threads=torch.get_num_threads())
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    folder = RunFolder(world / "buckets-killed")
+    assert [path.name for path in folder.stage(0, "vqa").checkpoints()] == ["checkpoint-2", "checkpoint-4"]
+    run = run_config(world, "buckets-killed", [stage])
+    run.model.update(NO_DROPOUT)
+    Trainer(run).fit(resume=True)
+    assert [record["loss"] for record in folder.metrics() if "step" in record] == straight_losses
+    resumed = load_file(folder.stage(0, "vqa").final / "model.safetensors")
+    assert all(torch.equal(resumed[name], straight[name]) for name in straight)
+    assert json.loads(folder.config_file.read_text())["speed"]["vqa"]["length_buckets"] is True
+
+
+def test_compile_is_refused_in_one_line_where_torch_cannot_compile(world, monkeypatch):
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("Dynamo is not supported on Python 3.14+\nsee the torch.compile docs")
+
+    monkeypatch.setattr(torch, "compile", unsupported)
+    with pytest.raises(RunConfigError) as refused:
+        Trainer(run_config(world, "compiled", [VQA, replace(VQA, name="again", compile=True)]))
+    assert str(refused.value) == (f"stages[1].compile: torch {torch.__version__} cannot compile on cpu here (Dynamo "
+                                  "is not supported on Python 3.14+); set compile: false")
+    assert not (world / "compiled").exists()
