@@ -29,7 +29,7 @@ from extract.detector import REGION_ARRAYS, Detector, regions_numpy
 from extract.device import (StickyDeviceError, check_device, is_sticky_cuda_error, launcher_variable, rank_device,
                            use_device)
 from extract.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, ImageError, image_id, is_utf8, list_images, load_image
-from extract.jpeg import JPEG_DECODING, decode_batch, jpeg_for_device
+from extract.jpeg import DEFAULT_JPEG_DECODING, JPEG_DECODING, decode_batch, jpeg_for_device
 from extract.loader import DecodingPipeline, WorkItem, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
@@ -244,7 +244,7 @@ def check_arguments(arguments: Mapping[str, Any]) -> None:
     dtype = arguments.get("feature_dtype", "float16")
     if dtype not in FEATURE_ENCODINGS:
         raise JobError(f"feature_dtype {dtype!r}: expected one of {', '.join(FEATURE_ENCODINGS)}")
-    decoding = arguments.get("jpeg_decoding", "auto")
+    decoding = arguments.get("jpeg_decoding", DEFAULT_JPEG_DECODING)
     if decoding not in JPEG_DECODING:
         raise JobError(f"jpeg_decoding {decoding!r}: expected one of {', '.join(JPEG_DECODING)}")
 
@@ -257,15 +257,15 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
                    mask_variants: int = 0, mask_prob: float = 0.15, mask_seed: int = 0,
                    shard: tuple[int, int] | None = None, decode_workers: int | None = None, progress: bool = True,
                    max_pixels: int = DEFAULT_MAX_PIXELS, threads: int | None = None, streams: int | None = None,
-                   jpeg_decoding: str = "auto", initial_map_size: int = DEFAULT_MAP_SIZE) -> ExtractionSummary:
+                   jpeg_decoding: str = DEFAULT_JPEG_DECODING, initial_map_size: int = DEFAULT_MAP_SIZE) -> ExtractionSummary:
     """Extracts every image under `images` (or every image named in the `boxes` file or in
     `image_list`) that `out` does not hold yet into the FeatureStore `out`. `images` may name tar
     shards (img2dataset's webdataset output; extract.shards.names_shards): their images get the ids
     of img2dataset's files output, `shard` takes whole tar shards, and a tar shard committed whole is
     not read again (extract/shard_source.py). `top_k_classes=None` stores full class
     distributions. `decode_workers` processes read and decode the image files (0: this process;
-    default: extract/resources.py). `jpeg_decoding`: where JPEGs are decoded (auto: on a CUDA device
-    that can, extract/jpeg.py; device; workers). `precision` (fp32, tf32, bf16) is the detector's
+    default: extract/resources.py). `jpeg_decoding`: where JPEGs are decoded (workers, the default: Pillow, bitwise
+    the CPU's pixels; auto: on a CUDA device that can, extract/jpeg.py; device). `precision` (fp32, tf32, bf16) is the detector's
     arithmetic, recorded in meta.json. An image of more than `max_pixels` pixels is a failure, refused
     from its header before decoding. `threads` is the number of batches computed at once on the CPU,
     each with single-threaded ops (default: one per core, at most 4, unless OMP_NUM_THREADS is set),

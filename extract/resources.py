@@ -3,10 +3,10 @@ compute at once (CPU threads, or CUDA streams), how many processes read and deco
 and where JPEGs are decoded.
 
 On the CPU the lanes take the cores (extract/threads.py) and two decoding workers feed them. On a
-GPU the host must keep the device fed: JPEGs are decoded on the device in batches (extract/jpeg.py),
-the workers only read the files (and decode what the device cannot), and two lanes, each on a CUDA
-stream of its own, overlap one batch's host work (Python, waits for the device, records) with
-another batch's kernels. Its workers are sized from the cores this process may use (a Slurm task's
+GPU the host must keep the device fed: JPEGs may be decoded on the device in batches (extract/jpeg.py;
+opt-in, as nvJPEG's pixels are not Pillow's), the workers then only read the files (and decode what
+the device cannot), and two lanes, each on a CUDA stream of its own, overlap one batch's host work
+(Python, waits for the device, records) with another batch's kernels. Its workers are sized from the cores this process may use (a Slurm task's
 share, through its CPU affinity), leaving one for each lane and one for the commit thread.
 """
 

@@ -14,7 +14,7 @@ import torchvision.io
 import extract.resources as resources
 from extract.images import ImageError, load_image
 from extract.job import JobError, run_extraction
-from extract.jpeg import EncodedJpeg, decode_batch, jpeg_for_device
+from extract.jpeg import DEFAULT_JPEG_DECODING, EncodedJpeg, decode_batch, jpeg_for_device
 from extract.resources import ResourceError, job_resources
 from extract.store import FeatureStore
 from extract.synthetic import synthetic_image
@@ -110,6 +110,9 @@ def test_on_a_gpu_the_workers_come_from_the_cores_and_jpegs_go_to_the_device(mon
     assert "2 CUDA stream(s)" in chosen.describe(GPU)
     chosen = job_resources(GPU, threads=None, streams=3, decode_workers=5, jpeg_decoding="workers")
     assert (chosen.lanes, chosen.decode_workers, chosen.jpeg_on_device) == (3, 5, False)
+    # nvJPEG is opt-in: by default a GPU job decodes with Pillow, the CPU's pixels
+    default = job_resources(GPU, threads=None, streams=None, decode_workers=None, jpeg_decoding=DEFAULT_JPEG_DECODING)
+    assert (default.lanes, default.jpeg_on_device) == (2, False)
 
 
 def test_device_decoding_where_the_device_cannot_is_refused_in_one_line_and_auto_falls_back(monkeypatch):

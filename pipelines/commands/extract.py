@@ -8,7 +8,7 @@ from extract.config import parse_override
 from extract.images import DEFAULT_MAX_PIXELS
 from extract.modeling.precision import PRECISIONS
 from extract.presets import PRESETS
-from extract.jpeg import JPEG_DECODING
+from extract.jpeg import DEFAULT_JPEG_DECODING, JPEG_DECODING
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
 
 
@@ -74,10 +74,11 @@ def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Pat
               help="Processes that read and decode the image files (0: the job's process) [default: 2 on the CPU; "
                    "on a GPU the cores this process may use less one per stream and one, from 2 to 8]. A worker "
                    "that crashes on a file makes that file a failure and is replaced.")
-@click.option("--jpeg-decoding", type=click.Choice(JPEG_DECODING), default="auto", show_default=True,
-              help="Where JPEGs are decoded: auto (on a CUDA device, in batches with nvJPEG, where torchvision can; "
-                   "elsewhere by Pillow in the workers), device, or workers. Other formats, and JPEGs the device "
-                   "cannot decode as Pillow does, are always decoded by Pillow.")
+@click.option("--jpeg-decoding", type=click.Choice(JPEG_DECODING), default=DEFAULT_JPEG_DECODING, show_default=True,
+              help="Where JPEGs are decoded: workers (Pillow, the CPU's pixels bit for bit), auto (on a CUDA device, "
+                   "in batches with nvJPEG, where torchvision can; faster, but its pixels differ from libjpeg's by a "
+                   "level or so), or device (refused where it cannot). Other formats, and JPEGs the device cannot "
+                   "decode as Pillow does, are always decoded by Pillow.")
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads that compute [default: OMP_NUM_THREADS when set, else one per core, at most 4]. On "
                    "the CPU each computes whole batches with single-threaded torch ops, which copes with busy "
