@@ -19,6 +19,7 @@ from torchvision.ops import roi_align, roi_pool
 from extract.modeling.boxes import BoxCoder
 from extract.modeling.parts import ShapeSpec
 from extract.modeling.resnet import make_stage, stage_widths
+from extract.modeling.rows import row_blocks
 
 # RoIs per res5 pass. res5 over a whole batch's RoIs at once (300 proposals an image at BUTD size
 # are 480 MB per fp32 activation) costs memory and, on the CPU, time; each RoI's numbers do not
@@ -35,9 +36,16 @@ class BoxPredictions:
     box_deltas: torch.Tensor  # (N, 4C) class-specific
     attr_logits: torch.Tensor | None  # (N, A + 1)
 
+    def _tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return self.features, self.class_logits, self.box_deltas, self.attr_logits
+
     def _map(self, fn) -> "BoxPredictions":
-        return BoxPredictions(*(None if t is None else fn(t)
-                                for t in (self.features, self.class_logits, self.box_deltas, self.attr_logits)))
+        return BoxPredictions(*(None if t is None else fn(t) for t in self._tensors()))
+
+    @staticmethod
+    def cat(parts: Sequence["BoxPredictions"]) -> "BoxPredictions":
+        columns = zip(*(part._tensors() for part in parts))
+        return BoxPredictions(*(None if column[0] is None else torch.cat(column) for column in columns))
 
     def take(self, index) -> "BoxPredictions":
         return self._map(lambda t: t[index])
@@ -65,6 +73,18 @@ class BoxPredictor(nn.Module):
             # At inference the attribute head is conditioned on the predicted class (argmax over all outputs).
             attr_logits = self.attribute_logits(features, class_logits.argmax(dim=1))
         return BoxPredictions(features, class_logits, self.bbox_pred(features), attr_logits)
+
+    def per_image(self, features: torch.Tensor, sizes: list[int]) -> list[BoxPredictions]:
+        """Each image's predictions; `sizes[i]` is image i's number of rows in `features`.
+
+        On the CPU each image's rows run apart from the others', in calls of exactly ROW_BLOCK rows
+        (`extract.modeling.rows`): an image's calls are the same alone as in any batch, so are its
+        bits. On CUDA in one call: cuBLAS, like cuDNN, may round otherwise for another batch anyway.
+        """
+        if features.device.type != "cpu":
+            return self(features).split(sizes)
+        return [BoxPredictions.cat([self(block) for block in row_blocks(rows)]).take(slice(0, len(rows)))
+                for rows in features.split(sizes)]
 
     def attribute_logits(self, features: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
         """(N, A + 1) attribute logits of features conditioned on `classes` (N,): the predicted
@@ -119,5 +139,6 @@ class Res5ROIHeads(nn.Module):
         return torch.cat([self.res5(chunk).mean(dim=(2, 3), dtype=torch.float32) for chunk in pooled.split(ROI_CHUNK)])
 
     def forward(self, res4: Sequence[torch.Tensor], boxes: Sequence[torch.Tensor]) -> list[BoxPredictions]:
-        """Per image, the box head's predictions for its boxes (see `box_features`)."""
-        return self.box_predictor(self.box_features(res4, boxes)).split([len(b) for b in boxes])
+        """Per image, the box head's predictions for its boxes (see `box_features` and
+        `BoxPredictor.per_image`)."""
+        return self.box_predictor.per_image(self.box_features(res4, boxes), [len(b) for b in boxes])
