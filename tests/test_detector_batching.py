@@ -2,9 +2,9 @@
 
 Batched and one-at-a-time results are compared bitwise: on the CPU in float32, every convolution
 goes through oneDNN (extract/modeling/conv.py), whose per-image numbers do not depend on the batch,
-and the box predictor runs each image's rows in calls of their own of a fixed row count
-(extract/modeling/rows.py). Cases marked `kernel_families` run again under each lower CPU kernel
-family this machine has (tests/test_kernel_families.py).
+and the box predictor runs each image's rows in calls of their own (`BoxPredictor.per_image`).
+Cases marked `kernel_families` run again under each lower CPU kernel family this machine has
+(tests/test_kernel_families.py).
 """
 
 import numpy as np

@@ -19,7 +19,6 @@ from torchvision.ops import roi_align, roi_pool
 from extract.modeling.boxes import BoxCoder
 from extract.modeling.parts import ShapeSpec
 from extract.modeling.resnet import make_stage, stage_widths
-from extract.modeling.rows import row_blocks
 
 # RoIs per res5 pass. res5 over a whole batch's RoIs at once (300 proposals an image at BUTD size
 # are 480 MB per fp32 activation) costs memory and, on the CPU, time; each RoI's numbers do not
@@ -36,16 +35,9 @@ class BoxPredictions:
     box_deltas: torch.Tensor  # (N, 4C) class-specific
     attr_logits: torch.Tensor | None  # (N, A + 1)
 
-    def _tensors(self) -> tuple[torch.Tensor | None, ...]:
-        return self.features, self.class_logits, self.box_deltas, self.attr_logits
-
     def _map(self, fn) -> "BoxPredictions":
-        return BoxPredictions(*(None if t is None else fn(t) for t in self._tensors()))
-
-    @staticmethod
-    def cat(parts: Sequence["BoxPredictions"]) -> "BoxPredictions":
-        columns = zip(*(part._tensors() for part in parts))
-        return BoxPredictions(*(None if column[0] is None else torch.cat(column) for column in columns))
+        return BoxPredictions(*(None if t is None else fn(t)
+                                for t in (self.features, self.class_logits, self.box_deltas, self.attr_logits)))
 
     def take(self, index) -> "BoxPredictions":
         return self._map(lambda t: t[index])
@@ -77,14 +69,17 @@ class BoxPredictor(nn.Module):
     def per_image(self, features: torch.Tensor, sizes: list[int]) -> list[BoxPredictions]:
         """Each image's predictions; `sizes[i]` is image i's number of rows in `features`.
 
-        On the CPU each image's rows run apart from the others', in calls of exactly ROW_BLOCK rows
-        (`extract.modeling.rows`): an image's calls are the same alone as in any batch, so are its
-        bits. On CUDA in one call: cuBLAS, like cuDNN, may round otherwise for another batch anyway.
+        On the CPU each image's rows run in calls of their own, on a copy (a new tensor, aligned as
+        one), so that an image's calls are the same alone as in any batch, and so are its bits. MKL
+        picks a matrix product's kernel by its shape and kernels round differently: over a batch's
+        rows in one call, an image's class head got other bits than alone on an Intel Xeon's AVX-512
+        kernels, and rows of 256 -> 33 or more outputs come out three ways under MKL 2024.2 on an
+        AMD EPYC (alone, among 2-3 rows, among 4 or more). On CUDA in one call: cuBLAS, like cuDNN,
+        may round otherwise for another batch anyway.
         """
         if features.device.type != "cpu":
             return self(features).split(sizes)
-        return [BoxPredictions.cat([self(block) for block in row_blocks(rows)]).take(slice(0, len(rows)))
-                for rows in features.split(sizes)]
+        return [self(rows.clone()) for rows in features.split(sizes)]
 
     def attribute_logits(self, features: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
         """(N, A + 1) attribute logits of features conditioned on `classes` (N,): the predicted
