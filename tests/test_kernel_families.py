@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.helpers.kernel_families import FILES, KERNEL_FAMILIES
+from tests.helpers.kernel_families import FILES, KERNEL_FAMILIES, run_under
 
 
 @pytest.mark.parametrize("family", KERNEL_FAMILIES, ids=[family.name for family in KERNEL_FAMILIES])
@@ -13,8 +13,6 @@ def test_bitwise_promises_hold_under_each_lower_kernel_family(family):
     reason = family.skip_reason()
     if reason:
         pytest.skip(reason)
-    from tests.helpers.kernel_families import run_under
-
     run = run_under(family, ["-q", "-p", "no:cacheprovider", "-m", "kernel_families", *FILES])
     assert (run.torch_capability, run.onednn_isa) == (family.torch_capability, family.onednn_isa), run.output[-3000:]
     assert run.returncode == 0, run.output[-3000:]

@@ -5,7 +5,8 @@ writes it and for the reports, pipeline steps, benches and tests that read it.
                                     under "world" its number of processes and every change of it, and
                                     under "precision" each stage's arithmetic (`auto` resolved), and
                                     under "mixture" (several train_annotations) each file's images,
-                                    items and share of them
+                                    items and share of them, and under "cpu_capabilities" the CPU
+                                    kernel families that trained it (extract/kernels.py)
     train.lock                      held by the process that trains the run (its pid and host inside)
     metrics.jsonl                   one JSON object per optimiser step and per evaluation
     tensorboard/<i>-<name>/         the stage's TensorBoard scalars
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from extract.atomic import temporaries, write_atomically
+from extract.kernels import CPU_CAPABILITIES
 
 _RUN_FILE = "run.json"
 _WORLD = "world"  # run.json's record of the processes, beside the config's fields
@@ -131,7 +133,7 @@ class RunFolder:
 
     def config(self) -> dict[str, Any]:
         """The run config recorded in run.json."""
-        return {k: v for k, v in self._recorded().items() if k not in (_WORLD, _PRECISION, _MIXTURE)}
+        return {k: v for k, v in self._recorded().items() if k not in (_WORLD, _PRECISION, _MIXTURE, CPU_CAPABILITIES)}
 
     def world(self) -> dict[str, Any]:
         """run.json's record of the processes: {"size": the latest session's, "changes": [{"stage",
@@ -148,17 +150,27 @@ class RunFolder:
         "share": {kind: its share of that kind's items}}, ...]; [] for a run on one file."""
         return self._recorded().get(_MIXTURE, [])
 
+    def cpu_capabilities(self) -> list[str] | None:
+        """run.json's record of the CPU kernel families of every process that trained the run, in
+        order of first use (torch's names: AVX512, AVX2, ...); None for a run from before the record."""
+        return self._recorded().get(CPU_CAPABILITIES)
+
     def _recorded(self) -> dict[str, Any]:
         return json.loads(self.config_file.read_text())
 
     def write_config(self, config: dict[str, Any], world: dict[str, Any] | None = None,
-                     precisions: dict[str, str] | None = None, mixture: list[dict[str, Any]] | None = None) -> None:
-        """run.json: `config`, and `world` (see `world()`), `precisions` and `mixture` (see `mixture()`)
-        when given."""
+                     precisions: dict[str, str] | None = None, mixture: list[dict[str, Any]] | None = None,
+                     cpu_capabilities: list[str] | None = None) -> None:
+        """run.json: `config`, and `world` (see `world()`), `precisions`, `mixture` and `cpu_capabilities`
+        (see theirs) when given."""
         self.root.mkdir(parents=True, exist_ok=True)
-        records = {name: value for name, value in ((_WORLD, world), (_PRECISION, precisions), (_MIXTURE, mixture))
-                   if value}
+        records = {name: value for name, value in ((_WORLD, world), (_PRECISION, precisions), (_MIXTURE, mixture),
+                                                   (CPU_CAPABILITIES, cpu_capabilities)) if value}
         write_atomically(self.config_file, json.dumps({**config, **records}, indent=1))
+
+    def record_world(self, world: dict[str, Any]) -> None:
+        """run.json with `world` (see `world()`) in place of its record, every other entry kept."""
+        write_atomically(self.config_file, json.dumps({**self._recorded(), _WORLD: world}, indent=1))
 
     @property
     def lock_file(self) -> Path:

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from extract.atomic import folder_written_whole, remove
 from extract.device import check_device, rank_device, use_device
+from extract.kernels import cpu_capability, with_capabilities
 from extract.locks import lock_holder, take_lock
 from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision, resolved_precision
 from extract.progress import progress_bar
@@ -266,12 +267,15 @@ class Trainer:
                                    "discard it, or use another output folder:\n"
                                    + "\n".join(f"  {difference}" for difference in differences))
         barrier(self.world)  # every process has read the recorded config before rank 0 replaces it
+        capabilities = gathered(cpu_capability(), self.world)
         if self.world.rank == 0:
+            previous = self.folder.cpu_capabilities() if self.folder.is_run and not restart else []
             if restart:
                 self._remove_outputs()
             changes = self.folder.world().get("changes", []) if self.folder.is_run else []
             self.folder.write_config(self.run.to_dict(), {"size": self.world.size, "changes": changes},
-                                     {name: chosen.name for name, chosen in self.precisions.items()}, self.mixture)
+                                     {name: chosen.name for name, chosen in self.precisions.items()}, self.mixture,
+                                     with_capabilities(previous, capabilities))
             self._sweep_temporaries()
         barrier(self.world)
 
@@ -376,7 +380,7 @@ class Trainer:
             world = self.folder.world()
             world["changes"].append({"stage": stage.name, "step": step, "from": saved_world, "to": self.world.size,
                                      "learning_rate_scale": scale})
-            self.folder.write_config(self.folder.config(), world, self.folder.precisions())
+            self.folder.record_world(world)
 
     def _optimise(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, objective: nn.Module,
                   batches: Iterator[Batch], streams: StageStreams, step: int, progress: StageProgress,
