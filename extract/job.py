@@ -30,6 +30,7 @@ from extract.device import (StickyDeviceError, check_device, is_sticky_cuda_erro
                            use_device)
 from extract.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, ImageError, image_id, is_utf8, list_images, load_image
 from extract.jpeg import DEFAULT_JPEG_DECODING, JPEG_DECODING, decode_batch, jpeg_for_device
+from extract.kernels import cpu_capability
 from extract.loader import DecodingPipeline, WorkItem, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
@@ -312,6 +313,7 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
         class_names=model.cfg.class_names, attribute_names=model.cfg.attribute_names,
         has_attributes=model.cfg.num_attributes > 0, mask_variants=mask_variants, mask_prob=mask_prob,
         mask_seed=mask_seed, images_root=str(root), source=f"tar shards {images}" if tar_shards else None,
+        cpu_capabilities=[cpu_capability()],
     )
     stored: set[str] = set()
     if (out / META).exists():

@@ -230,6 +230,25 @@ def test_a_store_from_before_resnext_groups_resumes_as_one_group(images, referen
         run_extraction(images, out, "tiny", overrides={"num_groups": 2}, progress=False, **MASKED)
 
 
+def test_the_cpu_kernel_families_that_wrote_a_store_are_recorded_and_a_store_from_before_gets_none(
+        images, reference, tmp_path, monkeypatch):
+    out = tmp_path / "store"
+    shutil.copytree(reference[0], out)
+    meta_file = out / "meta.json"
+    native = torch.backends.cpu.get_cpu_capability()
+    assert json.loads(meta_file.read_text())["cpu_capabilities"] == [native]
+    other = "AVX2" if native != "AVX2" else "DEFAULT"
+    monkeypatch.setattr("extract.job.cpu_capability", lambda: other)  # a resume on a CPU of another family
+    for _ in range(2):
+        assert run_extraction(images, out, "tiny", progress=False, **MASKED).skipped == 10
+        assert json.loads(meta_file.read_text())["cpu_capabilities"] == [native, other]
+    meta = json.loads(meta_file.read_text())
+    del meta["cpu_capabilities"]  # as written before the record: its records' families are unknown
+    meta_file.write_text(json.dumps(meta))
+    assert run_extraction(images, out, "tiny", progress=False, **MASKED).skipped == 10
+    assert "cpu_capabilities" not in json.loads(meta_file.read_text())
+
+
 def test_a_precision_the_device_cannot_run_is_refused_before_anything_is_written(images, tmp_path):
     result = CliRunner().invoke(main, ["extract", "--images", str(images), "--out", str(tmp_path / "store"),
                                        "--detector", "tiny", "--precision", "tf32", "--device", "cpu"])

@@ -166,6 +166,23 @@ def test_auto_precision_is_recorded_as_resolved_and_a_resume_that_resolves_other
         Trainer(run_config(world, "auto", [stage])).fit(resume=True)
 
 
+def test_the_cpu_kernel_families_that_trained_a_run_are_recorded_and_a_run_from_before_gets_none(world,
+                                                                                                  monkeypatch):
+    stage = StageConfig("vqa", "vqa", steps=1, batch_size=2, num_workers=0)
+    Trainer(run_config(world, "kernels", [stage])).fit()
+    folder = RunFolder(world / "kernels")
+    native = torch.backends.cpu.get_cpu_capability()
+    assert folder.cpu_capabilities() == [native] and "cpu_capabilities" not in folder.config()
+    other = "AVX2" if native != "AVX2" else "DEFAULT"
+    monkeypatch.setattr("train.engine.trainer.cpu_capability", lambda: other)  # a resume on another CPU
+    for _ in range(2):
+        Trainer(run_config(world, "kernels", [stage])).fit(resume=True)
+        assert folder.cpu_capabilities() == [native, other]
+    folder.write_config(folder.config(), folder.world(), folder.precisions())  # as written before the record
+    Trainer(run_config(world, "kernels", [stage])).fit(resume=True)
+    assert folder.cpu_capabilities() is None
+
+
 @pytest.mark.parametrize("precision, message", [
     ("fp16", "precision fp16: float16 autocast runs on CUDA devices only, not on cpu; use fp32 or bf16"),
     ("tf32", "precision tf32: TensorFloat-32 exists on CUDA devices only, not on cpu; use fp32 or bf16"),

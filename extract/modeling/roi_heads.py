@@ -69,6 +69,21 @@ class BoxPredictor(nn.Module):
             attr_logits = self.attribute_logits(features, class_logits.argmax(dim=1))
         return BoxPredictions(features, class_logits, self.bbox_pred(features), attr_logits)
 
+    def per_image(self, features: torch.Tensor, sizes: list[int]) -> list[BoxPredictions]:
+        """Each image's predictions; `sizes[i]` is image i's number of rows in `features`.
+
+        On the CPU each image's rows run in calls of their own, on a copy (a new tensor, aligned as
+        one), so that an image's calls are the same alone as in any batch, and so are its bits. MKL
+        picks a matrix product's kernel by its shape and kernels round differently: over a batch's
+        rows in one call, an image's class head got other bits than alone on an Intel Xeon's AVX-512
+        kernels, and rows of 256 -> 33 or more outputs come out three ways under MKL 2024.2 on an
+        AMD EPYC (alone, among 2-3 rows, among 4 or more). On CUDA in one call: cuBLAS, like cuDNN,
+        may round otherwise for another batch anyway.
+        """
+        if features.device.type != "cpu":
+            return self(features).split(sizes)
+        return [self(rows.clone()) for rows in features.split(sizes)]
+
     def attribute_logits(self, features: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
         """(N, A + 1) attribute logits of features conditioned on `classes` (N,): the predicted
         class at inference, the ground-truth class in training (teacher forcing)."""
@@ -123,5 +138,6 @@ class Res5ROIHeads(nn.Module):
         return torch.cat([self.res5(rois).mean(dim=(2, 3), dtype=torch.float32) for rois in pooled.split(chunk)])
 
     def forward(self, res4: Sequence[torch.Tensor], boxes: Sequence[torch.Tensor]) -> list[BoxPredictions]:
-        """Per image, the box head's predictions for its boxes (see `box_features`)."""
-        return self.box_predictor(self.box_features(res4, boxes)).split([len(b) for b in boxes])
+        """Per image, the box head's predictions for its boxes (see `box_features` and
+        `BoxPredictor.per_image`)."""
+        return self.box_predictor.per_image(self.box_features(res4, boxes), [len(b) for b in boxes])

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from extract.config import SELECTION_FIELDS
+from extract.kernels import CPU_CAPABILITIES
 from extract.store import q8
 from vlbert.errors import FAILED, USAGE, UserError
 
@@ -50,7 +51,10 @@ SCALAR_FIELDS = ("image_h", "image_w", "box_source")
 BOX_SOURCES = ("proposals", "regressed", "given", "imported")
 
 # meta.json entries that may differ between runs writing the same store (see `meta_mismatches`).
-VOLATILE_META = ("created", "detector.source", "detector.checkpoint", "images_root", "source", "schema_version")
+# cpu_capabilities: the CPU kernel families of the runs that wrote a store; a resume on another CPU
+# adds its own (extract/store/writer.py).
+VOLATILE_META = ("created", "detector.source", "detector.checkpoint", "images_root", "source", "schema_version",
+                 CPU_CAPABILITIES)
 
 
 class StoreError(UserError):
@@ -171,9 +175,12 @@ def build_meta(*, feature_dim: int, feature_dtype: str = "float16", mode: str,
                num_classes: int | None = None, class_names=(), attribute_names=(),
                has_objects: bool = True, has_attributes: bool = True,
                mask_variants: int = 0, mask_prob: float = 0.15, mask_seed: int = 0, images_root: str | None = None,
-               source: str | None = None, image_feature_source: str = "detector") -> dict[str, Any]:
+               source: str | None = None, image_feature_source: str = "detector",
+               cpu_capabilities: Sequence[str] | None = None) -> dict[str, Any]:
     """meta.json for a new store. `detector` holds source, config (a `DetectorConfig.to_dict()`),
-    checkpoint and checkpoint_sha256; `num_classes` counts background (the C of class_probs)."""
+    checkpoint and checkpoint_sha256; `num_classes` counts background (the C of class_probs);
+    `cpu_capabilities` the CPU kernel families computing its records (`extract.kernels`; None where
+    they are unknown, as for imported features)."""
     feature_encoding(feature_dtype)
     if top_k_classes is not None and num_classes is not None and top_k_classes >= num_classes:
         top_k_classes = None  # k covering every class is the full distribution
@@ -193,6 +200,7 @@ def build_meta(*, feature_dim: int, feature_dtype: str = "float16", mode: str,
         "mask_variants": {"count": int(mask_variants), "prob": float(mask_prob), "seed": int(mask_seed)},
         "images_root": images_root,
         "source": source,
+        CPU_CAPABILITIES: None if cpu_capabilities is None else list(cpu_capabilities),
     }
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 import lmdb
 
 from extract.atomic import remove, temporaries, write_atomically
+from extract.kernels import CPU_CAPABILITIES, with_capabilities
 from extract.locks import holding, lock_holder, take_lock
 from extract.store.layout import (
     FAILURES, FAILURES_DB, META, META_LOCK, RECORDS_DB, SHARDS, acquire_shard, check_shard, failure_key, failures_in,
@@ -43,7 +44,8 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     Under the store's meta lock, so that of concurrent shard writers exactly one creates it (whole:
     none sees a partial meta.json), and temporaries that killed writers left are swept. A store of
     an older schema version takes this version's records from now on, so its meta.json says this
-    version.
+    version; a run on a CPU of another kernel family adds it to `cpu_capabilities` (a store from
+    before that record gets none: its earlier records' families are unknown).
     """
     root.mkdir(parents=True, exist_ok=True)
     path = root / META
@@ -57,8 +59,11 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
             raise StoreMismatchError(
                 f"{root} was written with other settings; refusing to mix records "
                 f"(use a new --out, or the original settings):\n  " + "\n  ".join(problems))
-        if recorded["schema_version"] != SCHEMA_VERSION:
+        capabilities = with_capabilities(recorded.get(CPU_CAPABILITIES), meta.get(CPU_CAPABILITIES) or ())
+        if recorded["schema_version"] != SCHEMA_VERSION or capabilities != recorded.get(CPU_CAPABILITIES):
             recorded["schema_version"] = SCHEMA_VERSION
+            if capabilities is not None:
+                recorded[CPU_CAPABILITIES] = capabilities
             write_atomically(path, json.dumps(recorded, indent=2) + "\n")
     return recorded
 

@@ -5,8 +5,10 @@ writes it and for the reports, pipeline steps, benches and tests that read it.
                                     under "world" its number of processes and every change of it, and
                                     under "precision" each stage's arithmetic (`auto` resolved), and
                                     under "mixture" (several train_annotations) each file's images,
-                                    items and share of them, and under "speed" each stage's workers,
-                                    optimiser kernel and speed paths as they ran
+                                    items and share of them, under "speed" each stage's workers,
+                                    optimiser kernel and speed paths as they ran, and under
+                                    "cpu_capabilities" the CPU kernel families that trained it
+                                    (extract/kernels.py)
     train.lock                      held by the process that trains the run (its pid and host inside)
     metrics.jsonl                   one JSON object per optimiser step and per evaluation
     tensorboard/<i>-<name>/         the stage's TensorBoard scalars
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from extract.atomic import temporaries, write_atomically
+from extract.kernels import CPU_CAPABILITIES
 
 _RUN_FILE = "run.json"
 _WORLD = "world"  # run.json's record of the processes, beside the config's fields
@@ -133,7 +136,8 @@ class RunFolder:
 
     def config(self) -> dict[str, Any]:
         """The run config recorded in run.json."""
-        return {k: v for k, v in self._recorded().items() if k not in (_WORLD, _PRECISION, _MIXTURE, _SPEED)}
+        return {k: v for k, v in self._recorded().items()
+                if k not in (_WORLD, _PRECISION, _MIXTURE, _SPEED, CPU_CAPABILITIES)}
 
     def world(self) -> dict[str, Any]:
         """run.json's record of the processes: {"size": the latest session's, "changes": [{"stage",
@@ -150,6 +154,11 @@ class RunFolder:
         "share": {kind: its share of that kind's items}}, ...]; [] for a run on one file."""
         return self._recorded().get(_MIXTURE, [])
 
+    def cpu_capabilities(self) -> list[str] | None:
+        """run.json's record of the CPU kernel families of every process that trained the run, in
+        order of first use (torch's names: AVX512, AVX2, ...); None for a run from before the record."""
+        return self._recorded().get(CPU_CAPABILITIES)
+
     def _recorded(self) -> dict[str, Any]:
         return json.loads(self.config_file.read_text())
 
@@ -161,16 +170,17 @@ class RunFolder:
 
     def write_config(self, config: dict[str, Any], world: dict[str, Any] | None = None,
                      precisions: dict[str, str] | None = None, mixture: list[dict[str, Any]] | None = None,
-                     speed: dict[str, dict[str, Any]] | None = None) -> None:
-        """run.json: `config`, and `world` (see `world()`), `precisions`, `mixture` and `speed` (see
-        `mixture()`, `speed()`) when given."""
+                     speed: dict[str, dict[str, Any]] | None = None,
+                     cpu_capabilities: list[str] | None = None) -> None:
+        """run.json: `config`, and `world` (see `world()`), `precisions`, `mixture`, `speed` and
+        `cpu_capabilities` (see theirs) when given."""
         self.root.mkdir(parents=True, exist_ok=True)
         records = {name: value for name, value in ((_WORLD, world), (_PRECISION, precisions), (_MIXTURE, mixture),
-                                                   (_SPEED, speed)) if value}
+                                                   (_SPEED, speed), (CPU_CAPABILITIES, cpu_capabilities)) if value}
         write_atomically(self.config_file, json.dumps({**config, **records}, indent=1))
 
     def write_world(self, world: dict[str, Any]) -> None:
-        """run.json with its record of the processes replaced by `world`, the rest as recorded."""
+        """run.json with `world` (see `world()`) in place of its record, every other entry kept."""
         write_atomically(self.config_file, json.dumps({**self._recorded(), _WORLD: world}, indent=1))
 
     @property

@@ -28,6 +28,7 @@ from torch.profiler import record_function
 
 from extract.atomic import folder_written_whole, remove
 from extract.device import check_device, rank_device, use_device
+from extract.kernels import cpu_capability, with_capabilities
 from extract.locks import lock_holder, take_lock
 from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision, resolved_precision
 from extract.progress import progress_bar
@@ -257,13 +258,15 @@ class Trainer:
                                    "discard it, or use another output folder:\n"
                                    + "\n".join(f"  {difference}" for difference in differences))
         barrier(self.world)  # every process has read the recorded config before rank 0 replaces it
+        capabilities = gathered(cpu_capability(), self.world)
         if self.world.rank == 0:
+            previous = self.folder.cpu_capabilities() if self.folder.is_run and not restart else []
             if restart:
                 self._remove_outputs()
             changes = self.folder.world().get("changes", []) if self.folder.is_run else []
             self.folder.write_config(self.run.to_dict(), {"size": self.world.size, "changes": changes},
                                      {name: chosen.name for name, chosen in self.precisions.items()}, self.mixture,
-                                     self.speed)
+                                     self.speed, with_capabilities(previous, capabilities))
             self._sweep_temporaries()
         barrier(self.world)
 
