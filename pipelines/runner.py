@@ -34,8 +34,8 @@ replaced; references in VALUE are resolved as in the file): `--set finetune.max_
 `--set cache.overrides.score_thresh=0.5`), `STEP.FIELD+=VALUE` appends to a list field (a stage:
 `--set 'finetune.stages+={name: e2e, task: vqa, steps: 100, visual: end2end}'`), and in a train
 step `STEP.STAGE.FIELD` a field of the stage named STAGE (`--set finetune.vqa.steps=100`). A name
-the file declares as an input is the input. `slurm:` (a top-level mapping, a step's own mapping, or
-`--set slurm.KEY=VALUE`) holds the Slurm executor's settings (pipelines/executors/slurm.py).
+the file declares as an input is the input. An executor's settings section (pipelines/executors:
+`slurm:`) is a top-level mapping, a step's own mapping, or `--set SECTION.KEY=VALUE`.
 
 The whole file is checked when it loads, before any step runs, and every problem found is named
 together, one line each, in one PipelineError (`FILE: step 'NAME' (kind): problem`): `--set` names
@@ -55,6 +55,8 @@ and earlier steps it reads) in `<out>/<step>/step.json` when it starts and marks
 ends. A rerun skips done steps whose parameters and inputs are unchanged, resumes a step that was
 interrupted (extraction and training continue from what they committed), and starts a step again
 from nothing when its parameters or inputs changed (a new `--set` value redoes the steps using it).
+A run records the settings it was given in `<out>/.pipeline/settings.json`, from which `load_run`
+loads the pipeline of a run folder for `status` and `cancel`, without the `--set` values again.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pipelines.execution import Step, strings
+from extract.atomic import write_atomically
+from pipelines.execution import STATE_FOLDER, Step, read_mapping, strings
+from pipelines.executors import DEFAULT, executor_named, sections
 from pipelines.steps import KINDS, Foreknown, Layout, StepKind
 from train.engine.config import RunConfigError
 from vlbert.errors import UserError, error_line, exit_status
@@ -73,8 +77,8 @@ from vlbert.typed_config import did_you_mean, from_text, load_yaml
 
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a step's folder, an input's name
-TOP_LEVEL = ("name", "out", "inputs", "steps", "slurm")
-SLURM = "slurm"  # the top-level section, a step's key and the `--set slurm.KEY` prefix of Slurm settings
+TOP_LEVEL = ("name", "out", "inputs", "steps")  # and each executor's settings section
+SETTINGS_FILE = "settings.json"  # under the state folder: the settings a run was given, for status and cancel
 HERE = "here"
 INPUT = "inputs."  # the prefix of an input's reference
 OUT = "out"  # the setting that names the output folder
@@ -103,8 +107,10 @@ class Pipeline:
     path: Path
     out: Path
     steps: list[Step]
-    slurm: dict[str, Any] = field(default_factory=dict)  # the `slurm:` section with `--set slurm.KEY` values
-    step_slurm: dict[str, dict[str, Any]] = field(default_factory=dict)  # a step's own `slurm:` settings
+    # an executor's section → its settings: the file's top-level section with `--set SECTION.KEY` values
+    executor_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # step → an executor's section → the step's own settings of that section
+    step_executor_settings: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -124,7 +130,7 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
     settings = {name: str(value) if isinstance(value, Path) else value for name, value in (settings or {}).items()}
     here = str(path.resolve().parent)
     declared = _declared_inputs(path, document)
-    given, step_settings, slurm, problems = _sorted_settings(path, document, declared, settings)
+    given, step_settings, executor_settings, problems = _sorted_settings(path, document, declared, settings)
     inputs, unset, input_problems = _input_values(path, declared, given, here)
     problems += input_problems
     references: dict[str, Any] = {HERE: here, **{INPUT + name: value for name, value in inputs.items()}}
@@ -133,16 +139,17 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
         raise PipelineError("\n".join(problems + top_level))
     out = _out(path, document, settings, references)
     known = Foreknown(unset=tuple(f"${{{INPUT}{name}}}" for name in unset))
-    steps, step_slurm = [], {}
+    steps, step_executor_settings = [], {}
     owners: dict[str, Path] = {}  # a step's reference, and its outputs', → the step's folder
     for index, entry in enumerate(document["steps"]):
         if not isinstance(entry, dict) or not all(isinstance(entry.get(key), str) for key in ("name", "kind")):
             problems.append(f"{path}: steps[{index}]: every step needs a `name` and a `kind`: {entry!r}")
             continue
-        if not isinstance(entry.get(SLURM, {}), dict):
-            problems.append(f"{path}: step {entry['name']!r}: `{SLURM}` must map Slurm settings to values")
-        step_slurm[entry["name"]] = entry.get(SLURM) or {}
-        entry = {key: value for key, value in entry.items() if key != SLURM}
+        problems += [f"{path}: step {entry['name']!r}: `{section}` must map {section} settings to values"
+                     for section in sections() if not isinstance(entry.get(section) or {}, dict)]
+        step_executor_settings[entry["name"]] = {section: entry[section] or {} for section in sections()
+                                                 if section in entry}
+        entry = {key: value for key, value in entry.items() if key not in sections()}
         step, step_problems = _step(entry, out, references, step_settings.get(entry["name"], {}), known, owners)
         problems += [f"{path}: step {step.name!r} ({step.kind}): {problem}" for problem in step_problems
                      if not any(marker in problem for marker in known.unset)]  # named once, as an input
@@ -154,8 +161,8 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
         steps.append(step)
     if problems:
         raise PipelineError("\n".join(problems))
-    section = document.get(SLURM) or {}
-    return Pipeline(path, out, steps, {**section, **slurm}, step_slurm)
+    return Pipeline(path, out, steps, {section: {**(document.get(section) or {}), **executor_settings.get(section, {})}
+                                       for section in sections()}, step_executor_settings)
 
 
 def with_out(path: str | Path, out: str | Path | None, settings: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -169,21 +176,51 @@ def with_out(path: str | Path, out: str | Path | None, settings: Mapping[str, An
 
 
 def run_pipeline(path: str | Path, out: str | Path | None = None, log: Callable[[str], None] = print,
-                 settings: Mapping[str, Any] | None = None, jobs: int | None = 1, executor: str = "local",
-                 **options: Any) -> Path:
+                 settings: Mapping[str, Any] | None = None, executor: str = DEFAULT, **options: Any) -> Path:
     """Runs every step that is not up to date; returns the pipeline's output folder. `out` is the
-    setting `out` (`--out`); `settings` the `--set` values. `executor` (pipelines/executors) runs the
-    steps: `local` at most `jobs` at once (None: as many as the machine's cores and GPUs allow; 1: one
-    after another, in this process), `slurm` as jobs of a Slurm cluster; `options` are the
-    executor's (`threads`, `gpus` for local; `wait` for slurm). PipelineError before any step runs
-    when the file cannot be run as given; StepFailed (or StepsFailed, naming each) when steps fail."""
-    from pipelines.executors import executor_named
+    setting `out` (`--out`); `settings` the `--set` values, which the output folder records for
+    `status` and `cancel` (`load_run`). `executor` (pipelines/executors) runs the steps, `options`
+    are its run's (local: `jobs`, by default 1: one after another in this process, None: as many as
+    the cores and GPUs allow, `threads`, `gpus`; slurm: `wait`): one it does not take is refused when
+    given. PipelineError before any step runs when the file cannot be run as given, CannotRun when
+    the executor cannot run it (more processes than the machine or partition has, unknown settings),
+    RunGoingOn while another process runs the same output folder; StepFailed (or StepsFailed,
+    naming each) when steps fail."""
+    from pipelines.executors.base import CannotRun, running
 
     chosen = executor_named(executor)
-    pipeline = load_pipeline(path, with_out(path, out, settings))
+    taken = chosen.taken(options)
+    settings = with_out(path, out, settings)
+    pipeline = load_pipeline(path, settings)
+    problems = chosen.problems(pipeline, **taken)
+    if problems:
+        raise CannotRun("\n".join(f"{pipeline.path}: {problem}" for problem in problems))
     pipeline.out.mkdir(parents=True, exist_ok=True)
-    chosen.run(pipeline, log, jobs=jobs, **options)
+    with running(pipeline.out):
+        write_atomically(pipeline.out / STATE_FOLDER / SETTINGS_FILE,
+                         json.dumps({name: value for name, value in settings.items() if name != OUT}, indent=1,
+                                    default=str))
+        chosen.run(pipeline, log, **taken)
     return pipeline.out
+
+
+def load_run(path: str | Path, settings: Mapping[str, Any] | None = None) -> Pipeline:
+    """The pipeline of the run in an output folder (`out` of `settings`, else the file's `out` where it
+    names no input): loaded with the settings that run was given (its folder records them), and
+    `settings` over them, so that `status` and `cancel` need no `--set` again."""
+    path, settings = Path(path), dict(settings or {})
+    out = settings.get(OUT)
+    if out is None:
+        written = _out_text(path, _read(path))
+        if isinstance(written, str) and set(_references(written)) <= {HERE}:
+            out = _resolve(written, {HERE: str(path.resolve().parent)})
+    recorded = recorded_settings(Path(str(out))) if out is not None else {}
+    return load_pipeline(path, {**recorded, **settings})
+
+
+def recorded_settings(out: Path) -> dict[str, Any]:
+    """The settings the last run in `out` was given (but `out`); {} where none ran."""
+    return read_mapping(out / STATE_FOLDER / SETTINGS_FILE, "the settings of a run", PipelineError) or {}
 
 
 # ---- loading -------------------------------------------------------------------------------------
@@ -209,21 +246,23 @@ def _declared_inputs(path: Path, document: dict[str, Any]) -> dict[str, Any]:
 def _sorted_settings(path: Path, document: dict[str, Any], declared: dict[str, Any], settings: dict[str, Any]
                      ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any], list[str]]:
     """The settings of inputs, those of steps' fields (step name → {FIELD or STAGE.FIELD: value}), the
-    Slurm settings (`slurm.KEY`), and a problem for each name that is none of these."""
+    executors' settings (section → {KEY: value} of `SECTION.KEY`), and a problem for each name that is
+    none of these."""
     step_names = [entry["name"] for entry in document["steps"] if isinstance(entry, dict)
                   and isinstance(entry.get("name"), str)]
-    inputs, steps, slurm, problems = {}, {}, {}, []
+    inputs, steps, executor_settings, problems = {}, {}, {}, []
     for name, value in settings.items():
         step = max((s for s in step_names if name.startswith(s + ".")), key=len, default=None)
         if name in declared:
             inputs[name] = value
         elif step is not None:
             steps.setdefault(step, {})[name[len(step) + 1:]] = value
-        elif name.startswith(SLURM + "."):
-            slurm[name[len(SLURM) + 1:]] = value
+        elif name.partition(".")[0] in sections() and name.partition(".")[2]:
+            section, _, key = name.partition(".")
+            executor_settings.setdefault(section, {})[key] = value
         elif name != OUT:
             problems.append(_unknown_setting(path, name, [*declared, OUT], step_names))
-    return inputs, steps, slurm, problems
+    return inputs, steps, executor_settings, problems
 
 
 def _unknown_setting(path: Path, name: str, inputs: list[str], steps: list[str]) -> str:
@@ -251,9 +290,12 @@ def _input_values(path: Path, declared: dict[str, Any], given: dict[str, Any], h
 
 
 def _top_level_problems(path: Path, document: dict[str, Any], references: dict[str, Any]) -> list[str]:
-    problems = [f"{path}: unknown key {key!r}" + did_you_mean(key, TOP_LEVEL)
+    known = [*TOP_LEVEL, *sections()]
+    problems = [f"{path}: unknown key {key!r}" + did_you_mean(key, known)
                 + "; other top-level keys may only hold mappings or lists that steps share through YAML anchors"
-                for key, value in document.items() if key not in TOP_LEVEL and not isinstance(value, (dict, list))]
+                for key, value in document.items() if key not in known and not isinstance(value, (dict, list))]
+    problems += [f"{path}: `{section}` must map {section} settings to values, found {document[section]!r}"
+                 for section in sections() if not isinstance(document.get(section) or {}, dict)]
     problems += [f"{path}: `{key}` must be a string, found {document[key]!r}"
                  for key in ("name", OUT) if key in document and not isinstance(document[key], str)]
     problems += [f"{path}: out refers to ${{{ref}}}; it may refer to ${{{HERE}}} and inputs only"
@@ -265,7 +307,12 @@ def _out(path: Path, document: dict[str, Any], settings: dict[str, Any], referen
     """The setting `out`, else the file's `out`, else runs/<the pipeline's name>."""
     if settings.get(OUT) is not None:
         return Path(str(settings[OUT]))
-    return Path(str(_resolve(document.get(OUT, f"runs/{document.get('name', path.stem)}"), references)))
+    return Path(str(_resolve(_out_text(path, document), references)))
+
+
+def _out_text(path: Path, document: dict[str, Any]) -> Any:
+    """The file's `out` as written, else runs/<the pipeline's name>."""
+    return document.get(OUT, f"runs/{document.get('name', path.stem)}")
 
 
 def _step(entry: dict[str, Any], out: Path, references: dict[str, Any], settings: dict[str, Any],
