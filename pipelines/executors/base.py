@@ -5,9 +5,9 @@ An executor runs (or submits) a loaded pipeline's steps, says what it knows of e
 (`launches`: live, ended undone, or never launched), cancels a run, takes its settings from its
 section of the pipeline file (`section`) and gives each step's processes an environment from which
 `attempt` tells which launch they belong to. Whatever the executor, a step's status is decided the
-same way (`Executor.status`): its own folder first (done, or done for other parameters), then the
-executor's account of its launch, read before the folder so that a launch that ends meanwhile is
-found done, and the record read again before a step is called failed.
+same way (`Executor.status`): the executor's account of the launches is taken first, then each step's
+folder decides (done; done for other parameters, `outdated`), so that a launch that ends in between
+is found done; the record is read again before a step is called failed.
 
 The process that runs or submits a pipeline holds the run lock (`<out>/.pipeline/run.lock`) for its
 whole life: the kernel releases it however that process ends (kill -9 included), so a run whose
