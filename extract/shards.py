@@ -17,13 +17,14 @@ the data of members not asked for is skipped by seeking, so listing ids reads on
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import re
 import tarfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Collection, Iterator
+from typing import BinaryIO, Callable, Collection, Iterable, Iterator
 
 from extract.images import IMAGE_EXTENSIONS
 from extract.paths import outside_reason
@@ -35,6 +36,7 @@ IMAGE_MEMBER_EXTENSIONS = frozenset(extension[1:] for extension in IMAGE_EXTENSI
 PATTERN_CHARACTERS = "*?[{"
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
+MAX_PATTERN_NAMES = 1_000_000  # more shards than any corpus's img2dataset output: a pattern naming more is a slip
 
 
 class ShardError(UserError):
@@ -84,13 +86,19 @@ def find_shards(images: str | Path) -> tuple[Path, list[Path]]:
     """(the images root, the sorted shard paths) that `images` names: a `.tar` file, a folder (its
     `.tar` files, recursively), a glob (`R/*.tar`) or a brace range (`R/{00000..00331}.tar`, also
     `{a,b}` lists). For a pattern the root is its folder part before the first pattern character;
-    every name a brace range spells out must exist (a missing shard is not left out unnoticed)."""
+    every name a brace range spells out must exist (a missing shard is not left out unnoticed), and it
+    may spell out at most MAX_PATTERN_NAMES (names are spelt out one at a time, so a larger range is
+    refused without building its list)."""
     text = str(images)
     first = min((text.index(c) for c in PATTERN_CHARACTERS if c in text), default=None)
     if first is not None and not Path(text).exists():
         root = Path(os.path.dirname(text[:first]) or ".")
         shards, missing = set(), []
-        for name in expand_braces(text):
+        names = list(itertools.islice(expand_braces(text), MAX_PATTERN_NAMES + 1))
+        if len(names) > MAX_PATTERN_NAMES:
+            raise ShardError(f"images {text}: names more than {MAX_PATTERN_NAMES:,} shards; a shard pattern may "
+                             f"name at most {MAX_PATTERN_NAMES:,}")
+        for name in names:
             if any(character in name for character in "*?["):
                 shards.update(Path(match) for match in glob.glob(name))
             elif os.path.exists(name):
@@ -112,22 +120,24 @@ def find_shards(images: str | Path) -> tuple[Path, list[Path]]:
     return root, found
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """The names a brace pattern spells out, in order: `{00000..00002}` (zero-padded to the width of
-    the first bound when it has leading zeros), `{a,b}`; several braces multiply."""
+def expand_braces(pattern: str) -> Iterator[str]:
+    """The names a brace pattern spells out, one at a time, in order: `{00000..00002}` (zero-padded to
+    the width of the first bound when it has leading zeros), `{a,b}`; several braces multiply."""
     match = _BRACE.search(pattern)
     if match is None:
-        return [pattern]
+        yield pattern
+        return
     head, tail, body = pattern[:match.start()], pattern[match.end():], match.group(1)
     numbers = _RANGE.fullmatch(body)
     if numbers:
         low, high = numbers.group(1), numbers.group(2)
         width = len(low) if low.startswith("0") and len(low) > 1 else 0
         step = 1 if int(high) >= int(low) else -1
-        choices = [str(n).zfill(width) for n in range(int(low), int(high) + step, step)]
+        choices: Iterable[str] = (str(n).zfill(width) for n in range(int(low), int(high) + step, step))
     else:
         choices = body.split(",")
-    return [name for choice in choices for name in expand_braces(head + choice + tail)]
+    for choice in choices:
+        yield from expand_braces(head + choice + tail)
 
 
 def shard_id(shard: Path, root: Path) -> str:

@@ -5,6 +5,9 @@ it reads (earlier steps' step.json, other input files), whether it is done, and 
 GPUs, executor, processes). A step is up to date when that record is done and its kind, parameters
 and inputs are those of the step now; a step whose record matches but is not done resumes (its kind
 continues from what it committed); any other step starts again from an empty folder (its log stays).
+A record that exists but cannot be read (a read error, a damaged file) is an error naming it, never a
+reason to start again: a finished step's folder is not emptied because a read failed. An input file's
+digest is taken again only when its size or mtime differs from what the record noted with it.
 
 In a process of its own (`vlbert pipeline step SPEC`), a step reads a `StepSpec` file: the step,
 the part of it this process runs (all of it, one shard of an extraction, or the closing check of a
@@ -31,18 +34,26 @@ from extract.atomic import write_atomically
 from extract.locks import holding
 from pipelines import STEP_FILE
 from pipelines.steps import KINDS, Layout
-from vlbert.errors import UserError
+from vlbert.errors import FAILED, UserError
 
 LOG_FILE = "log.txt"
 STATE_FOLDER = ".pipeline"  # under the pipeline's `out`: specs, locks, the executor's records
 PROGRESS_FILE = ".progress{part}.json"
-ATTEMPT_VARIABLE = "VLBERT_ATTEMPT"  # what the processes of one attempt at a step share (local executor)
+STAMPED = ("kind", "params", "inputs")  # what a step's record must match for its folder to hold the step
+FILES = "input_files"  # in a step's record: the size and mtime of each input file its digest was taken at
+LAUNCHER_VARIABLE = "TORCHELASTIC_RUN_ID"  # torch's launcher's run: its processes are one attempt
 
 Log = Callable[[str], None]
 
 
 class StepSpecError(UserError):
     """A step spec file that cannot be read."""
+
+
+class RecordUnreadable(UserError):
+    """A step's record (step.json) that exists but cannot be read: nothing is decided from it."""
+
+    exit_status = FAILED
 
 
 @dataclass(frozen=True)
@@ -69,29 +80,74 @@ class Step:
 
 # ---- the record ----------------------------------------------------------------------------------
 
-def stamp(step: Step) -> dict[str, Any]:
-    """What decides whether the step's folder holds this step: kind, parameters, input digests."""
-    return {"kind": step.kind, "params": step.params, "inputs": _input_digests(step)}
+def stamp(step: Step, previous: dict | None = None) -> dict[str, Any]:
+    """What decides whether the step's folder holds this step (STAMPED: kind, parameters, input
+    digests), and the size and mtime of each input file, by which a later stamp takes the digest of
+    a file unchanged since from `previous` (the folder's record) instead of reading it again."""
+    files = input_files(step)
+    known = previous.get("inputs") or {} if previous else {}
+    seen = previous.get(FILES) or {} if previous else {}
+    digests = {name: _digest(folder / STEP_FILE) for name, folder in step.reads.items()
+               if (folder / STEP_FILE).is_file()}
+    for path, size_and_mtime in files.items():
+        unchanged = seen.get(path) == size_and_mtime and isinstance(known.get(path), str)
+        digests[path] = known[path] if unchanged else _digest(Path(path))
+    return {"kind": step.kind, "params": step.params, "inputs": digests, FILES: files}
+
+
+def input_files(step: Step) -> dict[str, list[int]]:
+    """Every existing file its parameters name outside the steps it reads → [size, mtime in ns], taken
+    before its digest (a change while it is read then shows at the next look)."""
+    files = {}
+    for value in strings(step.params):
+        path = Path(value)
+        if path.is_file() and not any(path.is_relative_to(folder) for folder in step.reads.values()):
+            info = path.stat()
+            files[value] = [info.st_size, info.st_mtime_ns]
+    return files
 
 
 def read_stamp(folder: Path) -> dict | None:
-    path = folder / STEP_FILE
+    """The step's record; None where it has none yet. One that exists but cannot be read (a read error,
+    a damaged file) is a RecordUnreadable naming it, so that nothing decides from it to start again."""
+    return read_mapping(folder / STEP_FILE, "a step's record", RecordUnreadable, "; its folder was left as it is")
+
+
+def read_mapping(path: Path, what: str, error: type[UserError], consequence: str = "") -> dict | None:
+    """The JSON mapping in file `path`; None where there is no such file. One that exists but cannot be
+    read (a read error, anything but a JSON mapping) is `error`, naming the file, `what` it holds and
+    the `consequence`."""
     try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
-        return None  # a damaged record: the step starts again
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what} ({exc.strerror or exc}){consequence}") from None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise error(f"{path}: damaged (not {what}){consequence}")
+    return value
 
 
 def write_stamp(folder: Path, record: dict) -> None:
     write_atomically(folder / STEP_FILE, json.dumps(record, indent=1))
 
 
-def state(step: Step) -> str:
-    """"done" (up to date), "resume" (this step, interrupted) or "start"."""
-    previous = read_stamp(step.folder)
-    if previous is None or any(previous.get(key) != value for key, value in stamp(step).items()):
+def decide(step: Step, previous: dict | None, current: dict | None = None) -> str:
+    """"done" (up to date), "resume" (this step, interrupted) or "start", from the folder's record
+    `previous` (and the step's `stamp`, `current`, when it is at hand)."""
+    current = current or stamp(step, previous)
+    if previous is None or any(previous.get(key) != current[key] for key in STAMPED):
         return "start"
     return "done" if previous.get("done") else "resume"
+
+
+def state(step: Step) -> str:
+    """`decide` on the step's record as its folder holds it now."""
+    return decide(step, read_stamp(step.folder))
 
 
 def recorded(step: Step) -> dict:
@@ -99,20 +155,9 @@ def recorded(step: Step) -> dict:
     return read_stamp(step.folder) or {}
 
 
-def _input_digests(step: Step) -> dict[str, str]:
-    """For every earlier step it refers to: a digest of its step.json (so a rerun of that step, with
-    other results, makes this one stale too); for other existing files it names: their content."""
-    digests = {name: _digest(folder / STEP_FILE) for name, folder in step.reads.items()
-               if (folder / STEP_FILE).is_file()}
-    for value in strings(step.params):
-        path = Path(value)
-        if path.is_file() and not any(path.is_relative_to(folder) for folder in step.reads.values()):
-            digests[value] = _digest(path)
-    return digests
-
-
 def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def strings(value: Any) -> Iterator[str]:
@@ -140,7 +185,9 @@ def begin(step: Step, log: Log, how: dict[str, Any]) -> tuple[bool, dict[str, An
     devices, executor, attempt) is recorded; a resumed step keeps the threads it started with, which
     decide its last bits. The other processes of an attempt (shards, ranks) follow the first's decision."""
     with step_lock(step):
-        previous, decision = read_stamp(step.folder), state(step)
+        previous = read_stamp(step.folder)
+        current = stamp(step, previous)
+        decision = decide(step, previous, current)
         if decision == "done":
             log(f"[{step.name}] up to date")
             return None
@@ -154,7 +201,7 @@ def begin(step: Step, log: Log, how: dict[str, Any]) -> tuple[bool, dict[str, An
                 log(f"[{step.name}] parameters or inputs changed: starting again")
             empty_but_log(step.folder)
         step.folder.mkdir(parents=True, exist_ok=True)
-        record = {**stamp(step), "done": False, "resumed": decision == "resume", "started_at": time.time(), **how}
+        record = {**current, "done": False, "resumed": decision == "resume", "started_at": time.time(), **how}
         write_stamp(step.folder, record)
         return record["resumed"], record
 
@@ -184,14 +231,15 @@ def resumed_threads(step: Step) -> int | None:
 
 # ---- running in this process -----------------------------------------------------------------------
 
-def run_here(step: Step, log: Log) -> None:
-    """The whole step in this process, with torch's current thread count; its messages also go to its log."""
+def run_here(step: Step, log: Log, executor: str, threads: int | None, attempt: str) -> None:
+    """The whole step in this process, as `attempt` of `executor`, with `threads` (None: torch's current
+    count); its messages also go to its log."""
     import torch
 
     from extract.threads import configured_threads
 
-    how = {"threads": torch.get_num_threads(), "executor": "local", "host": socket.gethostname(),
-           "attempt": new_attempt()}
+    how = {"threads": threads or torch.get_num_threads(), "executor": executor, "host": socket.gethostname(),
+           "attempt": attempt}
     decision = begin(step, log, how)
     if decision is None:
         return
@@ -217,13 +265,14 @@ def _teed(step: Step, log: Log) -> Iterator[Log]:
 
 @dataclass(frozen=True)
 class StepSpec:
-    """What `vlbert pipeline step SPEC` runs: a step, the part of it (`""`: all of it; `shard`: the
-    shard given by the launcher; `close`: the check that ends a sharded step) and its threads."""
+    """What `vlbert pipeline step SPEC` runs: a step, the executor that launches it, the part of it
+    (`""`: all of it; `shard`: the shard given by the launcher; `close`: the check that ends a sharded
+    step) and its threads."""
 
     step: Step
+    executor: str
     threads: int
     part: str = ""
-    executor: str = "local"
 
     def to_json(self) -> str:
         step = asdict(self.step)
@@ -239,7 +288,7 @@ class StepSpec:
             step = values["step"]
             return cls(Step(step["name"], step["kind"], Path(step["folder"]), step["params"],
                             {name: Path(folder) for name, folder in step["reads"].items()}, Layout(**step["layout"])),
-                       values["threads"], values["part"], values["executor"])
+                       values["executor"], values["threads"], values["part"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StepSpecError(f"{path}: not a step spec ({type(exc).__name__}: {exc})") from None
 
@@ -250,11 +299,12 @@ class StepSpec:
         return path
 
 
-def run_spec(spec: StepSpec, shard: int | None = None, log: Log = print) -> None:
+def run_spec(spec: StepSpec, shard: int | None = None, log: Log = print, attempt: str | None = None) -> None:
     """What a step's process does: begins the step (or follows the process of its attempt that did),
     runs it (or shard `shard` of it) with the threads given, and marks it done when that completes it;
     the `close` part checks a sharded step's shards and marks it done. A light step's process (a world,
-    a report) loads no torch: one thread is all it computes with."""
+    a report) loads no torch: one thread is all it computes with. `attempt`: the launch this process
+    belongs to, as the environment its executor gave it says (base.Executor.attempt)."""
     step, kind = spec.step, KINDS[spec.step.kind]
     if spec.part == "close":
         kind.close(step.params, step.folder, log)
@@ -262,7 +312,7 @@ def run_spec(spec: StepSpec, shard: int | None = None, log: Log = print) -> None
         return
     rank, processes = _rank() if step.layout.ranks * step.layout.nodes > 1 else (0, 1)
     how = {"threads": spec.threads, "executor": spec.executor, "host": socket.gethostname(),
-           "devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "attempt": attempt(),
+           "devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "attempt": attempt or _launcher_attempt(),
            **({"processes": processes} if processes > 1 else {})}
     decision = begin(step, log, how)
     if decision is None:
@@ -292,16 +342,11 @@ def _torch_threads(threads: int):
 
 
 def new_attempt() -> str:
-    return f"{ATTEMPT_VARIABLE}={uuid.uuid4().hex}"
+    return f"process={uuid.uuid4().hex}"
 
 
-def attempt() -> str:
-    """What identifies one attempt at a step across its processes: the Slurm job (an array's shards
-    share it), else the local executor's launch, else the launcher's run, else this process."""
-    if os.environ.get(ATTEMPT_VARIABLE):
-        return os.environ[ATTEMPT_VARIABLE]
-    for variable in ("SLURM_ARRAY_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        if os.environ.get(variable):
-            # A requeued job keeps its id: its restart count makes it a new attempt, which resumes.
-            return f"{variable}={os.environ[variable]}.{os.environ.get('SLURM_RESTART_COUNT', 0)}"
-    return new_attempt()
+def _launcher_attempt() -> str:
+    """The attempt of a process that no executor's environment names: torch's launcher's run (its ranks
+    share it), else this process's own."""
+    launcher = os.environ.get(LAUNCHER_VARIABLE)
+    return f"{LAUNCHER_VARIABLE}={launcher}" if launcher else new_attempt()

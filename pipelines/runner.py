@@ -36,8 +36,8 @@ replaced; references in VALUE are resolved as in the file): `--set finetune.max_
 step `STEP.STAGE.FIELD` a field of the stage named STAGE (`--set finetune.vqa.steps=100`). Whatever
 their order, whole fields are set first, then appends (each one given, in order), then keys and stage
 fields, so a stage field may name a stage that `+=` adds; an input's value may refer to `${here}` and
-steps only. A name the file declares as an input is the input. `slurm:` (a top-level mapping, a
-step's own mapping, or `--set slurm.KEY=VALUE`) holds the Slurm executor's settings (pipelines/executors/slurm.py).
+steps only. A name the file declares as an input is the input. An executor's settings section
+(pipelines/executors: `slurm:`) is a top-level mapping, a step's own mapping, or `--set SECTION.KEY=VALUE`.
 
 The whole file is checked when it loads, before any step runs, and every problem found is named
 together, one line each, in one PipelineError (`FILE: step 'NAME' (kind): problem`): `--set` names
@@ -57,6 +57,8 @@ and earlier steps it reads) in `<out>/<step>/step.json` when it starts and marks
 ends. A rerun skips done steps whose parameters and inputs are unchanged, resumes a step that was
 interrupted (extraction and training continue from what they committed), and starts a step again
 from nothing when its parameters or inputs changed (a new `--set` value redoes the steps using it).
+A run records the settings it was given in `<out>/.pipeline/settings.json`, from which `load_run`
+loads the pipeline of a run folder for `status` and `cancel`, without the `--set` values again.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from pipelines.execution import Step, strings
+from extract.atomic import write_atomically
+from pipelines.execution import STATE_FOLDER, Step, read_mapping, strings
+from pipelines.executors import DEFAULT, executor_named, sections
 from pipelines.steps import KINDS, Foreknown, Layout, StepKind
 from train.engine.config import RunConfigError
 from vlbert.errors import UserError, error_line, exit_status
@@ -75,8 +79,8 @@ from vlbert.typed_config import did_you_mean, from_text, load_yaml
 
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a step's folder, an input's name
-TOP_LEVEL = ("name", "out", "inputs", "steps", "slurm")
-SLURM = "slurm"  # the top-level section, a step's key and the `--set slurm.KEY` prefix of Slurm settings
+TOP_LEVEL = ("name", "out", "inputs", "steps")  # and each executor's settings section
+SETTINGS_FILE = "settings.json"  # under the state folder: the settings a run was given, for status and cancel
 HERE = "here"
 INPUT = "inputs."  # the prefix of an input's reference
 OUT = "out"  # the setting that names the output folder
@@ -105,8 +109,10 @@ class Pipeline:
     path: Path
     out: Path
     steps: list[Step]
-    slurm: dict[str, Any] = field(default_factory=dict)  # the `slurm:` section with `--set slurm.KEY` values
-    step_slurm: dict[str, dict[str, Any]] = field(default_factory=dict)  # a step's own `slurm:` settings
+    # an executor's section → its settings: the file's top-level section with `--set SECTION.KEY` values
+    executor_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # step → an executor's section → the step's own settings of that section
+    step_executor_settings: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -144,7 +150,7 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
     declared = _declared_inputs(path, document)
     step_names = [entry["name"] for entry in document["steps"] if isinstance(entry, dict)
                   and isinstance(entry.get("name"), str)]
-    given, step_settings, slurm, problems = _sorted_settings(path, step_names, declared, settings)
+    given, step_settings, executor_settings, problems = _sorted_settings(path, step_names, declared, settings)
     inputs, unset, input_problems = _input_values(path, declared, given, here, step_names)
     problems += input_problems
     references: dict[str, Any] = {HERE: here, **{INPUT + name: value for name, value in inputs.items()}}
@@ -154,17 +160,18 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
     out = _out(path, document, settings, references)
     problems += _out_problems(path, out)
     known = Foreknown(unset=tuple(f"${{{INPUT}{name}}}" for name in unset))
-    steps, step_slurm = [], {}
+    steps, step_executor_settings = [], {}
     owners: dict[str, Path] = {}  # a step's reference, and its outputs', → the step's folder
     named_once = list(known.unset)  # markers of problems that follow from one named elsewhere
     for index, entry in enumerate(document["steps"]):
         if not isinstance(entry, dict) or not all(isinstance(entry.get(key), str) for key in ("name", "kind")):
             problems.append(f"{path}: steps[{index}]: every step needs a `name` and a `kind`: {entry!r}")
             continue
-        if not isinstance(entry.get(SLURM, {}), dict):
-            problems.append(f"{path}: step {entry['name']!r}: `{SLURM}` must map Slurm settings to values")
-        step_slurm[entry["name"]] = entry.get(SLURM) or {}
-        entry = {key: value for key, value in entry.items() if key != SLURM}
+        problems += [f"{path}: step {entry['name']!r}: `{section}` must map {section} settings to values"
+                     for section in sections() if not isinstance(entry.get(section) or {}, dict)]
+        step_executor_settings[entry["name"]] = {section: entry[section] or {} for section in sections()
+                                                 if section in entry}
+        entry = {key: value for key, value in entry.items() if key not in sections()}
         step, step_problems = _step(entry, out, references, step_settings.get(entry["name"], {}), known, owners)
         problems += [f"{path}: step {step.name!r} ({step.kind}): {problem}" for problem in step_problems
                      if not any(marker in problem for marker in named_once)]  # named once: as an input, a step
@@ -178,8 +185,8 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
         steps.append(step)
     if problems:
         raise PipelineError("\n".join(problems))
-    section = document.get(SLURM) or {}
-    return Pipeline(path, out, steps, {**section, **slurm}, step_slurm)
+    return Pipeline(path, out, steps, {section: {**(document.get(section) or {}), **executor_settings.get(section, {})}
+                                       for section in sections()}, step_executor_settings)
 
 
 def with_out(path: str | Path, out: str | Path | None, settings: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -193,21 +200,51 @@ def with_out(path: str | Path, out: str | Path | None, settings: Mapping[str, An
 
 
 def run_pipeline(path: str | Path, out: str | Path | None = None, log: Callable[[str], None] = print,
-                 settings: Mapping[str, Any] | None = None, jobs: int | None = 1, executor: str = "local",
-                 **options: Any) -> Path:
+                 settings: Mapping[str, Any] | None = None, executor: str = DEFAULT, **options: Any) -> Path:
     """Runs every step that is not up to date; returns the pipeline's output folder. `out` is the
-    setting `out` (`--out`); `settings` the `--set` values. `executor` (pipelines/executors) runs the
-    steps: `local` at most `jobs` at once (None: as many as the machine's cores and GPUs allow; 1: one
-    after another, in this process), `slurm` as jobs of a Slurm cluster; `options` are the
-    executor's (`threads`, `gpus` for local; `wait` for slurm). PipelineError before any step runs
-    when the file cannot be run as given; StepFailed (or StepsFailed, naming each) when steps fail."""
-    from pipelines.executors import executor_named
+    setting `out` (`--out`); `settings` the `--set` values, which the output folder records for
+    `status` and `cancel` (`load_run`). `executor` (pipelines/executors) runs the steps, `options`
+    are its run's (local: `jobs`, by default 1: one after another in this process, None: as many as
+    the cores and GPUs allow, `threads`, `gpus`; slurm: `wait`): one it does not take is refused when
+    given. PipelineError before any step runs when the file cannot be run as given, CannotRun when
+    the executor cannot run it (more processes than the machine or partition has, unknown settings),
+    RunGoingOn while another process runs the same output folder; StepFailed (or StepsFailed,
+    naming each) when steps fail."""
+    from pipelines.executors.base import CannotRun, running
 
     chosen = executor_named(executor)
-    pipeline = load_pipeline(path, with_out(path, out, settings))
+    taken = chosen.taken(options)
+    settings = with_out(path, out, settings)
+    pipeline = load_pipeline(path, settings)
+    problems = chosen.problems(pipeline, **taken)
+    if problems:
+        raise CannotRun("\n".join(f"{pipeline.path}: {problem}" for problem in problems))
     pipeline.out.mkdir(parents=True, exist_ok=True)
-    chosen.run(pipeline, log, jobs=jobs, **options)
+    with running(pipeline.out):
+        write_atomically(pipeline.out / STATE_FOLDER / SETTINGS_FILE,
+                         json.dumps({name: value for name, value in settings.items() if name != OUT}, indent=1,
+                                    default=str))
+        chosen.run(pipeline, log, **taken)
     return pipeline.out
+
+
+def load_run(path: str | Path, settings: Mapping[str, Any] | None = None) -> Pipeline:
+    """The pipeline of the run in an output folder (`out` of `settings`, else the file's `out` where it
+    names no input): loaded with the settings that run was given (its folder records them), and
+    `settings` over them, so that `status` and `cancel` need no `--set` again."""
+    path, settings = Path(path), dict(settings or {})
+    out = settings.get(OUT)
+    if out is None:
+        written = _out_text(path, _read(path))
+        if isinstance(written, str) and set(_references(written)) <= {HERE}:
+            out = _resolve(written, {HERE: str(path.resolve().parent)})
+    recorded = recorded_settings(Path(str(out))) if out is not None else {}
+    return load_pipeline(path, {**recorded, **settings})
+
+
+def recorded_settings(out: Path) -> dict[str, Any]:
+    """The settings the last run in `out` was given (but `out`); {} where none ran."""
+    return read_mapping(out / STATE_FOLDER / SETTINGS_FILE, "the settings of a run", PipelineError) or {}
 
 
 # ---- loading -------------------------------------------------------------------------------------
@@ -233,19 +270,21 @@ def _declared_inputs(path: Path, document: dict[str, Any]) -> dict[str, Any]:
 def _sorted_settings(path: Path, step_names: list[str], declared: dict[str, Any], settings: dict[str, Any]
                      ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any], list[str]]:
     """The settings of inputs, those of steps' fields (step name → {FIELD or STAGE.FIELD: value}), the
-    Slurm settings (`slurm.KEY`), and a problem for each name that is none of these."""
-    inputs, steps, slurm, problems = {}, {}, {}, []
+    executors' settings (section → {KEY: value} of `SECTION.KEY`), and a problem for each name that is
+    none of these."""
+    inputs, steps, executor_settings, problems = {}, {}, {}, []
     for name, value in settings.items():
         step = max((s for s in step_names if name.startswith(s + ".")), key=len, default=None)
         if name in declared:
             inputs[name] = value
         elif step is not None:
             steps.setdefault(step, {})[name[len(step) + 1:]] = value
-        elif name.startswith(SLURM + "."):
-            slurm[name[len(SLURM) + 1:]] = value
+        elif name.partition(".")[0] in sections() and name.partition(".")[2]:
+            section, _, key = name.partition(".")
+            executor_settings.setdefault(section, {})[key] = value
         elif name != OUT:
             problems.append(_unknown_setting(path, name, [*declared, OUT], step_names))
-    return inputs, steps, slurm, problems
+    return inputs, steps, executor_settings, problems
 
 
 def _unknown_setting(path: Path, name: str, inputs: list[str], steps: list[str]) -> str:
@@ -282,9 +321,12 @@ def _not_a_step(ref: str, name: str) -> str:
 
 
 def _top_level_problems(path: Path, document: dict[str, Any], references: dict[str, Any]) -> list[str]:
-    problems = [f"{path}: unknown key {key!r}" + did_you_mean(key, TOP_LEVEL)
+    known = [*TOP_LEVEL, *sections()]
+    problems = [f"{path}: unknown key {key!r}" + did_you_mean(key, known)
                 + "; other top-level keys may only hold mappings or lists that steps share through YAML anchors"
-                for key, value in document.items() if key not in TOP_LEVEL and not isinstance(value, (dict, list))]
+                for key, value in document.items() if key not in known and not isinstance(value, (dict, list))]
+    problems += [f"{path}: `{section}` must map {section} settings to values, found {document[section]!r}"
+                 for section in sections() if not isinstance(document.get(section) or {}, dict)]
     problems += [f"{path}: `{key}` must be a string, found {document[key]!r}"
                  for key in ("name", OUT) if key in document and not isinstance(document[key], str)]
     problems += [f"{path}: out refers to ${{{ref}}}; it may refer to ${{{HERE}}} and inputs only"
@@ -296,7 +338,12 @@ def _out(path: Path, document: dict[str, Any], settings: dict[str, Any], referen
     """The setting `out`, else the file's `out`, else runs/<the pipeline's name>."""
     if settings.get(OUT) is not None:
         return Path(str(settings[OUT]))
-    return Path(str(_resolve(document.get(OUT, f"runs/{document.get('name', path.stem)}"), references)))
+    return Path(str(_resolve(_out_text(path, document), references)))
+
+
+def _out_text(path: Path, document: dict[str, Any]) -> Any:
+    """The file's `out` as written, else runs/<the pipeline's name>."""
+    return document.get(OUT, f"runs/{document.get('name', path.stem)}")
 
 
 def _out_problems(path: Path, out: Path) -> list[str]:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import STEP_FILE
-from pipelines.execution import LOG_FILE, read_stamp
-from pipelines.executors import read_state
+from pipelines.execution import LOG_FILE, RecordUnreadable, read_stamp
+from pipelines.executors.base import read_state
 
 DONE, UP_TO_DATE, FAILED, NOT_RUN, UNFINISHED = "done", "up to date", "failed", "not run", "unfinished"
 
@@ -67,7 +67,7 @@ def step_runs(root: Path, steps: list[tuple[str, Path, str]] | None = None, now:
     recorded = state.get("steps", {}) if isinstance(state.get("steps"), dict) else {}
     if steps is None:
         found = sorted((path for path in root.iterdir() if (path / STEP_FILE).is_file()),
-                       key=lambda path: ((read_stamp(path) or {}).get("started_at") or 0.0, path.name))
+                       key=lambda path: (_record(path)[0].get("started_at") or 0.0, path.name))
         steps = [(path.name, path, "") for path in found]
         steps += [(name, root / name, "") for name in recorded if not (root / name / STEP_FILE).is_file()]
     began = (state.get("scheduler") or {}).get("started")
@@ -76,8 +76,8 @@ def step_runs(root: Path, steps: list[tuple[str, Path, str]] | None = None, now:
 
 
 def _step_run(name: str, folder: Path, kind: str, entry: dict[str, Any], began: float | None, now: float) -> StepRun:
-    record = read_stamp(folder) or {}
-    run = StepRun(name, folder, record.get("kind") or kind, NOT_RUN, reason=str(entry.get("error", "")))
+    record, unreadable = _record(folder)
+    run = StepRun(name, folder, record.get("kind") or kind, NOT_RUN, reason=unreadable or str(entry.get("error", "")))
     start = record.get("started_at")
     if not isinstance(start, (int, float)) or entry.get("state") == NOT_RUN and not record.get("done"):
         return run
@@ -93,6 +93,15 @@ def _step_run(name: str, folder: Path, kind: str, entry: dict[str, Any], began: 
     else:
         run.state, run.end = UNFINISHED, _last_sign_of_life(folder) or now
     return run
+
+
+def _record(folder: Path) -> tuple[dict[str, Any], str]:
+    """The step's record ({} where it has none) and, where it exists but cannot be read, why: the page
+    names it on the step's row instead of failing."""
+    try:
+        return read_stamp(folder) or {}, ""
+    except RecordUnreadable as exc:
+        return {}, str(exc)
 
 
 def _last_sign_of_life(folder: Path) -> float | None:

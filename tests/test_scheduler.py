@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,33 +15,22 @@ from click.testing import CliRunner
 from extract.store.reader import FeatureStore
 from extract.threads import configured_threads
 from pipelines.cli import main
-from pipelines.executors import StepsFailed, executor_named, local, read_state
+from pipelines.executors import board, executor_named
+from pipelines.executors.base import StepsFailed, read_state
+from pipelines.executors.forked import ForkedProcess, shut_down
 from pipelines.runner import load_pipeline, run_pipeline
-from pipelines.world.tiny import TINY_MODEL
-from tests.helpers.pipelines import STEPS_WITH_A_FAILURE, write_pipeline
+from tests.helpers.pipelines import STEPS_WITH_A_FAILURE, step_record, train_step_on, write_pipeline
 from train.engine.run_folder import RunFolder
 from vlbert.errors import UserError
-
-
-def train_step(world: Path, name: str, task: str = "vqa", steps: int = 2, **fields) -> dict:
-    return {"name": name, "kind": "train", "store": str(world / "cache"),
-            "train_annotations": str(world / "world" / "train.jsonl"),
-            "eval_annotations": str(world / "world" / "val.jsonl"), "vocabulary": str(world / "vocab"),
-            "max_length": 40, "model": dict(TINY_MODEL),
-            "stages": [{"name": task, "task": task, "steps": steps, "batch_size": 4, "num_workers": 0}], **fields}
-
-
-def record(out: Path, step: str) -> dict:
-    return json.loads((out / step / "step.json").read_text())
 
 
 def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(tiny_world, tmp_path):
     steps = [
         {"name": "cache", "kind": "extract", "images": str(tiny_world / "world"), "detector": "tiny",
          "mask_variants": 1, "batch_size": 4, "progress": False},
-        train_step(tiny_world, "pretrain", "pretrain"),
-        train_step(tiny_world, "vqa", "vqa", init_from="${pretrain.final}"),
-        train_step(tiny_world, "refexp", "refexp", init_from="${pretrain.final}"),
+        train_step_on(tiny_world, "pretrain", "pretrain"),
+        train_step_on(tiny_world, "vqa", "vqa", init_from="${pretrain.final}"),
+        train_step_on(tiny_world, "refexp", "refexp", init_from="${pretrain.final}"),
     ]
     path = write_pipeline(tmp_path, steps)
     one = run_pipeline(path, tmp_path / "one", log=lambda _: None, jobs=1)
@@ -50,9 +38,9 @@ def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(
     both = run_pipeline(path, tmp_path / "both", log=messages.append, jobs=2, threads=2)
     assert any("[vqa] train started" in m for m in messages) and any("[refexp] train started" in m for m in messages)
     for step in ("cache", "pretrain", "vqa", "refexp"):
-        assert record(one, step)["threads"] == record(both, step)["threads"] == 2
-    assert record(both, "vqa")["executor"] == "local" and (both / "vqa" / "log.txt").is_file()
-    assert record(one, "vqa")["precision"] == record(both, "vqa")["precision"] == {"vqa": "fp32"}
+        assert step_record(one, step)["threads"] == step_record(both, step)["threads"] == 2
+    assert step_record(both, "vqa")["executor"] == "local" and (both / "vqa" / "log.txt").is_file()
+    assert step_record(one, "vqa")["precision"] == step_record(both, "vqa")["precision"] == {"vqa": "fp32"}
 
     with FeatureStore(one / "cache") as first, FeatureStore(both / "cache") as second:
         assert first.keys() == second.keys()
@@ -73,17 +61,17 @@ def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(
 def test_a_gpu_goes_to_one_step_at_a_time_while_cpu_steps_run_beside(tiny_world, tmp_path, monkeypatch):
     """One fake GPU: the two GPU steps (device auto) take turns on it, the CPU step runs beside them."""
     # long enough for a status line: a forked step process starts at once
-    steps = [train_step(tiny_world, name, steps=60, device=device)
+    steps = [train_step_on(tiny_world, name, steps=60, device=device)
              for name, device in (("gpu-a", "auto"), ("gpu-b", "auto"), ("cpu", "cpu"))]
-    monkeypatch.setattr(local, "STATUS_EVERY_S", 0.5)  # off a terminal, a line per running step this often
+    monkeypatch.setattr(board, "STATUS_EVERY_S", 0.5)  # off a terminal, a line per running step this often
     messages = []
     out = run_pipeline(write_pipeline(tmp_path, steps), log=messages.append, jobs=None, threads=1, gpus=["7"])
     assert any(re.fullmatch(r"  (gpu-[ab]|cpu): (starting|vqa \d+/60 step .*)", m) for m in messages), messages
     assert "[gpu-a] train started: 1 process(es), 1 thread(s) each, GPU 7; log " + str(out / "gpu-a" / "log.txt") in messages
     launched = read_state(out)["steps"]  # each step's process, from its start to its end
     spans = {step: (launched[step]["started"], launched[step]["ended"]) for step in ("gpu-a", "gpu-b", "cpu")}
-    assert record(out, "gpu-a")["devices"] == record(out, "gpu-b")["devices"] == "7"
-    assert record(out, "cpu")["devices"] == ""
+    assert step_record(out, "gpu-a")["devices"] == step_record(out, "gpu-b")["devices"] == "7"
+    assert step_record(out, "cpu")["devices"] == ""
 
     def overlap(a, b):
         return spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
@@ -103,7 +91,7 @@ def test_a_failed_step_stops_what_reads_it_and_the_rest_finishes(tmp_path):
     assert f"bad: Error: {tmp_path / 'out' / 'world' / 'missing.jsonl'}" in message
     assert f"(log: {tmp_path / 'out' / 'bad' / 'log.txt'})" in message
     assert "after-bad: not run, it reads bad" in message
-    assert record(tmp_path / "out", "fine")["done"] and not (tmp_path / "out" / "after-bad").exists()
+    assert step_record(tmp_path / "out", "fine")["done"] and not (tmp_path / "out" / "after-bad").exists()
     assert failed.value.exit_status == 2
 
     rows = {row.step: row for row in executor_named("local").status(load_pipeline(path))}
@@ -116,26 +104,26 @@ def test_a_failed_step_stops_what_reads_it_and_the_rest_finishes(tmp_path):
         "after-bad  not run: it reads bad, which failed",
         "fine       done"]
     assert CliRunner().invoke(main, ["pipeline", "cancel", str(path)]).output == (
-        f"{tmp_path / 'out'}: no run of this pipeline is going on on this machine\n")
+        f"{tmp_path / 'out'}: no run of this pipeline is going on\n")
 
 
 def test_shards_and_ddp_processes_run_as_processes_of_one_step(tiny_world, tmp_path):
     steps = [{"name": "sharded", "kind": "extract", "images": str(tiny_world / "world"), "detector": "tiny",
               "batch_size": 4, "progress": False, "shards": 2},
-             train_step(tiny_world, "ddp", devices=2, seed=3)]
+             train_step_on(tiny_world, "ddp", devices=2, seed=3)]
     out = run_pipeline(write_pipeline(tmp_path, steps), log=lambda _: None, jobs=None, threads=1)
     with FeatureStore(out / "sharded") as sharded, FeatureStore(tiny_world / "cache") as whole:
         assert len(sharded.shards) == 2 and sorted(sharded.keys()) == sorted(whole.keys())
         key = whole.keys()[0]
         assert np.array_equal(sharded[key]["features"], whole[key]["features"])
-    assert record(out, "sharded")["done"] and "every shard complete" in (out / "sharded" / "log.txt").read_text()
-    assert record(out, "ddp")["processes"] == 2
+    assert step_record(out, "sharded")["done"] and "every shard complete" in (out / "sharded" / "log.txt").read_text()
+    assert step_record(out, "ddp")["processes"] == 2
     assert RunFolder(out / "ddp").last_stage().done
 
 
 def test_set_values_name_steps_and_append_stages(tiny_world, tmp_path):
     path = write_pipeline(tmp_path, [{"name": "vocab", "kind": "vocabulary", "world": str(tiny_world / "world")},
-                            train_step(tiny_world, "finetune")])
+                            train_step_on(tiny_world, "finetune")])
     pipeline = load_pipeline(path, {"finetune.vocabulary": "${vocab}",
                                     "finetune.stages+": {"name": "e2e", "task": "vqa", "steps": 1, "visual": "end2end"}})
     finetune = pipeline.steps[1]
@@ -146,7 +134,7 @@ def test_set_values_name_steps_and_append_stages(tiny_world, tmp_path):
 
 def test_sigterm_stops_the_running_steps_and_a_rerun_resumes_them_to_the_weights_of_an_uninterrupted_run(
         tiny_world, tmp_path):
-    steps = [train_step(tiny_world, "long", steps=300)]
+    steps = [train_step_on(tiny_world, "long", steps=300)]
     steps[0]["stages"][0]["checkpoint_minutes"] = 0  # no checkpoint but the one the signal asks for
     path = write_pipeline(tmp_path, steps)
     out = tmp_path / "out"
@@ -161,13 +149,13 @@ def test_sigterm_stops_the_running_steps_and_a_rerun_resumes_them_to_the_weights
     assert run.wait(timeout=180) == 128 + signal.SIGTERM
     assert "Error: stopped by SIGTERM: the running steps were stopped" in (tmp_path / "run.log").read_text()
     stage = RunFolder(out / "long").stage(0, "vqa")
-    assert not record(out, "long")["done"] and len(stage.checkpoints()) == 1 and not stage.done
+    assert not step_record(out, "long")["done"] and len(stage.checkpoints()) == 1 and not stage.done
     assert "stopped by SIGTERM; the run resumes there" in (out / "long" / "log.txt").read_text()
     assert read_state(out)["steps"]["long"]["state"] == "stopped"
 
     messages = []
     run_pipeline(path, log=messages.append, jobs=None, threads=1)
-    assert record(out, "long")["done"] and "[long] resuming an interrupted run" in (out / "long" / "log.txt").read_text()
+    assert step_record(out, "long")["done"] and "[long] resuming an interrupted run" in (out / "long" / "log.txt").read_text()
     with configured_threads(1):
         straight = run_pipeline(path, tmp_path / "straight", log=lambda _: None, jobs=1)
     resumed = RunFolder(out / "long").last_stage().final / "model.safetensors"
@@ -180,7 +168,7 @@ def test_independent_gpu_steps_run_one_per_gpu_and_none_on_a_gpu_another_holds(t
 
     gpus = [str(index) for index in range(torch.cuda.device_count())]
     names = [f"gpu-{index}" for index in range(len(gpus) + 1)]  # one more than the GPUs: it waits for one
-    steps = [train_step(tiny_world, name, device="cuda") for name in names]
+    steps = [train_step_on(tiny_world, name, device="cuda") for name in names]
     out = run_pipeline(write_pipeline(tmp_path, steps), log=lambda _: None, jobs=None, threads=1)
     launched = read_state(out)["steps"]
     for first in names:
@@ -188,10 +176,10 @@ def test_independent_gpu_steps_run_one_per_gpu_and_none_on_a_gpu_another_holds(t
             overlap = launched[first]["started"] < launched[second]["ended"] and \
                 launched[second]["started"] < launched[first]["ended"]
             if first != second and overlap:
-                assert record(out, first)["devices"] != record(out, second)["devices"]
-    assert {record(out, name)["devices"] for name in names} == set(gpus)
+                assert step_record(out, first)["devices"] != step_record(out, second)["devices"]
+    assert {step_record(out, name)["devices"] for name in names} == set(gpus)
     with pytest.raises(UserError, match=r"device cuda:0: steps side by side are each given their GPUs"):
-        run_pipeline(write_pipeline(tmp_path, [train_step(tiny_world, "indexed", device="cuda:0")], "indexed.yaml"),
+        run_pipeline(write_pipeline(tmp_path, [train_step_on(tiny_world, "indexed", device="cuda:0")], "indexed.yaml"),
                      log=lambda _: None, jobs=None)
 
 
@@ -205,12 +193,18 @@ def _describe_process(arguments: list[str]) -> None:
     raise SystemExit(int(arguments[0]))
 
 
+@pytest.fixture(scope="module")
+def fork_server():
+    """The fork server that the tests using it start, stopped after them: a process that later tests
+    fork must not inherit its pipe (stopping it would then wait for that process)."""
+    yield
+    shut_down()
+
+
 @pytest.mark.parametrize("status", [0, 3])
 def test_a_forked_step_process_has_its_session_environment_log_and_exit_status_and_starts_workers_as_a_command(
-        tmp_path, status):
+        tmp_path, status, fork_server):
     import multiprocessing
-
-    from pipelines.executors.forked import ForkedProcess
 
     log = tmp_path / "log.txt"
     log.write_text("before\n")

@@ -11,9 +11,9 @@ import pytest
 
 from extract.store.reader import FeatureStore
 from extract.threads import configured_threads
-from pipelines.executors import StepsFailed, executor_named, read_state
-from pipelines.executors.slurm import SlurmError
-from pipelines.runner import load_pipeline, run_pipeline
+from pipelines.executors import executor_named
+from pipelines.executors.base import CannotRun, StepsFailed, read_state
+from pipelines.runner import load_pipeline, load_run, run_pipeline
 from pipelines.world.tiny import TINY_MODEL
 from tests.helpers.pipelines import STEPS_WITH_A_FAILURE, write_pipeline
 from train.engine.run_folder import RunFolder
@@ -26,7 +26,8 @@ def settings(cluster) -> dict:
 
 
 def states_until_settled(pipeline, timeout_s: float = 240) -> dict[str, list[str]]:
-    """Each step's states as `status` shows them, in order, polled until every step has settled."""
+    """Each step's states as `status` shows them, in order, polled every 0.1 s (as a user's loop might)
+    until every step has settled."""
     seen: dict[str, list[str]] = {}
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -36,7 +37,7 @@ def states_until_settled(pipeline, timeout_s: float = 240) -> dict[str, list[str
                 seen[row.step].append(row.state)
         if all(row.state in ("done", "failed", "cancelled", "not run") for row in rows):
             return seen
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise AssertionError(f"the pipeline did not settle in {timeout_s} s: {seen}")
 
 
@@ -56,8 +57,9 @@ def test_a_pipeline_runs_as_jobs_its_extraction_as_an_array_equal_to_one_local_e
     messages = []
     out = run_pipeline(path, log=messages.append, settings=settings(slurm_cluster), executor="slurm")
     assert any(m.startswith("[vqa] submitted: job ") and "(after " in m for m in messages)
-    seen = states_until_settled(load_pipeline(path, settings(slurm_cluster)))
-    assert all(states[-1] == "done" for states in seen.values()), seen
+    seen = states_until_settled(load_run(path))  # the settings the run recorded
+    # never a word of failure (a done step called failed, those after it not run) in a run that succeeded
+    assert all(set(states) <= {"queued", "running", "done"} and states[-1] == "done" for states in seen.values()), seen
     assert "running" in seen["vqa"] and seen["vqa"].index("running") < seen["vqa"].index("done")
     assert seen["report"][0] == "queued"  # it waited for the training's job
 
@@ -95,9 +97,16 @@ def test_queued_jobs_are_cancelled_and_unknown_slurm_settings_refused_before_sub
     steps = [{"name": "world", "kind": "world", "images": 3, "seed": 1},
              {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"}]
     path = write_pipeline(tmp_path, steps, slurm={"partiton": "debug"})
-    with pytest.raises(SlurmError, match=r"slurm.partiton: not a Slurm setting of submitit's SlurmExecutor "
+    with pytest.raises(CannotRun, match=r"slurm.partiton: not a Slurm setting of submitit's SlurmExecutor "
                                             r"\(did you mean 'partition'\?\)"):
         run_pipeline(path, log=lambda _: None, executor="slurm")
+    assert not (tmp_path / "out" / "world").exists()
+
+    path = write_pipeline(tmp_path, steps)
+    too_many = {"slurm.cpus_per_task": slurm_cluster.cpus + 1}
+    with pytest.raises(CannotRun, match=fr"step 'world': 1 task\(s\) × cpus_per_task {slurm_cluster.cpus + 1}: "
+                                        fr"partition 'debug' has at most {slurm_cluster.cpus} CPUs a node"):
+        run_pipeline(path, log=lambda _: None, settings={**settings(slurm_cluster), **too_many}, executor="slurm")
     assert not (tmp_path / "out" / "world").exists()
 
     path = write_pipeline(tmp_path, steps, slurm={"additional_parameters": {"begin": "now+600"}})  # held for ten minutes

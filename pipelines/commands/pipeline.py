@@ -8,8 +8,7 @@ from pathlib import Path
 import click
 
 from pipelines.commands import own_threads
-
-EXECUTOR_NAMES = ("local", "slurm")  # pipelines.executors.EXECUTORS, named here without importing it
+from pipelines.executors import DEFAULT, EXECUTORS
 
 
 def _pipeline_options(command):
@@ -22,10 +21,11 @@ def _pipeline_options(command):
     return click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))(command)
 
 
-def _loaded(file: Path, settings: tuple[str, ...], out: Path | None):
-    from pipelines.runner import load_pipeline, parse_settings, with_out
+def _run_of(file: Path, settings: tuple[str, ...], out: Path | None):
+    """The pipeline of the run in the output folder, with the settings it recorded and these over them."""
+    from pipelines.runner import load_run, parse_settings, with_out
 
-    return load_pipeline(file, with_out(file, out, parse_settings(settings)))
+    return load_run(file, with_out(file, out, parse_settings(settings)))
 
 
 @click.group("pipeline")
@@ -41,9 +41,9 @@ def pipeline_group() -> None:
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads of every step's processes (local executor) [default: the free cores shared "
                    "among the steps starting]; results are bitwise the same for the same count.")
-@click.option("--executor", type=click.Choice(EXECUTOR_NAMES), default="local", show_default=True,
+@click.option("--executor", type=click.Choice(list(EXECUTORS)), default=DEFAULT, show_default=True,
               help="local: this machine; slurm: a job per step through submitit (settings: slurm.KEY).")
-@click.option("--wait/--no-wait", default=False,
+@click.option("--wait", is_flag=True,
               help="slurm: wait for the jobs and report their end [default: submit and return].")
 def run_command(file: Path, settings: tuple[str, ...], out: Path | None, jobs: int | None, threads: int | None,
                 executor: str, wait: bool) -> None:
@@ -72,22 +72,22 @@ def run_command(file: Path, settings: tuple[str, ...], out: Path | None, jobs: i
     """
     from pipelines.runner import parse_settings, run_pipeline
 
-    options = {"wait": wait} if executor == "slurm" else {"threads": threads, "status_stream": sys.stdout}
     root = run_pipeline(file, out, log=click.echo, settings=parse_settings(settings),
-                        jobs=jobs, executor=executor, **options)
+                        executor=executor, jobs=jobs, threads=threads, wait=wait, status_stream=sys.stdout)
     click.echo(f"pipeline outputs: {root.resolve()}")
 
 
 @pipeline_group.command("status")
 @_pipeline_options
 def status_command(file: Path, settings: tuple[str, ...], out: Path | None) -> None:
-    """Each step's state (done, running, queued, failed, stopped, waiting, not started), its job or
-    process, its log and its progress, from the run of FILE that its output folder records."""
-    from pipelines.executors import executor_named, read_state
+    """Each step's state (done, running, queued, failed, cancelled, stopped, not run, outdated, waiting,
+    not started), its job or process, its log and its progress, from the run of FILE that its output
+    folder records: --out (or FILE's `out`) is enough, the --set values that run was given are read
+    from there (--set values given here change them)."""
+    from pipelines.executors import executor_of
 
-    pipeline = _loaded(file, settings, out)
-    executor = read_state(pipeline.out).get("executor", "local")
-    rows = executor_named(executor).status(pipeline)
+    pipeline = _run_of(file, settings, out)
+    rows = executor_of(pipeline.out).status(pipeline)
     width = max(len(row.step) for row in rows)
     for row in rows:
         job = f" [{row.job}]" if row.job else ""
@@ -99,12 +99,12 @@ def status_command(file: Path, settings: tuple[str, ...], out: Path | None) -> N
 @pipeline_group.command("cancel")
 @_pipeline_options
 def cancel_command(file: Path, settings: tuple[str, ...], out: Path | None) -> None:
-    """Stop the run of FILE: its queued and running Slurm jobs are cancelled, or a local run is asked to
-    stop (its steps resume on a rerun)."""
-    from pipelines.executors import executor_named, read_state
+    """Stop the run of FILE in its output folder (--out is enough, as for status): its queued and running
+    Slurm jobs are cancelled, or a local run is asked to stop (its steps resume on a rerun)."""
+    from pipelines.executors import executor_of
 
-    pipeline = _loaded(file, settings, out)
-    executor_named(read_state(pipeline.out).get("executor", "local")).cancel(pipeline, click.echo)
+    pipeline = _run_of(file, settings, out)
+    executor_of(pipeline.out).cancel(pipeline, click.echo)
 
 
 @pipeline_group.command("report")
@@ -117,7 +117,7 @@ def report_command(file: Path, settings: tuple[str, ...], out: Path | None) -> N
     from pipelines.steps.report import rebuild_page
     from vlbert.errors import UserError
 
-    pipeline = _loaded(file, settings, out)
+    pipeline = _run_of(file, settings, out)
     if not pipeline.out.is_dir():
         raise UserError(f"{pipeline.out}: no such folder: {file} has not run into it (give its --out)")
     page, missing = rebuild_page(pipeline)
@@ -133,8 +133,10 @@ def report_command(file: Path, settings: tuple[str, ...], out: Path | None) -> N
 def step_command(spec: Path, shard: int | None) -> None:
     """Run one step of a pipeline as its executor wrote it into SPEC (pipelines/execution.py)."""
     from pipelines.execution import StepSpec, run_spec
+    from pipelines.executors import executor_named
 
-    run_spec(StepSpec.from_file(spec), shard, log=click.echo)
+    loaded = StepSpec.from_file(spec)
+    run_spec(loaded, shard, log=click.echo, attempt=executor_named(loaded.executor).attempt())
 
 
 COMMANDS = [pipeline_group]

@@ -18,6 +18,13 @@ within this machine's cores and GPUs.
   checkpoint first), and a rerun resumes each.
 - `jobs` caps how many launches run at once; `jobs=1` runs the steps one after another in this
   process (a step that needs several processes still gets them), as the runner always did.
+- Bounds, checked before anything runs: a DDP step's `devices` at most the GPUs given (or, on the
+  CPU, where each is a gloo process, the cores), `threads` at most the cores; OMP_NUM_THREADS, where
+  set, caps the threads a step is given unless `threads` says otherwise.
+- The run's scheduler is recorded in the state file with its pid and what tells that process from a
+  later one given the same pid (the boot and its start time); `cancel` signals it only while the run
+  lock is held and that process is still the one recorded: a dead or reused pid is reported, never
+  signalled. A step's processes are recorded the same way, so a reused pid never shows as running.
 """
 
 from __future__ import annotations
@@ -35,18 +42,20 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
 from extract.progress import PROGRESS_VARIABLE, progress_summary
-from pipelines.execution import (
-    ATTEMPT_VARIABLE, Step, StepSpec, new_attempt, recorded, resumed_threads, run_here, run_spec, state,
+from pipelines.execution import Step, StepSpec, new_attempt, recorded, resumed_threads, run_here, run_spec, state
+from pipelines.executors.base import (
+    Executor, Launch, State, StepsFailed, last_error, launched_steps, read_state, run_going_on, updating_state,
 )
-from pipelines.executors import StepsFailed, StepStatus, last_error, read_state, settled, updating_state
+from pipelines.executors.board import StatusBoard
 from pipelines.executors.forked import ForkedProcess, shut_down, warm_up
 from pipelines.steps import KINDS
 from vlbert.errors import UserError, error_line, exit_status
 
 Log = Callable[[str], None]
+NAME = "local"
 POLL_S = 0.5
 STOP_GRACE_S = 120.0  # how long stopped steps may take to write their checkpoints before they are killed
-STATUS_EVERY_S = 30.0  # status lines when the output is not a terminal
+ATTEMPT_VARIABLE = "VLBERT_ATTEMPT"  # what the processes of one launch of a step share
 
 
 class Interrupted(UserError):
@@ -91,14 +100,82 @@ class Outcome:
     causes: dict[str, Exception] = field(default_factory=dict)  # step → its error, when it ran here
 
 
-def run(pipeline, log: Log, jobs: int | None = None, threads: int | None = None, gpus: list[str] | None = None,
-        status_stream: TextIO | None = None) -> None:
-    """Runs the pipeline's steps that are not up to date (see the module's docstring)."""
-    if jobs is not None and jobs < 1:
-        raise UserError(f"jobs {jobs}: expected a positive number of steps at once")
-    if threads is not None and threads < 1:
-        raise UserError(f"threads {threads}: expected a positive number of threads per process")
-    Scheduler(pipeline, log, jobs, threads, visible_gpus() if gpus is None else list(gpus), status_stream).run()
+class LocalExecutor(Executor):
+    name = NAME
+
+    def problems(self, pipeline, *, jobs: int | None = 1, threads: int | None = None, gpus: list[str] | None = None,
+                 status_stream: TextIO | None = None) -> list[str]:
+        cores = len(os.sched_getaffinity(0))
+        gpus = visible_gpus() if gpus is None else gpus
+        problems = []
+        if jobs is not None and jobs < 1:
+            problems.append(f"jobs {jobs}: expected a positive number of steps at once")
+        if threads is not None and not 1 <= threads <= cores:
+            problems.append(f"threads {threads}: expected a number of threads per process from 1 to the {cores} "
+                            "cores this machine gives this run")
+        for step in pipeline.steps:
+            where = f"step {step.name!r}: "
+            if step.layout.nodes > 1:
+                problems.append(where + f"nodes {step.layout.nodes}: several machines need a cluster's executor")
+            elif step.layout.gpu and gpus and step.layout.ranks > len(gpus):
+                problems.append(where + f"devices {step.layout.ranks}, but this machine has {len(gpus)} GPU(s)")
+            elif not (step.layout.gpu and gpus) and step.layout.ranks > cores:
+                problems.append(where + f"devices {step.layout.ranks}: on the CPU each is a gloo process of its own, "
+                                f"and this machine gives this run {cores} cores")
+            if jobs != 1 and str(step.params.get("device", "")).startswith("cuda:"):
+                # each step sees only the GPUs it is given, as cuda:0, cuda:1, ...
+                problems.append(where + f"device {step.params['device']}: steps side by side are each given their "
+                                "GPUs; name cuda or auto (or run them one after another with --jobs 1)")
+        return problems
+
+    def run(self, pipeline, log: Log, *, jobs: int | None = 1, threads: int | None = None,
+            gpus: list[str] | None = None, status_stream: TextIO | None = None) -> None:
+        """Runs the pipeline's steps that are not up to date (see the module's docstring)."""
+        Scheduler(pipeline, log, jobs, threads, visible_gpus() if gpus is None else list(gpus), status_stream).run()
+
+    def launches(self, pipeline) -> tuple[dict[str, Launch], bool]:
+        return {name: launch for name, entry in launched_steps(pipeline.out, NAME).items()
+                if (launch := _launch_of(entry)) is not None}, run_going_on(pipeline.out)
+
+    def cancel(self, pipeline, log: Log) -> None:
+        """Stops a local run of the pipeline: SIGTERM to its scheduler, which stops every running step;
+        only while the run goes on and its recorded scheduler is still that process."""
+        out = pipeline.out
+        recorded = read_state(out)
+        scheduler = recorded.get("scheduler") if recorded.get("executor") == NAME else None
+        unclosed = scheduler is not None and "ended" not in scheduler
+        if not run_going_on(out):
+            log(f"{out}: no run of this pipeline is going on"
+                + (f"; its last run's scheduler (process {scheduler['pid']} on {scheduler['host']}) ended without "
+                   "recording its end (killed?), so that pid was not signalled" if unclosed else ""))
+        elif not unclosed:
+            log(f"{out}: a run of this pipeline is going on, but it recorded no local scheduler: nothing was "
+                "signalled (`vlbert pipeline status` shows what runs)")
+        elif scheduler["host"] != socket.gethostname():
+            log(f"{out}: the run's scheduler is process {scheduler['pid']} on host {scheduler['host']}: run "
+                "`vlbert pipeline cancel` there")
+        elif process_identity(scheduler["pid"]) != scheduler.get("identity"):
+            log(f"{out}: process {scheduler['pid']} is no longer the run's scheduler (its pid was taken by another "
+                "process): nothing was signalled")
+        else:
+            os.kill(scheduler["pid"], signal.SIGTERM)
+            log(f"{out}: asked the run (process {scheduler['pid']}) to stop; its steps resume on a rerun")
+
+    def attempt(self) -> str | None:
+        return os.environ.get(ATTEMPT_VARIABLE)
+
+
+def _launch_of(entry: dict[str, Any]) -> Launch | None:
+    """What the scheduler recorded of a step's launch, as a Launch; None when it ended well."""
+    attempts = (entry["attempt"],) if "attempt" in entry else ()
+    if entry.get("state") == "failed":
+        return Launch(State.FAILED, detail=entry.get("error", ""), attempts=attempts)
+    if entry.get("state") not in ("running", "stopped"):
+        return None
+    alive = [pid for pid, identity in entry.get("processes", {}).items() if process_identity(int(pid)) == identity]
+    if entry["state"] == "running" and alive:
+        return Launch(State.RUNNING, ",".join(alive), attempts=attempts)
+    return Launch(State.STOPPED, detail="resumes on a rerun", attempts=attempts)
 
 
 def visible_gpus() -> list[str]:
@@ -110,12 +187,26 @@ def visible_gpus() -> list[str]:
     return [str(index) for index in range(torch.cuda.device_count())]
 
 
+def process_identity(pid: int) -> str | None:
+    """What tells process `pid` from a later one given the same pid: the boot and the time it started
+    (Linux's /proc); None when no such process runs."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    return f"{boot}/{fields[19]}"  # field 22 of stat, the start time: the 20th after the command's ")"
+
+
 class Scheduler:
     def __init__(self, pipeline, log: Log, jobs: int | None, threads: int | None, gpus: list[str],
                  status_stream: TextIO | None) -> None:
+        from extract.threads import thread_count
+
         self.pipeline, self.jobs, self.threads, self.gpus = pipeline, jobs, threads, gpus
         self.inline = jobs == 1
         self.cores = len(os.sched_getaffinity(0))
+        self.most_threads = thread_count(env=os.environ, default=None)  # OMP_NUM_THREADS, where set
         self.board = StatusBoard(log, status_stream)
         self.waiting = list(pipeline.steps)  # not ready yet: an earlier step they read is not done
         self.ready: list[Task] = []
@@ -126,24 +217,25 @@ class Scheduler:
         self.attempts: dict[str, str] = {}
         self.resumed_threads: dict[str, int | None] = {}  # an interrupted step's: it resumes with them
         self.stopping: int | None = None
+        # Whether this run started steps from the fork server (forked.py), which it then stops. Not
+        # otherwise: stopping a server that someone else started waits for every process holding its
+        # pipe, a failed inline step's DataLoader workers too.
+        self.forking = False
 
     # ---- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        self._check_fits()
+        """The loop, under the run lock that the caller holds (base.running), recorded in the state file."""
         with updating_state(self.pipeline.out) as records:
-            other = _running_scheduler(records)
-            if other is not None:
-                raise UserError(f"{self.pipeline.out}: another run of this pipeline is going on (process {other['pid']} "
-                                f"on {other['host']}); `vlbert pipeline status` shows it, `cancel` stops it")
             records.clear()
-            records.update(executor="local", scheduler={"pid": os.getpid(), "host": socket.gethostname(),
-                                                         "started": time.time()}, steps={})
+            records.update(executor=NAME, scheduler={"pid": os.getpid(), "identity": process_identity(os.getpid()),
+                                                     "host": socket.gethostname(), "started": time.time()}, steps={})
         try:
             with self._signals_handled():
                 self._loop()
         finally:
-            shut_down()
+            if self.forking:
+                shut_down()
             with updating_state(self.pipeline.out) as records:
                 records["scheduler"]["ended"] = time.time()
         self._report()
@@ -169,7 +261,6 @@ class Scheduler:
                 self.waiting.remove(step)
                 self.outcome.left_out[step.name] = failed
                 self.board.event(f"[{step.name}] not run: it reads {failed}, which failed")
-                self._record(step, "not run", error=f"it reads {failed}, which failed")
                 continue
             if not all(name in self.done for name in step.reads):
                 continue
@@ -186,6 +277,7 @@ class Scheduler:
             self.attempts[step.name] = new_attempt()
             self.ready += tasks
             if not self.inline and _forked(tasks[0]):
+                self.forking = True
                 warm_up()  # its imports overlap whatever runs until the step starts
 
     def _launch(self) -> None:
@@ -209,7 +301,8 @@ class Scheduler:
             self.ready.remove(task)
         heavy = sum(task.processes for task, _ in starting if not _light(task))
         for task, gpus in starting:
-            offered = self.threads or (1 if _light(task) else 1 + max(free_cores, 0) // heavy)
+            offered = self.threads or (1 if _light(task) else min(1 + max(free_cores, 0) // heavy,
+                                                                  self.most_threads or self.cores))
             self._start(task, gpus, self.resumed_threads.get(task.step.name) or offered)
 
     def _start(self, task: Task, gpus: list[str], threads: int) -> None:
@@ -218,10 +311,11 @@ class Scheduler:
             self._run_inline(step)
             return
         step.folder.mkdir(parents=True, exist_ok=True)
-        spec = StepSpec(step, threads, "shard" if task.shard is not None else "").write()
+        spec = StepSpec(step, NAME, threads, "shard" if task.shard is not None else "").write()
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
                ATTEMPT_VARIABLE: self.attempts[step.name], PROGRESS_VARIABLE: str(step.progress_file(task.shard))}
         if _forked(task):
+            self.forking = True
             process = ForkedProcess(step_arguments(spec, task), env, step.log_file)
         else:
             with step.log_file.open("ab") as log_file:
@@ -231,14 +325,19 @@ class Scheduler:
         on = f", GPU {','.join(gpus)}" if gpus else ""
         self.board.event(f"[{task.name}] {step.kind} started: {task.processes} process(es), {threads} thread(s) each"
                          f"{on}; log {step.log_file}")
+        self._record_process(step, process.pid)
+
+    def _record_process(self, step: Step, pid: int) -> None:
+        """A process of the step's launch, with what tells it from a later process of the same pid."""
         with updating_state(self.pipeline.out) as records:
-            entry = records["steps"].setdefault(step.name, {"state": "running", "pids": [], "log": str(step.log_file),
-                                                            "started": time.time()})
-            entry["pids"].append(process.pid)
+            entry = records["steps"].setdefault(step.name, {"state": "running", "processes": {}, "started": time.time(),
+                                                            "attempt": self.attempts[step.name]})
+            entry["processes"][str(pid)] = process_identity(pid)
 
     def _run_inline(self, step: Step) -> None:
+        self._record_process(step, os.getpid())
         try:
-            run_here(step, self.board.event)
+            run_here(step, self.board.event, NAME, self.threads, self.attempts[step.name])
         except Exception as exc:  # noqa: BLE001 - the step's error is reported with its name at the end
             self.outcome.causes[step.name] = exc
             self._failed(step, error_line(exc), exit_status(exc) or 1)
@@ -272,7 +371,7 @@ class Scheduler:
             return
         if step.layout.shards > 1:
             try:
-                run_spec(StepSpec(step, launched.threads, "close"), log=appending_to(step.log_file))
+                run_spec(StepSpec(step, NAME, launched.threads, "close"), log=appending_to(step.log_file))
             except Exception as exc:  # noqa: BLE001 - a closing check that fails is the step's failure
                 self._failed(step, error_line(exc), exit_status(exc) or 1)
                 return
@@ -288,8 +387,7 @@ class Scheduler:
 
     def _record(self, step: Step, outcome: str, **details: Any) -> None:
         with updating_state(self.pipeline.out) as records:
-            records["steps"].setdefault(step.name, {"log": str(step.log_file)}).update(state=outcome, ended=time.time(),
-                                                                                       **details)
+            records["steps"].setdefault(step.name, {}).update(state=outcome, ended=time.time(), **details)
 
     def _status_line(self, launched: Launched) -> str:
         task = launched.task
@@ -297,20 +395,6 @@ class Scheduler:
         return f"{task.name}: {progress_summary(files) or 'starting'}"
 
     # ---- checks, signals, the end --------------------------------------------------------------
-
-    def _check_fits(self) -> None:
-        problems = [f"step {step.name!r}: nodes {step.layout.nodes}: several machines need --executor slurm"
-                    for step in self.pipeline.steps if step.layout.nodes > 1]
-        problems += [f"step {step.name!r}: devices {step.layout.ranks}, but this machine has {len(self.gpus)} GPU(s)"
-                     for step in self.pipeline.steps if step.layout.gpu and self.gpus
-                     and step.layout.ranks > len(self.gpus)]
-        if not self.inline:  # each step sees only the GPUs it is given, as cuda:0, cuda:1, ...
-            problems += [f"step {step.name!r}: device {step.params['device']}: steps side by side are each given their "
-                         "GPUs; name cuda or auto (or run them one after another with --jobs 1)"
-                         for step in self.pipeline.steps
-                         if str(step.params.get("device", "")).startswith("cuda:")]
-        if problems:
-            raise UserError(f"{self.pipeline.path}: " + "; ".join(problems))
 
     @contextmanager
     def _signals_handled(self) -> Iterator[None]:
@@ -404,91 +488,4 @@ def _signal_group(process: subprocess.Popen | ForkedProcess, signum: int) -> Non
         pass
 
 
-class StatusBoard:
-    """Events as lines; on a terminal, below them, a line per running step redrawn every second;
-    elsewhere, those lines every STATUS_EVERY_S seconds."""
-
-    def __init__(self, log: Log, stream: TextIO | None) -> None:
-        self.log, self.stream = log, stream
-        self.live = bool(stream is not None and getattr(stream, "isatty", lambda: False)())
-        self.shown = 0  # lines of the live block on the screen
-        self.last = time.monotonic()
-
-    def event(self, message: str) -> None:
-        self._clear()
-        self.log(message)
-
-    def refresh(self, lines: list[str]) -> None:
-        now = time.monotonic()
-        if self.live:
-            if now - self.last >= 1.0:
-                self._clear()
-                self.stream.write("".join(line + "\n" for line in lines))
-                self.stream.flush()
-                self.shown, self.last = len(lines), now
-        elif lines and now - self.last >= STATUS_EVERY_S:
-            for line in lines:
-                self.log(f"  {line}")
-            self.last = now
-
-    def _clear(self) -> None:
-        if self.live and self.shown:
-            self.stream.write(f"\x1b[{self.shown}F\x1b[J")
-            self.stream.flush()
-            self.shown = 0
-
-
-# ---- status and cancel ---------------------------------------------------------------------------
-
-def status(pipeline) -> list[StepStatus]:
-    recorded = read_state(pipeline.out)
-    alive = _running_scheduler(recorded) is not None
-    rows = []
-    for step in pipeline.steps:
-        entry = recorded.get("steps", {}).get(step.name, {})
-        done = settled(step)
-        if done is not None:
-            rows.append(done)
-            continue
-        pids = [pid for pid in entry.get("pids", []) if _alive(pid)]
-        if entry.get("state") == "running" and pids:
-            line = progress_summary(sorted(step.folder.glob(".progress*.json")))
-            rows.append(StepStatus(step.name, "running", ",".join(map(str, pids)), str(step.log_file), line))
-        elif entry.get("state") == "failed":
-            rows.append(StepStatus(step.name, "failed", log=str(step.log_file), detail=entry.get("error", "")))
-        elif entry.get("state") == "not run":
-            rows.append(StepStatus(step.name, "not run", detail=entry.get("error", "")))
-        elif entry.get("state") in ("running", "stopped"):
-            rows.append(StepStatus(step.name, "stopped", log=str(step.log_file), detail="resumes on a rerun"))
-        else:
-            rows.append(StepStatus(step.name, "waiting" if alive else "not started"))
-    return rows
-
-
-def cancel(pipeline, log: Log) -> None:
-    """Stops a local run of the pipeline: SIGTERM to its scheduler, which stops every running step."""
-    scheduler = _running_scheduler(read_state(pipeline.out))
-    if scheduler is None:
-        log(f"{pipeline.out}: no run of this pipeline is going on on this machine")
-        return
-    os.kill(scheduler["pid"], signal.SIGTERM)
-    log(f"{pipeline.out}: asked the run (process {scheduler['pid']}) to stop; its steps resume on a rerun")
-
-
-def _running_scheduler(recorded: dict) -> dict | None:
-    """The state file's scheduler while it runs on this machine, else None."""
-    scheduler = recorded.get("scheduler", {})
-    running = "ended" not in scheduler and scheduler.get("host") == socket.gethostname()
-    return scheduler if running and _alive(scheduler.get("pid")) else None
-
-
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+EXECUTOR = LocalExecutor()

@@ -3,6 +3,7 @@ starting checkpoints they take as inputs, and a run through the command line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterable
 
@@ -32,6 +33,20 @@ def write_pipeline(folder: Path, steps: list[dict], file: str = "pipeline.yaml",
     path = folder / file
     path.write_text(yaml.safe_dump({"name": "test", "out": str(folder / "out"), "steps": steps, **top}))
     return path
+
+
+def train_step_on(world: Path, name: str, task: str = "vqa", steps: int = 2, **fields) -> dict:
+    """A tiny train step on the tiny world's store, annotations and vocabulary (tests/conftest.py)."""
+    return {"name": name, "kind": "train", "store": str(world / "cache"),
+            "train_annotations": str(world / "world" / "train.jsonl"),
+            "eval_annotations": str(world / "world" / "val.jsonl"), "vocabulary": str(world / "vocab"),
+            "max_length": 40, "model": dict(TINY_MODEL),
+            "stages": [{"name": task, "task": task, "steps": steps, "batch_size": 4, "num_workers": 0}], **fields}
+
+
+def step_record(out: Path, step: str) -> dict:
+    """The step.json of `step` in the run folder `out`."""
+    return json.loads((out / step / "step.json").read_text())
 
 
 def write_image(path: Path, seed: int) -> None:
