@@ -66,7 +66,7 @@ def test_a_gpu_goes_to_one_step_at_a_time_while_cpu_steps_run_beside(tiny_world,
     monkeypatch.setattr(board, "STATUS_EVERY_S", 0.5)  # off a terminal, a line per running step this often
     messages = []
     out = run_pipeline(write_pipeline(tmp_path, steps), log=messages.append, jobs=None, threads=1, gpus=["7"])
-    assert any(re.fullmatch(r"  (gpu-[ab]|cpu): (starting|vqa \d+/60 step .*)", m) for m in messages), messages
+    assert any(re.fullmatch(r"  (gpu-[ab]|cpu): (starting|vqa: \d+/60 step .*)", m) for m in messages), messages
     assert "[gpu-a] train started: 1 process(es), 1 thread(s) each, GPU 7; log " + str(out / "gpu-a" / "log.txt") in messages
     launched = read_state(out)["steps"]  # each step's process, from its start to its end
     spans = {step: (launched[step]["started"], launched[step]["ended"]) for step in ("gpu-a", "gpu-b", "cpu")}

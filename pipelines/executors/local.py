@@ -261,6 +261,8 @@ class Scheduler:
                 self.waiting.remove(step)
                 self.outcome.left_out[step.name] = failed
                 self.board.event(f"[{step.name}] not run: it reads {failed}, which failed")
+                # for the run's timeline (pipelines/timeline.py); status derives it from the graph
+                self._record(step, State.NOT_RUN.value, error=f"it reads {failed}, which failed")
                 continue
             if not all(name in self.done for name in step.reads):
                 continue

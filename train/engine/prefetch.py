@@ -6,15 +6,15 @@ run on a side stream, so the step's stream never waits for a transfer it could h
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, TypeVar
 
 import torch
 from torch.profiler import record_function
 
 from train.data.collate import pixel_entries, to_device
 
-if TYPE_CHECKING:  # batches imports this module
-    from train.engine.batches import Batch
+# train.engine.batches's Batch (which imports this module): a dataclass with `inputs` and `pixels`
+Batch = TypeVar("Batch")
 
 
 def on_device(batches: Iterator[Batch], device: torch.device, ahead: bool) -> Iterator[Batch]:
