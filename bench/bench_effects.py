@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/bench_effects.py                                # 3 seeds × 1 and 2 threads
     .venv/bin/python bench/bench_effects.py --seeds 0 --threads 1 --scale 0.2    # one short run
+    .venv/bin/python bench/bench_effects.py --seeds 0 --threads 1 --checkout /tmp/base  # another commit's code
 
 Claims (`CLAIMS`):
   zero_shot  retrieval_unicoder.yaml's relationship pre-training, then its zero-shot stage: the
@@ -13,8 +14,9 @@ Claims (`CLAIMS`):
 Each run is `vlbert pipeline run` of the claim's steps in a fresh process with `--jobs 1 --threads T`
 and the step's `seed` set; the world, its FeatureStore and vocabulary are built once (`--threads 1`)
 and shared by every run, so runs differ only by seed and thread count. `--scale` multiplies the
-pre-training's steps and warm-up for a quick look; the claims are about scale 1. Runs go one after
-another; a run that fails stops the benchmark with its log.
+pre-training's steps and warm-up for a quick look; the claims are about scale 1. `--checkout` runs the
+code and pipeline files of another checkout (e.g. `git worktree add /tmp/base COMMIT`), to show a claim
+before a change. Runs go one after another; a run that fails stops the benchmark with its log.
 """
 
 from __future__ import annotations
@@ -95,11 +97,13 @@ def _resolved(value: Any, replacements: dict[str, str]) -> Any:
     return value
 
 
-def claim_pipelines(claim: Claim, scale: float, work: Path) -> tuple[Path, Path]:
-    """(the pipeline of the shared steps, the pipeline of a run's steps reading their folders)."""
-    document = yaml.safe_load(claim.pipeline.read_text())  # merge keys resolved: each step is whole
+def claim_pipelines(claim: Claim, code: Path, scale: float, work: Path) -> tuple[Path, Path]:
+    """(the pipeline of the shared steps, the pipeline of a run's steps reading their folders), from the
+    claim's pipeline file in the checkout `code`."""
+    source = code / claim.pipeline.relative_to(ROOT)
+    document = yaml.safe_load(source.read_text())  # merge keys resolved: each step is whole
     shared = work / "shared"
-    replacements = {"${here}": str(claim.pipeline.parent),
+    replacements = {"${here}": str(source.parent),
                     **{f"${{{name}}}": str(shared / name) for name in SHARED_STEPS}}
     steps = {step["name"]: _resolved(step, replacements) for step in document["steps"]}
     for stage in steps[claim.scaled]["stages"]:
@@ -115,12 +119,13 @@ def claim_pipelines(claim: Claim, scale: float, work: Path) -> tuple[Path, Path]
     return paths[0], paths[1]
 
 
-def run_pipeline(pipeline: Path, out: Path, threads: int, settings: list[str]) -> float:
+def run_pipeline(code: Path, pipeline: Path, out: Path, threads: int, settings: list[str]) -> float:
+    """`vlbert pipeline run` with the code of the checkout `code`: its wall time."""
     started = time.perf_counter()
     command = [sys.executable, "-m", "pipelines", "pipeline", "run", str(pipeline), "--out", str(out), "--jobs", "1",
                "--threads", str(threads), *(arg for setting in settings for arg in ("--set", setting))]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(command, cwd=code, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(code)})
     if done.returncode:
         raise SystemExit(f"{shlex.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return time.perf_counter() - started
@@ -133,6 +138,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="CPU thread counts, each run with every seed")
     parser.add_argument("--scale", type=float, default=1.0, help="the trained stages' steps × this")
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temporary folder)")
+    parser.add_argument("--checkout", type=Path, default=ROOT, help="the checkout whose code runs (default: this one)")
     args = parser.parse_args()
     claims = [name for name in args.claims.split(",") if name]
     unknown = [name for name in claims if name not in CLAIMS]
@@ -144,14 +150,16 @@ def main() -> None:
         work = args.out or Path(temporary)
         for name in claims:
             claim = CLAIMS[name]
-            shared, runs = claim_pipelines(claim, args.scale, work / name)
-            run_pipeline(shared, work / name / "shared", 1, [])
-            print(f"\n{name}: {claim.description} ({claim.pipeline.name}, steps × {args.scale})", flush=True)
+            code = args.checkout.resolve()
+            shared, runs = claim_pipelines(claim, code, args.scale, work / name)
+            run_pipeline(code, shared, work / name / "shared", 1, [])
+            print(f"\n{name}: {claim.description} ({claim.pipeline.name}, steps × {args.scale}, code at {code})",
+                  flush=True)
             held = []
             for threads in thread_counts:
                 for seed in seeds:
                     out = work / name / f"seed{seed}-threads{threads}"
-                    wall = run_pipeline(runs, out, threads, [f"{claim.seeded}.seed={seed}"])
+                    wall = run_pipeline(code, runs, out, threads, [f"{claim.seeded}.seed={seed}"])
                     result = claim.judge(out)
                     held.append(result.holds)
                     print(f"  seed {seed}, {threads} thread(s), {wall:.0f} s: {result.figure}: "
