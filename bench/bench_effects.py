@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_effects.py                                # 3 seeds × 1 and 2 threads
     .venv/bin/python bench/bench_effects.py --seeds 0 --threads 1 --scale 0.2    # one short run
     .venv/bin/python bench/bench_effects.py --seeds 0 --threads 1 --checkout /tmp/base  # another commit's code
+    .venv/bin/python bench/bench_effects.py --seeds 1 --set pretrain.pretrain.base_lr=3e-5  # a changed setting
 
 Claims (`CLAIMS`):
   zero_shot  retrieval_unicoder.yaml's relationship pre-training, then its zero-shot stage: the
@@ -16,7 +17,8 @@ and the step's `seed` set; the world, its FeatureStore and vocabulary are built 
 and shared by every run, so runs differ only by seed and thread count. `--scale` multiplies the
 pre-training's steps and warm-up for a quick look; the claims are about scale 1. `--checkout` runs the
 code and pipeline files of another checkout (e.g. `git worktree add /tmp/base COMMIT`), to show a claim
-before a change. Runs go one after another; a run that fails stops the benchmark with its log.
+before a change, and `--set` gives each run's `vlbert pipeline run` a setting of its steps (`--set
+STEP.STAGE.FIELD=VALUE`). Runs go one after another; a run that fails stops the benchmark with its log.
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="the trained stages' steps × this")
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temporary folder)")
     parser.add_argument("--checkout", type=Path, default=ROOT, help="the checkout whose code runs (default: this one)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting of the runs' steps, as `vlbert pipeline run --set` takes it (repeatable)")
     args = parser.parse_args()
     claims = [name for name in args.claims.split(",") if name]
     unknown = [name for name in claims if name not in CLAIMS]
@@ -159,7 +163,7 @@ def main() -> None:
             for threads in thread_counts:
                 for seed in seeds:
                     out = work / name / f"seed{seed}-threads{threads}"
-                    wall = run_pipeline(code, runs, out, threads, [f"{claim.seeded}.seed={seed}"])
+                    wall = run_pipeline(code, runs, out, threads, [f"{claim.seeded}.seed={seed}", *args.set])
                     result = claim.judge(out)
                     held.append(result.holds)
                     print(f"  seed {seed}, {threads} thread(s), {wall:.0f} s: {result.figure}: "
