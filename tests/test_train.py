@@ -19,7 +19,7 @@ from train.engine.config import StageConfig
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from tests.helpers.worlds import copy_world, run_config
-from vlbert.tokenization import load_tokenizer
+from vlbert.tokenization import load_tokenizer, word_pieces
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,42 @@ def test_samples_depend_on_seed_epoch_and_index_only(parts):
     assert [dataset[i].sequence.input_ids for i in range(8)] != first
     sample = dataset[0]
     assert not sample.masked_regions[0]  # never the whole-image box
+
+
+def test_relationship_mismatches_are_half_and_never_a_caption_of_the_image(parts):
+    """Count captions repeat across images: drawn as another image's caption, one would be a matching
+    pair labelled as a mismatch. (Relationship alone: captions unmasked, so each sample's reads back.)"""
+    tokenizer, annotations, bank = parts
+    dataset = CaptionPretraining(annotations, bank, tokenizer, 64, relationship=True, seed=0, masked_lm=False,
+                                 masked_roi=False)
+    images = [annotations[k] for k in range(len(annotations))]
+    assert any(set(a.captions) & set(b.captions) for a in images for b in images if a is not b)  # the trap exists
+    labels = []
+    for epoch in range(8):
+        dataset.set_epoch(epoch)
+        for index in range(len(dataset)):
+            sample, image = dataset[index], dataset.item(index)[0]
+            text = sample.sequence.input_ids[1 : sample.sequence.input_ids.index(tokenizer.sep_token_id)]
+            own = [word_pieces(tokenizer, caption).ids for caption in image.captions]
+            labels.append(sample.targets["relationship_labels"])
+            assert (text in own) == (labels[-1] == 1)
+    assert 0.4 < np.mean(labels) < 0.6
+
+
+@pytest.mark.parametrize("roi_masking", ["pixel", "feature"])
+def test_words_and_rois_are_masked_only_for_the_losses_that_predict_them(parts, roi_masking):
+    tokenizer, annotations, bank = parts
+    for masked_lm, masked_roi in [(False, False), (True, False), (False, True)]:
+        dataset = CaptionPretraining(annotations, bank, tokenizer, 48, roi_masking=roi_masking, relationship=True,
+                                     seed=3, masked_lm=masked_lm, masked_roi=masked_roi)
+        samples = [dataset[index] for index in range(len(dataset))]
+        masks = sum(s.sequence.input_ids.count(tokenizer.mask_token_id) for s in samples)
+        assert (masks > 0) == masked_lm
+        assert any(s.masked_regions.any() for s in samples) == masked_roi
+        if not masked_roi:  # the stored features, as evaluation reads them
+            for index, sample in zip(range(len(dataset)), samples):
+                stored = bank[dataset.item(index)[0].image_id].appearance[: len(sample.regions)]
+                assert np.array_equal(sample.regions.appearance, stored) and not sample.region_targets
 
 
 def test_mixed_batches_hold_text_only_samples(parts, tmp_path):

@@ -242,6 +242,24 @@ def test_from_bert_initialises_heads_and_new_parameters(tmp_path):
     assert (pretraining.vlbert.embeddings.masked_appearance == 0).all()
 
 
+def test_from_bert_relationship_head_says_matches_where_bert_says_is_next(tmp_path):
+    """BERT's next-sentence row 0 is IsNext; the relationship head's label 1 is "the caption matches"."""
+    torch.manual_seed(0)
+    bert_config = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                             intermediate_size=64, max_position_embeddings=96)
+    bert = BertForPreTraining(bert_config)
+    with torch.no_grad():  # a head that is sure of IsNext whatever the input, so an inverted copy cannot pass
+        bert.cls.seq_relationship.bias.copy_(torch.tensor([4.0, -4.0]))
+    bert.save_pretrained(tmp_path)
+    model = VLBertForPreTraining.from_bert(tmp_path, with_relationship_head=True, num_detector_classes=11,
+                                           visual_feature_size=24, geometry_frequencies=4)
+    pooled = torch.randn(5, 32)
+    is_next = bert.cls.seq_relationship(pooled).softmax(-1)[:, 0]
+    matches = model.relationship_head(pooled).softmax(-1)[:, 1]
+    assert torch.allclose(matches, is_next)
+    assert (matches > 0.99).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mixed_precision_forward_and_backward(dtype):
     torch.manual_seed(0)

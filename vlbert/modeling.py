@@ -456,7 +456,8 @@ def read_bert_weights(directory: str | Path) -> tuple[dict[str, torch.Tensor], d
     """A BERT checkpoint's weights renamed to this library: (VL-BERT backbone, heads).
 
     Accepts `BertModel` and `BertForPreTraining`/`BertForMaskedLM` saves (`bert.` prefix),
-    safetensors or PyTorch pickles, and the old `gamma`/`beta` LayerNorm names.
+    safetensors or PyTorch pickles, and the old `gamma`/`beta` LayerNorm names. The next-sentence
+    head becomes the relationship head with its rows in this library's order (1 = matches).
     """
     directory = Path(directory)
     if (directory / WEIGHTS_NAME).is_file():
@@ -483,7 +484,8 @@ def read_bert_weights(directory: str | Path) -> tuple[dict[str, torch.Tensor], d
         elif name == "cls.predictions.bias":
             heads["mlm_head.bias"] = tensor
         elif name.startswith("cls.seq_relationship."):
-            heads[name.replace("cls.seq_relationship.", "relationship_head.classifier.")] = tensor
+            # BERT's row 0 is IsNext, this library's label 1 is "matches": the rows swap.
+            heads[name.replace("cls.seq_relationship.", "relationship_head.classifier.")] = tensor.flip(0)
     return backbone, heads
 
 

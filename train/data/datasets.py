@@ -23,7 +23,8 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from extract.store.schema import DamagedRecordError
-from train.data.annotations import ITEM_KINDS, AnnotationFile
+from train.data.annotations import ITEM_KINDS, AnnotationFile, ImageAnnotation
+from train.data.files import DataError
 from train.data.regions import RegionBank, Regions
 from vlbert.tokenization import TextSequence, build_caption_sequence, word_pieces
 
@@ -82,6 +83,7 @@ class AnnotatedDataset(SeededDataset):
     """Samples from the items of one kind (`KIND`) of an annotation file, whose images the store holds."""
 
     KIND = ""
+    MAX_DRAWS = 100  # redraws of a negative candidate that turns out to be a positive
 
     def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
                  seed: int = 0) -> None:
@@ -114,6 +116,16 @@ class AnnotatedDataset(SeededDataset):
                     regions[annotation.image_id] = 0
             lengths[index] = regions[annotation.image_id] + len(next(iter(texts([item])), "").split())
         return lengths
+
+    def other_caption(self, rng: random.Random, image: ImageAnnotation) -> str:
+        """A caption of another image that is not word for word one of `image`'s (a duplicate, such as a
+        count caption two images share, would be a matching pair labelled as a mismatch)."""
+        for _ in range(self.MAX_DRAWS):
+            other, caption = self.item(rng.randrange(len(self.items)))
+            if other.image_id != image.image_id and caption not in image.captions:
+                return caption
+        raise DataError(f"{self.annotations.path}: found no caption of another image that differs from "
+                        f"{image.image_id}'s captions in {self.MAX_DRAWS} draws")
 
 
 def published_id(published: int | None, index: int) -> int:

@@ -51,25 +51,33 @@ class CaptionPretraining(AnnotatedDataset):
     `roi_masking="pixel"`: one cached masked-pixel variant per sample and epoch; its masked RoIs are
     the targets and every RoI feature comes from it. `"feature"`: RoIs drawn here have their
     appearance replaced inside the model (the reference code's mode without pixels).
-    `relationship`: half the samples get another image's caption (label 0), masked as the others
-    but without MLM or RoI targets, as in the paper's ablation (c).
+    `relationship`: half the samples get another image's caption (label 0), never one word for word
+    equal to one of the image's own, masked as the others but without MLM or RoI targets, as in the
+    paper's ablation (c).
+    Words are masked only for `masked_lm` and RoIs only for `masked_roi`: a corruption that no loss
+    predicts only hides evidence from the others (the relationship head, trained alone on captions
+    with 15% of their words and RoIs hidden, then scores whole ones).
     """
 
     KIND = "captions"
 
     def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
-                 roi_masking: str = "pixel", relationship: bool = False, seed: int = 0) -> None:
+                 roi_masking: str = "pixel", relationship: bool = False, seed: int = 0, masked_lm: bool = True,
+                 masked_roi: bool = True) -> None:
         if roi_masking not in ROI_MASKING_MODES:
             raise ValueError(f"roi_masking={roi_masking!r}: expected one of {ROI_MASKING_MODES}")
-        problem = self.store_problem(regions, roi_masking)
+        problem = self.store_problem(regions, roi_masking, masked_roi)
         if problem is not None:
             raise ValueError(problem)
         super().__init__(annotations, regions, tokenizer, max_length, seed)
         self.roi_masking, self.relationship = roi_masking, relationship
+        self.masked_lm, self.masked_roi = masked_lm, masked_roi
 
     @staticmethod
-    def store_problem(regions: RegionBank, roi_masking: str) -> str | None:
+    def store_problem(regions: RegionBank, roi_masking: str, masked_roi: bool = True) -> str | None:
         """Why `regions` cannot feed pre-training with `roi_masking`, or None."""
+        if not masked_roi:
+            return None
         if roi_masking == "pixel" and regions.num_variants == 0:
             return (f"{regions.root} holds no masked-pixel variants: extract with --mask-variants "
                     "or pre-train with roi_masking: feature")
@@ -82,19 +90,21 @@ class CaptionPretraining(AnnotatedDataset):
         annotation, caption = self.item(index)
         matched = 1
         if self.relationship and rng.random() < 0.5:
-            other, other_caption = self.item(rng.randrange(len(self.items)))
-            if other.image_id != annotation.image_id:
-                caption, matched = other_caption, 0
+            caption, matched = self.other_caption(rng, annotation), 0
         pieces = word_pieces(self.tokenizer, caption)
         # Another image's caption is masked as a matching one is, so that [MASK]s do not tell the
         # relationship head which it is (unmasked, they did: it learnt that instead of matching, and
         # ranked unmasked retrieval pairs at chance); its words are not predicted.
-        masked = mask_whole_words(self.tokenizer, pieces, rng)
-        regions = self.regions.get(annotation.image_id, class_probs=True, variants=self.roi_masking == "pixel")
-        sequence = build_caption_sequence(self.tokenizer, masked.ids, len(regions), self.max_length,
-                                          masked.labels if matched else None)
+        masked = mask_whole_words(self.tokenizer, pieces, rng) if self.masked_lm else None
+        pixel_variants = self.masked_roi and self.roi_masking == "pixel"
+        regions = self.regions.get(annotation.image_id, class_probs=self.masked_roi, variants=pixel_variants)
+        sequence = build_caption_sequence(self.tokenizer, pieces.ids if masked is None else masked.ids, len(regions),
+                                          self.max_length, masked.labels if masked is not None and matched else None)
         regions = regions.truncated(sequence.num_regions)
-        if self.roi_masking == "pixel":
+        targets = {"relationship_labels": matched} if self.relationship else {}
+        if not self.masked_roi:
+            return Sample(sequence, regions, annotation.file, np.zeros(len(regions), bool), targets)
+        if pixel_variants:
             variant = rng.randrange(len(regions.variant_masks))
             predicted = regions.variant_masks[variant]
             replaced = predicted
@@ -104,7 +114,6 @@ class CaptionPretraining(AnnotatedDataset):
             replaced, predicted = (np.array(m, bool) for m in choose_masked_regions(len(regions), rng))
         if not matched:
             predicted = np.zeros(len(regions), bool)
-        targets = {"relationship_labels": matched} if self.relationship else {}
         return Sample(sequence, regions, annotation.file, np.asarray(replaced, bool), targets,
                       region_targets={"region_labels": regions.class_probs * predicted[:, None]})
 
@@ -149,7 +158,8 @@ class MaskedWordAccuracy(Evaluator):
 
 def _dataset(data: TaskData, options: PretrainOptions, annotations: AnnotationFile, seed: int, training: bool):
     return CaptionPretraining(annotations, data.regions, data.tokenizer, data.max_length,
-                              roi_masking=options.roi_masking, relationship=options.relationship, seed=seed)
+                              roi_masking=options.roi_masking, relationship=options.relationship, seed=seed,
+                              masked_lm=options.masked_lm, masked_roi=options.masked_roi)
 
 
 def _corpus(data: TaskData, options: PretrainOptions) -> TextCorpus | None:
@@ -181,5 +191,6 @@ TASK = Task(
     "masked language modelling with visual clues and masked RoI classification on captions",
     options=PretrainOptions,
     model_config=lambda data, options: {"with_relationship_head": options.relationship},
-    store_problem=lambda regions, options: CaptionPretraining.store_problem(regions, options.roi_masking),
+    store_problem=lambda regions, options: CaptionPretraining.store_problem(regions, options.roi_masking,
+                                                                            options.masked_roi),
     read_inputs=_corpus, extra_streams=_text_only, loss=_loss)

@@ -82,7 +82,6 @@ class RetrievalPairs(AnnotatedDataset):
     """
 
     KIND = "captions"
-    MAX_DRAWS = 100  # redraws of a candidate that turns out to be a positive
 
     def __init__(self, annotations: AnnotationFile, regions: RegionBank, tokenizer, max_length: int,
                  negatives: int = 3, hard_negatives: int = 1, hard_pool: int = 16, seed: int = 0) -> None:
@@ -105,7 +104,7 @@ class RetrievalPairs(AnnotatedDataset):
         pairs = [(image, caption)]
         for rank in range(self.negatives):
             draws = self.hard_pool if rank < self.hard_negatives else 1
-            pairs.append((image, self._negative(draws, lambda: self._other_caption(rng, image),
+            pairs.append((image, self._negative(draws, lambda: self.other_caption(rng, image),
                                                 lambda text: caption_similarity(text, image))))
         for rank in range(self.negatives):
             draws = self.hard_pool if rank < self.hard_negatives else 1
@@ -119,14 +118,6 @@ class RetrievalPairs(AnnotatedDataset):
     def _negative(self, draws: int, draw, similarity):
         """The most similar of `draws` candidates (the first on ties; one draw: a uniform negative)."""
         return max((draw() for _ in range(draws)), key=similarity) if draws > 1 else draw()
-
-    def _other_caption(self, rng: random.Random, image: ImageAnnotation) -> str:
-        for _ in range(self.MAX_DRAWS):
-            other, caption = self.item(rng.randrange(len(self.items)))
-            if other.image_id != image.image_id and caption not in image.captions:
-                return caption
-        raise DataError(f"{self.annotations.path}: found no caption of another image that differs from "
-                        f"{image.image_id}'s captions in {self.MAX_DRAWS} draws")
 
     def _other_image(self, rng: random.Random, image: ImageAnnotation, caption: str) -> ImageAnnotation:
         for _ in range(self.MAX_DRAWS):
