@@ -12,13 +12,15 @@ Claims (`CLAIMS`):
              `LEFT_LN2` below ln 2) and the zero-shot text→image R@10 on the val split has its 95%
              interval above the random ranking's R@10. A run holds when both do.
 
-Each run is `vlbert pipeline run` of the claim's steps in a fresh process with `--jobs 1 --threads T`
-and the step's `seed` set; the world, its FeatureStore and vocabulary are built once (`--threads 1`)
-and shared by every run, so runs differ only by seed and thread count. `--scale` multiplies the
-pre-training's steps and warm-up for a quick look; the claims are about scale 1. `--checkout` runs the
-code and pipeline files of another checkout (e.g. `git worktree add /tmp/base COMMIT`), to show a claim
-before a change, and `--set` gives each run's `vlbert pipeline run` a setting of its steps (`--set
-STEP.STAGE.FIELD=VALUE`). Runs go one after another; a run that fails stops the benchmark with its log.
+Each run is `vlbert pipeline run` of the claim's steps in a fresh process with `--threads T` and the
+step's `seed` set (its steps read each other, so they run one after another, each in a process of
+its own with T threads, which its step.json records and the run's line repeats); the world, its
+FeatureStore and vocabulary are built once (one thread) and shared by every run, so runs differ only
+by seed and thread count. `--scale` multiplies the pre-training's steps and warm-up for a quick look;
+the claims are about scale 1. `--checkout` runs the code and pipeline files of another checkout (e.g.
+`git worktree add /tmp/base COMMIT`), to show a claim before a change, and `--set` gives each run's
+`vlbert pipeline run` a setting of its steps (`--set STEP.STAGE.FIELD=VALUE`). Runs go one after
+another; a run that fails stops the benchmark with its log.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ LEFT_LN2 = 0.05  # how far below ln 2 the relationship loss must end to have lef
 class RunResult:
     figure: str  # what the run measured, for the table
     holds: bool
+    threads: int  # what the judged step's step.json records
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,8 @@ def zero_shot_result(out: Path) -> RunResult:
     figure = (f"relationship loss {first:.3f} → {last:.3f} ({'left' if left else 'stayed at'} ln 2); "
               f"t2i R@10 {recall:.3f} [{low:.3f}, {high:.3f}] vs chance {chance:.3f} "
               f"({'above' if above else 'not above'})")
-    return RunResult(figure, left and above)
+    threads = json.loads((out / "pretrain" / "step.json").read_text())["threads"]
+    return RunResult(figure, left and above, threads)
 
 
 CLAIMS = {
@@ -124,7 +128,8 @@ def claim_pipelines(claim: Claim, code: Path, scale: float, work: Path) -> tuple
 def run_pipeline(code: Path, pipeline: Path, out: Path, threads: int, settings: list[str]) -> float:
     """`vlbert pipeline run` with the code of the checkout `code`: its wall time."""
     started = time.perf_counter()
-    command = [sys.executable, "-m", "pipelines", "pipeline", "run", str(pipeline), "--out", str(out), "--jobs", "1",
+    # Not `--jobs 1`: it runs each step in the scheduler's own process, with that process's threads.
+    command = [sys.executable, "-m", "pipelines", "pipeline", "run", str(pipeline), "--out", str(out),
                "--threads", str(threads), *(arg for setting in settings for arg in ("--set", setting))]
     done = subprocess.run(command, cwd=code, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(code)})
@@ -157,7 +162,9 @@ def main() -> None:
             code = args.checkout.resolve()
             shared, runs = claim_pipelines(claim, code, args.scale, work / name)
             run_pipeline(code, shared, work / name / "shared", 1, [])
-            print(f"\n{name}: {claim.description} ({claim.pipeline.name}, steps × {args.scale}, code at {code})",
+            where = "" if code == ROOT else f", the code at {code}"
+            settings = "".join(f", --set {setting}" for setting in args.set)
+            print(f"\n{name}: {claim.description} ({claim.pipeline.name}, steps × {args.scale}{where}{settings})",
                   flush=True)
             held = []
             for threads in thread_counts:
@@ -165,8 +172,10 @@ def main() -> None:
                     out = work / name / f"seed{seed}-threads{threads}"
                     wall = run_pipeline(code, runs, out, threads, [f"{claim.seeded}.seed={seed}", *args.set])
                     result = claim.judge(out)
+                    if result.threads != threads:
+                        raise SystemExit(f"{out}: the run recorded {result.threads} thread(s), not {threads}")
                     held.append(result.holds)
-                    print(f"  seed {seed}, {threads} thread(s), {wall:.0f} s: {result.figure}: "
+                    print(f"  seed {seed}, {result.threads} thread(s), {wall:.0f} s: {result.figure}: "
                           f"{'holds' if result.holds else 'does NOT hold'}", flush=True)
             print(f"{name}: holds in {sum(held)} of {len(held)} runs", flush=True)
 
