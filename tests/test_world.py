@@ -143,3 +143,28 @@ def test_captions_and_corpus(world):
     lines = (world / "corpus.txt").read_text().splitlines()
     assert len(lines) == 2000 and len(set(lines)) > 1900
     assert np.mean([len(line.split()) for line in lines]) > 25
+
+
+def test_annotated_fraction_keeps_pixels_and_captions_and_thins_the_training_tasks(world, tmp_path):
+    from pipelines.world import WorldConfig
+
+    generate_world(tmp_path, NUM_IMAGES, seed=7, config=WorldConfig(annotated_fraction=0.25))
+    for name in ("val.jsonl", "corpus.txt", "images/train/000003.png"):
+        assert (world / name).read_bytes() == (tmp_path / name).read_bytes()
+    full, thinned = load_split(world, "train"), load_split(tmp_path, "train")
+    kept = [record["vqa"] != [] for record in thinned]
+    assert 0 < sum(kept) < len(thinned) // 2
+    for before, after, keeps in zip(full, thinned, kept):
+        assert {k: v for k, v in after.items() if k not in ("vqa", "refs")} == \
+            {k: v for k, v in before.items() if k not in ("vqa", "refs")}
+        expected = (before["vqa"], before["refs"]) if keeps else ([], [])
+        assert (after["vqa"], after["refs"]) == expected
+
+
+def test_world_step_refuses_an_annotated_fraction_outside_0_to_1():
+    from pipelines.steps.world import KIND
+    from train.engine.config import RunConfigError
+
+    for wrong in (0, 1.5):
+        with pytest.raises(RunConfigError, match=f"annotated_fraction: expected more than 0 and at most 1, found {wrong}"):
+            KIND.check({"annotated_fraction": wrong})

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from pipelines.world import generate_world
+from pipelines.world import WorldConfig, generate_world
 from train.detector.config import TrainConfig
 
 
@@ -17,9 +17,12 @@ def world_group() -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--images", default=1000, show_default=True, help="Images in all; a fifth go to the val split.")
 @click.option("--seed", default=0, show_default=True)
-def generate(out_dir: Path, images: int, seed: int) -> None:
+@click.option("--annotated-fraction", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="The share of training images that keep their VQA questions and referring expressions "
+                   "(all keep their captions): a low-data fine-tuning regime.")
+def generate(out_dir: Path, images: int, seed: int, annotated_fraction: float) -> None:
     """Write images, train/val annotations and corpus.txt to OUT."""
-    meta = generate_world(out_dir, images, seed)
+    meta = generate_world(out_dir, images, seed, WorldConfig(annotated_fraction=annotated_fraction))
     click.echo(f"{out_dir}: {meta['splits']['train']} train, {meta['splits']['val']} val images, corpus.txt")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.steps.base import Log, StepKind, field_names, parse
-from vlbert.typed_config import SEEDS, at_least
+from vlbert.typed_config import SEEDS, above, at_least
 
 @dataclass
 class WorldParams:
@@ -24,16 +24,19 @@ class WorldParams:
     # flickr30k-images/, so that the world's extraction stores its images under Flickr30K's keys too and
     # one store serves the training and the analyses (`analyze` steps)
     entities: bool = False
+    # the share of training images that keep their VQA questions and referring expressions, all keeping
+    # their captions (`WorldConfig.annotated_fraction`): a low-data fine-tuning regime
+    annotated_fraction: float = dataclasses.field(default=1.0, metadata=above(0, 1))
 
 
 def world(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     """The synthetic demo world: images, train/val annotations, corpus.txt; with `img2dataset`, its
     images as img2dataset's webdataset and files outputs too; with `entities`, the world in Flickr30K
     Entities' layout too."""
-    from pipelines.world import generate_world
+    from pipelines.world import WorldConfig, generate_world
 
     chosen = parse(WorldParams, params)
-    generate_world(folder, chosen.images, chosen.seed)
+    generate_world(folder, chosen.images, chosen.seed, WorldConfig(annotated_fraction=chosen.annotated_fraction))
     if chosen.img2dataset:
         from pipelines.world.shards import OUTPUT_FORMATS, write_img2dataset  # pyarrow: only when asked for
 

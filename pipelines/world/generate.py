@@ -38,12 +38,19 @@ class WorldConfig:
     max_objects: int = 5
     questions_per_image: int = 6
     corpus_sentences: int = 2000
+    # The share of training images that keep their VQA questions and referring expressions (every image
+    # keeps its captions): below 1, a low-data fine-tuning regime beside caption pre-training over the
+    # whole split, as VQA and RefCOCO+ annotate a subset of the images that captions cover. Which
+    # images keep them is drawn apart from the scene, so images and captions are those of the full world.
+    annotated_fraction: float = 1.0
 
 
 def image_record(image_id: str, file: str, scene: Scene, rng: np.random.Generator,
-                 config: WorldConfig) -> dict[str, Any]:
+                 config: WorldConfig, annotated: bool = True) -> dict[str, Any]:
+    """The image's annotations; with `annotated` false its VQA questions and referring expressions are
+    drawn (so the generator moves on as for any image) and left out."""
     objects = [{"class": o.shape, "attributes": o.attributes, "box": list(o.box)} for o in scene.objects]
-    return {
+    record = {
         "id": image_id,
         "file": file,
         "width": scene.width,
@@ -55,6 +62,11 @@ def image_record(image_id: str, file: str, scene: Scene, rng: np.random.Generato
         "refs": [{"text": r.text, "object": r.target, "box": objects[r.target]["box"]}
                  for r in referring_expressions(scene, rng)],
     }
+    return record if annotated else {**record, "vqa": [], "refs": []}
+
+
+def _keeps_annotations(seed: int, index: int, fraction: float) -> bool:
+    return fraction >= 1 or np.random.default_rng([seed, index, 1]).random() < fraction
 
 
 def generate_world(out_dir: str | Path, num_images: int = 1000, seed: int = 0,
@@ -73,7 +85,8 @@ def generate_world(out_dir: str | Path, num_images: int = 1000, seed: int = 0,
                 image_id = f"{index:06d}"
                 file = f"images/{split}/{image_id}.png"
                 Image.fromarray(render_scene(scene, rng)).save(out_dir / file)
-                annotations.write(json.dumps(image_record(image_id, file, scene, rng, config)) + "\n")
+                annotated = split != "train" or _keeps_annotations(seed, index, config.annotated_fraction)
+                annotations.write(json.dumps(image_record(image_id, file, scene, rng, config, annotated)) + "\n")
                 index += 1
     corpus = corpus_sentences(np.random.default_rng([seed, 2**32 - 1]), config.corpus_sentences)
     write_atomically(out_dir / "corpus.txt", "\n".join(corpus) + "\n")
