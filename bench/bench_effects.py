@@ -6,21 +6,27 @@
     .venv/bin/python bench/bench_effects.py --seeds 0 --threads 1 --checkout /tmp/base  # another commit's code
     .venv/bin/python bench/bench_effects.py --seeds 1 --set pretrain.pretrain.base_lr=3e-5  # a changed setting
 
-Claims (`CLAIMS`):
+Claims (`CLAIMS`), each a set of effects judged on the same runs:
   zero_shot  retrieval_unicoder.yaml's relationship pre-training, then its zero-shot stage: the
              relationship loss leaves ln 2 (its mean over the last tenth of the steps is at least
              `LEFT_LN2` below ln 2) and the zero-shot text→image R@10 on the val split has its 95%
              interval above the random ranking's R@10. A run holds when both do.
+  ablation   ablation.yaml's pre-training (e: masked LM, masked RoI, text-only corpus) and its VQA and
+             referring-expression fine-tunings without pre-training (a), after it (e) and after it with
+             a final end-to-end stage (f), seeds set on every one of them; its report compares them
+             item by item. Effects: `pretraining` (e − a on both tasks) and `end_to_end` (f − e on both
+             tasks); a task's effect holds in a run when its paired 95% interval lies above 0.
 
 Each run is `vlbert pipeline run` of the claim's steps in a fresh process with `--threads T` and the
-step's `seed` set (its steps read each other, so they run one after another, each in a process of
-its own with T threads, which its step.json records and the run's line repeats); the world, its
-FeatureStore and vocabulary are built once (one thread) and shared by every run, so runs differ only
-by seed and thread count. `--scale` multiplies the pre-training's steps and warm-up for a quick look;
-the claims are about scale 1. `--checkout` runs the code and pipeline files of another checkout (e.g.
-`git worktree add /tmp/base COMMIT`), to show a claim before a change, and `--set` gives each run's
-`vlbert pipeline run` a setting of its steps (`--set STEP.STAGE.FIELD=VALUE`). Runs go one after
-another; a run that fails stops the benchmark with its log.
+steps' `seed` set: each step runs in a process of its own with T threads, which its step.json records
+and the run's line repeats (steps that do not read each other may run side by side: that moves the
+wall time, not the figures). The world, its FeatureStore and vocabulary are built once (one thread)
+and shared by every run, so runs differ only by seed and thread count. `--scale` multiplies the
+trained stages' steps and warm-up for a quick look (the zero-shot claim's pre-training; every stage of
+the ablation's runs); the claims are about scale 1. `--checkout` runs the code and pipeline files of
+another checkout (e.g. `git worktree add /tmp/base COMMIT`), to show a claim before a change, and
+`--set` gives each run's `vlbert pipeline run` a setting of its steps (`--set STEP.STAGE.FIELD=VALUE`).
+Runs go one after another; a run that fails stops the benchmark with its log.
 """
 
 from __future__ import annotations
@@ -54,13 +60,19 @@ class RunResult:
 
 
 @dataclass(frozen=True)
-class Claim:
+class Effect:
     description: str
+    judge: Callable[[Path], RunResult]  # a run's folder → its figure and verdict
+
+
+@dataclass(frozen=True)
+class Claim:
     pipeline: Path
     steps: tuple[str, ...]  # the pipeline's steps that a run trains and evaluates
-    seeded: str  # the step whose `seed` a run sets
-    scaled: str  # the step whose stages' steps and warm-up `--scale` multiplies
-    judge: Callable[[Path], RunResult]  # a run's folder → its figure and verdict
+    seeded: tuple[str, ...]  # the steps whose `seed` a run sets; the first one's step.json gives the threads
+    scaled: tuple[str, ...]  # the steps whose stages' steps and warm-up `--scale` multiplies
+    effects: dict[str, Effect]  # judged on the same runs
+    compare: tuple[tuple[str, str], ...] = ()  # the run's report step compares these steps' runs (B − A)
 
 
 def _mean(values: list[float]) -> float:
@@ -80,14 +92,44 @@ def zero_shot_result(out: Path) -> RunResult:
     figure = (f"relationship loss {first:.3f} → {last:.3f} ({'left' if left else 'stayed at'} ln 2); "
               f"t2i R@10 {recall:.3f} [{low:.3f}, {high:.3f}] vs chance {chance:.3f} "
               f"({'above' if above else 'not above'})")
-    threads = json.loads((out / "pretrain" / "step.json").read_text())["threads"]
-    return RunResult(figure, left and above, threads)
+    return RunResult(figure, left and above, _threads(out / "pretrain"))
 
 
+def _threads(step: Path) -> int:
+    return json.loads((step / "step.json").read_text())["threads"]
+
+
+def compared(*pairs: tuple[str, str]) -> Callable[[Path], RunResult]:
+    """A judge of the run's report: each pair's paired difference B − A with its 95% interval; the
+    run holds when every interval lies above 0."""
+
+    def judge(out: Path) -> RunResult:
+        report = json.loads((out / "report" / "report.json").read_text())
+        comparisons = {(c["a"], c["b"]): c for c in report["comparisons"]}
+        figures, holds = [], True
+        for a, b in pairs:
+            comparison = comparisons[(a, b)]
+            low, high = comparison["interval"]
+            holds &= low > 0
+            figures.append(f"{b} − {a} {comparison['difference']:+.3f} [{low:+.3f}, {high:+.3f}]")
+        return RunResult("; ".join(figures), holds, _threads(out / pairs[0][1]))
+
+    return judge
+
+
+ABLATION_RUNS = ("a-vqa", "e-vqa", "f-vqa", "a-refexp", "e-refexp", "f-refexp")
 CLAIMS = {
-    "zero_shot": Claim("zero-shot retrieval above chance after relationship pre-training",
-                       CONFIGS / "retrieval_unicoder.yaml", ("pretrain", "zero_shot"), "pretrain", "pretrain",
-                       zero_shot_result),
+    "zero_shot": Claim(CONFIGS / "retrieval_unicoder.yaml", ("pretrain", "zero_shot"), ("pretrain",), ("pretrain",),
+                       {"zero_shot": Effect("zero-shot retrieval above chance after relationship pre-training",
+                                            zero_shot_result)}),
+    "ablation": Claim(CONFIGS / "ablation.yaml", ("pretrain-e", *ABLATION_RUNS), ("pretrain-e", *ABLATION_RUNS),
+                      ("pretrain-e", *ABLATION_RUNS),
+                      {"pretraining": Effect("pre-training (e) beats none (a) on VQA and referring expressions",
+                                             compared(("a-vqa", "e-vqa"), ("a-refexp", "e-refexp"))),
+                       "end_to_end": Effect("a final end-to-end stage (f) beats the frozen detector (e) on both tasks",
+                                            compared(("e-vqa", "f-vqa"), ("e-refexp", "f-refexp")))},
+                      compare=(("a-vqa", "e-vqa"), ("a-refexp", "e-refexp"), ("e-vqa", "f-vqa"),
+                               ("e-refexp", "f-refexp"))),
 }
 
 
@@ -112,12 +154,17 @@ def claim_pipelines(claim: Claim, code: Path, scale: float, work: Path) -> tuple
     replacements = {"${here}": str(source.parent),
                     **{f"${{{name}}}": str(shared / name) for name in SHARED_STEPS}}
     steps = {step["name"]: _resolved(step, replacements) for step in document["steps"]}
-    for stage in steps[claim.scaled]["stages"]:
-        stage["steps"] = max(2, round(stage["steps"] * scale))
-        stage["warmup_steps"] = round(stage.get("warmup_steps", 0) * scale)
+    for name in claim.scaled:
+        for stage in steps[name]["stages"]:
+            stage["steps"] = max(2, round(stage["steps"] * scale))
+            stage["warmup_steps"] = round(stage.get("warmup_steps", 0) * scale)
+    if claim.compare:
+        runs = list(dict.fromkeys(name for pair in claim.compare for name in pair))
+        steps["report"] = {"name": "report", "kind": "report", "runs": [f"${{{name}}}" for name in runs],
+                           "compare": [[f"${{{a}}}", f"${{{b}}}"] for a, b in claim.compare]}
     work.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, kept in (("shared", SHARED_STEPS), ("runs", claim.steps)):
+    for name, kept in (("shared", SHARED_STEPS), ("runs", (*claim.steps, *(("report",) if claim.compare else ())))):
         path = work / f"{claim.pipeline.stem}-{name}.yaml"
         path.write_text(yaml.safe_dump({"name": f"{document['name']}-{name}", "steps": [steps[k] for k in kept]},
                                        sort_keys=False))
@@ -164,20 +211,26 @@ def main() -> None:
             run_pipeline(code, shared, work / name / "shared", 1, [])
             where = "" if code == ROOT else f", the code at {code}"
             settings = "".join(f", --set {setting}" for setting in args.set)
-            print(f"\n{name}: {claim.description} ({claim.pipeline.name}, steps × {args.scale}{where}{settings})",
-                  flush=True)
-            held = []
+            run_text = f"({claim.pipeline.name}, steps × {args.scale}{where}{settings})"
+            for effect, e in claim.effects.items():
+                print(f"\n{effect}: {e.description} {run_text}", end="", flush=True)
+            print(flush=True)
+            held: dict[str, list[bool]] = {effect: [] for effect in claim.effects}
             for threads in thread_counts:
                 for seed in seeds:
                     out = work / name / f"seed{seed}-threads{threads}"
-                    wall = run_pipeline(code, runs, out, threads, [f"{claim.seeded}.seed={seed}", *args.set])
-                    result = claim.judge(out)
-                    if result.threads != threads:
-                        raise SystemExit(f"{out}: the run recorded {result.threads} thread(s), not {threads}")
-                    held.append(result.holds)
-                    print(f"  seed {seed}, {result.threads} thread(s), {wall:.0f} s: {result.figure}: "
-                          f"{'holds' if result.holds else 'does NOT hold'}", flush=True)
-            print(f"{name}: holds in {sum(held)} of {len(held)} runs", flush=True)
+                    seeding = [f"{step}.seed={seed}" for step in claim.seeded]
+                    wall = run_pipeline(code, runs, out, threads, [*seeding, *args.set])
+                    for effect, e in claim.effects.items():
+                        result = e.judge(out)
+                        if result.threads != threads:
+                            raise SystemExit(f"{out}: the run recorded {result.threads} thread(s), not {threads}")
+                        held[effect].append(result.holds)
+                        named = f"{effect}, " if len(claim.effects) > 1 else ""
+                        print(f"  {named}seed {seed}, {result.threads} thread(s), {wall:.0f} s: {result.figure}: "
+                              f"{'holds' if result.holds else 'does NOT hold'}", flush=True)
+            for effect, verdicts in held.items():
+                print(f"{effect}: holds in {sum(verdicts)} of {len(verdicts)} runs", flush=True)
 
 
 if __name__ == "__main__":
