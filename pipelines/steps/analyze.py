@@ -119,6 +119,8 @@ def analysis_verdicts(folder: Path) -> list[str]:
                 raise DataError(f"{path}: expected the analysis's JSON object, found {type(result).__name__}")
             lines += analysis.verdicts(result)
     return lines
+
+
 _COMMON_PATHS = ("model", "store", "annotations", "vocabulary")
 
 
