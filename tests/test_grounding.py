@@ -19,6 +19,7 @@ from pipelines.steps.analyze import analysis_verdicts
 from train.analysis.grounding import (GroundingTally, analyze_grounding, held_out_best,
                                      phrase_region_attention, phrase_sample)
 from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS, Phrase
+from train.analysis.verdicts import grounding_verdicts
 from train.data.annotations import read_annotations
 from train.data.files import DataError, shown
 from train.data.regions import RegionBank
@@ -233,6 +234,7 @@ def test_the_command_analyses_the_first_items_and_the_baselines_do_not_depend_on
     a, b = (json.loads((tmp_path / name / "grounding.json").read_text()) for name in ("a", "b"))
     assert a["phrases"] == b["phrases"] == 5 and not (tmp_path / "a" / "examples").exists()
     assert (a["random_baseline"], a["confidence_baseline"]) == (b["random_baseline"], b["confidence_baseline"])
+    assert first.output.splitlines()[1] == f"Held out: {grounding_verdicts(a)[0]}"
 
 
 def test_fresh_weights_attend_to_every_roi_alike_so_every_head_scores_the_random_baseline(world, tmp_path):

@@ -74,12 +74,12 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
                f"{best['accuracy']:.3f}, mean over heads {result['mean_accuracy']:.3f}, random RoI "
                f"{result['random_baseline']:.3f}, most confident RoI {result['confidence_baseline']:.3f}; "
                f"{out / 'grounding.json'}")
-    for line in grounding_verdicts(result):
-        click.echo(f"Held out: {line}")
     if result["left_out"]:
         ids = [phrase["item_id"] for phrase in result["left_out"]]
         click.echo(f"{len(ids)} phrases left out, their box no box (NaN, or x2 <= x1 or y2 <= y1): "
                    f"{', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''} (all in grounding.json, left_out)")
+    for line in grounding_verdicts(result):
+        click.echo(f"Held out: {line}")
 
 
 @analyze_group.command("syntax")
