@@ -27,12 +27,12 @@ def _signed(value: float) -> str:
     return f"{value:+.3f}".replace("-", "−")
 
 
-def held_out_sentence(layer: int, head: int, unit: str, baseline: str, comparison: Comparison) -> str:
+def held_out_sentence(layer: int, head: int, unit: str, comparison: Comparison) -> str:
     """E.g. "the best head (layer 2, head 3, chosen on half the phrases) does not beat the most
     confident RoI on the other half; it is worse: −0.098 [−0.140, −0.050]"."""
     found = outcome(comparison)
     said = {BEATS: "beats {}", NOT_DISTINGUISHABLE: "does not beat {} (no difference distinguishable from zero)",
-            WORSE: "does not beat {}; it is worse"}[found].format(f"{baseline} on the other half")
+            WORSE: "does not beat {}; it is worse"}[found].format(f"{CONFIDENT} on the other half")
     interval = comparison.interval
     return (f"the best head (layer {layer}, head {head}, chosen on half the {unit}) {said}: "
             f"{_signed(comparison.difference)} [{_signed(interval.low)}, {_signed(interval.high)}]")
@@ -42,12 +42,13 @@ def rounded_interval(interval: Interval) -> list[float]:
     return [round(value, 4) + 0.0 for value in interval.to_list()]  # + 0.0: no "-0.0" in the tables
 
 
-def against(comparison: Comparison, layer: int, head: int, unit: str, baseline: str = CONFIDENT) -> dict[str, Any]:
-    """The held-out head's paired comparison with `baseline` (layers and heads from 1), for the json."""
+def against(comparison: Comparison, layer: int, head: int, unit: str) -> dict[str, Any]:
+    """The held-out head's paired comparison with the most confident RoI (layers and heads from 1),
+    for the json."""
     return {"difference": round(comparison.difference, 4) + 0.0,
             "difference_interval": rounded_interval(comparison.interval),
             "p_value": comparison.p_value, "outcome": outcome(comparison),
-            "verdict": held_out_sentence(layer, head, unit, baseline, comparison)}
+            "verdict": held_out_sentence(layer, head, unit, comparison)}
 
 
 def grounding_verdicts(result: dict[str, Any]) -> list[str]:
