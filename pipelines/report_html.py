@@ -232,14 +232,22 @@ def _stores_section(steps: list[StepRun], page: Path, missing: list[str]) -> str
     return "\n".join(["<h2>Features</h2>", *parts]) if parts else ""
 
 
-def _analyses_section(steps: list[StepRun]) -> str:
+def _analyses_section(steps: list[StepRun], missing: list[str]) -> str:
+    from pipelines.steps.analyze import analysis_verdicts
+
     parts = []
     for step in steps:
         if step.kind != "analyze" or step.state not in (DONE, UP_TO_DATE):
             continue
+        try:
+            verdicts = analysis_verdicts(step.folder)
+        except UserError as exc:  # a result file that is no JSON object
+            missing.append(f"{step.name}: its verdicts cannot be read ({exc})")
+            verdicts = []
         figures = sorted(step.folder.glob("*.png")) + sorted(step.folder.glob("layers/*.png")) \
             + sorted(step.folder.glob("examples/*.png"))[:ANALYSIS_EXAMPLES]
-        parts += [f"<h4>{escape(step.name)}</h4>", '<div class="gallery">', *(
+        said = ["<ul>", *(f"<li>{escape(line)}</li>" for line in verdicts), "</ul>"] if verdicts else []
+        parts += [f"<h4>{escape(step.name)}</h4>", *said, '<div class="gallery">', *(
             _figure(path, path.relative_to(step.folder).as_posix()) for path in figures), "</div>"]
     return "\n".join(["<h2>Analyses</h2>", *parts]) if parts else ""
 
@@ -270,7 +278,7 @@ def write_html_report(root: Path, page: Path, steps: list[tuple[str, Path, str]]
     named_pairs = [(Path(a).name, Path(b).name) for a, b in pairs]
     sections = [_results_section(entries), _comparisons_section(entries, named_pairs, resamples, missing),
                 _loss_section(recorded), _timeline_section(recorded, page), _stores_section(recorded, page, missing),
-                _analyses_section(recorded)]
+                _analyses_section(recorded, missing)]
     header = [f"<h1>Pipeline run {escape(root.resolve().name)}</h1>",
               f'<p class="meta">{escape(str(root.resolve()))} · page written '
               f"{time.strftime('%Y-%m-%d %H:%M:%S')} · {len(recorded)} steps, "

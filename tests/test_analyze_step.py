@@ -10,6 +10,7 @@ import yaml
 
 from pipelines.runner import PipelineError, load_pipeline, run_pipeline
 from tests.helpers.pipelines import run_pipeline_file
+from train.analysis.verdicts import grounding_verdicts, syntax_verdicts
 
 GROUNDING = Path(__file__).parents[1] / "pipelines" / "configs" / "grounding.yaml"
 TINY = {"world.images": 10}  # 2 validation images: 6 captions
@@ -58,6 +59,9 @@ def test_the_syntax_steps_count_the_parsed_arcs_and_give_accuracies_and_baseline
     # The before-training reference reads the same captions and arcs.
     assert (fresh["captions"], fresh["arcs"]) == (trained["captions"], trained["arcs"])
     assert "amod" in (ran / "syntax" / "syntax.md").read_text() and (ran / "syntax" / "relations.png").is_file()
+    # The step's log line says how many relations' held-out head beats the most confident RoI.
+    verdicts = syntax_verdicts(trained)
+    assert verdicts and verdicts[0] in (ran / "syntax" / "log.txt").read_text()
 
 
 def test_the_grounding_step_scores_the_entity_phrases(ran):
@@ -66,6 +70,8 @@ def test_the_grounding_step_scores_the_entity_phrases(ran):
     assert len(result["accuracy"]) == result["layers"] == 4 and in_unit_interval(result["accuracy"])
     assert 0 <= result["random_baseline"] <= 1 and 0 <= result["confidence_baseline"] <= 1
     assert result["best"]["accuracy"] == max(max(row) for row in result["accuracy"])
+    verdicts = grounding_verdicts(result)
+    assert verdicts and verdicts[0] in (ran / "grounding" / "log.txt").read_text()
 
 
 def test_a_rerun_finds_every_step_up_to_date_and_recomputes_nothing(ran, shrunk):

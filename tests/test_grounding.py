@@ -4,6 +4,7 @@ grounding` end to end on the tiny world with a randomly initialised model."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -14,11 +15,13 @@ from click.testing import CliRunner
 from PIL import Image
 
 from pipelines.cli import main
+from pipelines.steps.analyze import analysis_verdicts
 from train.analysis.grounding import (GroundingTally, analyze_grounding, held_out_best,
                                      phrase_region_attention, phrase_sample)
 from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS, Phrase
+from train.analysis.verdicts import grounding_verdicts
 from train.data.annotations import read_annotations
-from train.data.files import shown
+from train.data.files import DataError, shown
 from train.data.regions import RegionBank
 from pipelines.world.tiny import TINY_MODEL
 from tests.helpers.worlds import copy_world
@@ -57,25 +60,96 @@ def _hand_built() -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor,
     return tuple(attention), phrase, candidates, iou
 
 
+HELD_OUT_KEYS = {"layer", "head", "phrases", "accuracy", "interval", "random_baseline", "difference",
+                 "difference_interval", "p_value", "verdict", "confidence_baseline", "against_confidence"}
+
+
 def test_the_held_out_best_head_is_chosen_on_other_phrases_than_it_is_scored_on():
     rng = np.random.default_rng(0)
     phrases, random_share = 400, np.full(400, 0.25)
+    confident = (rng.random(phrases) < 0.3).astype(float)
     # Sixteen heads that hit at the random rate: the best of them looks grounded on all phrases, the
     # held-out choice does not.
     chance = (rng.random((phrases, 4, 4)) < 0.25).astype(float)
     in_sample = chance.mean(0).max()
-    result = held_out_best(chance, random_share)
+    result = held_out_best(chance, random_share, confident)
+    assert set(result) == HELD_OUT_KEYS
     assert in_sample > 0.28 and result["phrases"] == phrases // 2
     assert result["difference_interval"][0] <= 0 <= result["difference_interval"][1]
     assert result["verdict"].startswith("not distinguishable")
     # One head (layer 2, head 3) that grounds 60% of phrases stands out on the held-out half.
     grounded = chance.copy()
     grounded[:, 1, 2] = rng.random(phrases) < 0.6
-    result = held_out_best(grounded, random_share)
+    result = held_out_best(grounded, random_share, confident)
     assert (result["layer"], result["head"]) == (2, 3)
     assert result["accuracy"] == round(grounded[1::2, 1, 2].mean(), 4)
     assert result["interval"][0] < result["accuracy"] < result["interval"][1]
     assert result["difference_interval"][0] > 0 and result["verdict"].startswith("distinguishable")
+    # The random RoI's comparison is the paired one over the held-out phrases, whatever the other baseline.
+    assert result["difference"] == round(float(np.mean(grounded[1::2, 1, 2] - 0.25)), 4)
+    assert held_out_best(grounded, random_share, 1 - confident)["difference_interval"] == result["difference_interval"]
+
+
+def _held_out(targets: np.ndarray, matching: np.ndarray) -> dict:
+    """The held-out best head of a tally where head (layer, head) of phrase p attends to RoI
+    targets[p, layer, head] (1 to 4, after the whole image at 0), and RoI matching[p] alone fits the
+    phrase's box; the most confident RoI is RoI 1."""
+    phrases, layers, heads = targets.shape
+    attention = torch.full((phrases, layers, heads, 5), 0.01)
+    attention.scatter_(-1, torch.from_numpy(targets)[..., None], 0.9)
+    candidates = torch.ones(phrases, 5, dtype=torch.bool)
+    candidates[:, 0] = False
+    iou = torch.full((phrases, 5), 0.1)
+    iou[torch.arange(phrases), torch.from_numpy(matching)] = 0.9
+    tally = GroundingTally(layers, heads)
+    tally.add(attention, candidates, iou)
+    return tally.result()["held_out_best"]
+
+
+# Half the phrases fit the most confident RoI (RoI 1), 30% RoI 2, 15% RoI 3, 5% RoI 4.
+MATCHING = np.random.default_rng(0).choice([1, 2, 3, 4], size=400, p=[0.5, 0.3, 0.15, 0.05])
+
+
+@pytest.mark.parametrize("planted, outcome, said", [
+    ("right RoI", "beats", "beats the most confident RoI on the other half: +"),
+    ("confident RoI", "not distinguishable",
+     "does not beat the most confident RoI on the other half (no difference distinguishable from zero): +0.000 "
+     "[+0.000, +0.000]"),
+    ("RoI 2", "worse", "does not beat the most confident RoI on the other half; it is worse: −"),
+])
+def test_the_held_out_best_head_is_compared_with_the_most_confident_roi_and_the_verdict_names_the_outcome(
+        planted, outcome, said):
+    targets = np.tile(np.array([[3, 4], [3, 4]]), (len(MATCHING), 1, 1))  # fit fewer phrases than RoI 2
+    targets[:, 1, 0] = {"right RoI": MATCHING, "confident RoI": 1, "RoI 2": 2}[planted]  # layer 2, head 1
+    result = _held_out(targets, MATCHING)
+    assert set(result) == HELD_OUT_KEYS and (result["layer"], result["head"]) == (2, 1)
+    held_out = MATCHING[1::2]
+    hits = held_out == targets[1::2, 1, 0]
+    assert result["accuracy"] == round(hits.mean(), 4)
+    assert result["confidence_baseline"] == round(float(np.mean(held_out == 1)), 4)
+    side = result["against_confidence"]
+    assert set(side) == {"difference", "difference_interval", "p_value", "outcome", "verdict"}
+    assert side["difference"] == round(float(np.mean(hits.astype(float) - (held_out == 1))), 4)
+    assert side["outcome"] == outcome
+    low, high = side["difference_interval"]
+    assert {"beats": 0 < low, "not distinguishable": low <= 0 <= high, "worse": high < 0}[outcome]
+    assert side["verdict"].startswith(f"the best head (layer 2, head 1, chosen on half the phrases) {said}")
+    # The random RoI's comparison beside it: a uniformly drawn RoI of the four fits a quarter of the phrases.
+    assert result["random_baseline"] == 0.25
+    assert result["difference"] == round(hits.mean() - 0.25, 4)
+
+
+def test_the_report_reads_an_analysis_folder_s_verdicts_and_names_a_result_that_is_no_object(tmp_path):
+    held_out = _held_out(np.ones((6, 1, 1), dtype=np.int64), np.array([1, 2, 1, 2, 1, 2]))
+    (tmp_path / "grounding.json").write_text(json.dumps({"held_out_best": held_out}))
+    assert analysis_verdicts(tmp_path) == [held_out["against_confidence"]["verdict"]]
+    del held_out["against_confidence"]  # written before the comparison: nothing to say
+    (tmp_path / "grounding.json").write_text(json.dumps({"held_out_best": held_out}))
+    assert analysis_verdicts(tmp_path) == [] and analysis_verdicts(tmp_path / "none") == []
+    (tmp_path / "syntax.json").write_text("[]")
+    problem = f"{tmp_path / 'syntax.json'}: expected the analysis's JSON object, found list"
+    with pytest.raises(DataError, match=f"^{re.escape(problem)}$"):
+        analysis_verdicts(tmp_path)
 
 
 def test_phrase_attention_is_the_mean_over_the_phrase_pieces_of_attention_to_the_regions():
@@ -130,6 +204,11 @@ def test_analyze_grounding_writes_the_table_the_heat_map_and_the_examples(world,
     assert best["accuracy"] == accuracy.max() == accuracy[best["layer"] - 1, best["head"] - 1]
     assert 0 < result["random_baseline"] < 1 and 0 <= result["confidence_baseline"] <= 1
     assert json.loads((tmp_path / "grounding.json").read_text()) == json.loads(json.dumps(result))
+    held_out = result["held_out_best"]
+    assert set(held_out) == HELD_OUT_KEYS and held_out["against_confidence"]["outcome"] in (
+        "beats", "not distinguishable", "worse")
+    assert held_out["against_confidence"]["verdict"].startswith(
+        f"the best head (layer {held_out['layer']}, head {held_out['head']}, chosen on half the phrases) ")
     pictures = [tmp_path / "grounding.png"] + [tmp_path / "examples" / f"{k:03d}.png" for k in range(2)]
     assert [example["image"] for example in result["examples"]] == [str(p) for p in pictures[1:]]
     for picture in pictures:
@@ -155,6 +234,7 @@ def test_the_command_analyses_the_first_items_and_the_baselines_do_not_depend_on
     a, b = (json.loads((tmp_path / name / "grounding.json").read_text()) for name in ("a", "b"))
     assert a["phrases"] == b["phrases"] == 5 and not (tmp_path / "a" / "examples").exists()
     assert (a["random_baseline"], a["confidence_baseline"]) == (b["random_baseline"], b["confidence_baseline"])
+    assert first.output.splitlines()[1] == f"Held out: {grounding_verdicts(a)[0]}"
 
 
 def test_fresh_weights_attend_to_every_roi_alike_so_every_head_scores_the_random_baseline(world, tmp_path):

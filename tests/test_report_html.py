@@ -19,6 +19,7 @@ from PIL import Image
 from pipelines.cli import main
 from pipelines.runner import StepFailed, run_pipeline
 from pipelines.world.tiny import TINY_MODEL
+from train.analysis.verdicts import grounding_verdicts
 from tests.helpers.browser import WIDTH, find_chromium, visit
 
 
@@ -157,6 +158,9 @@ def test_pipeline_report_rebuilds_the_page_of_a_run_stopped_halfway(run, tmp_pat
     text = Page((copy / "report" / "report.html").read_text()).text
     assert "vqa-tuned · vqa-more (cached) not evaluated" in text and "vqa-frozen · vqa-last (cached) " in text
     assert "<h2>Comparisons</h2>" not in (copy / "report" / "report.html").read_text()
+    # The analysis's verdict in words beside its figures.
+    verdicts = grounding_verdicts(json.loads((copy / "grounding" / "grounding.json").read_text()))
+    assert verdicts and verdicts[0] in text
 
 
 def test_pipeline_report_of_a_folder_it_never_ran_into_says_so(run, tmp_path):

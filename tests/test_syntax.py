@@ -23,7 +23,8 @@ from pipelines.world.tiny import TINY_MODEL
 from train.analysis.parses import read_conllu
 from train.analysis.phrases import PHRASE_READERS
 from train.analysis.relations import LABEL_SETS, paper_name, stanford_names, ud_names
-from train.analysis.syntax import SyntaxTally, analyze_syntax, read_syntax_inputs, syntax_result
+from train.analysis.syntax import SyntaxTally, analyze_syntax, markdown_table, read_syntax_inputs, syntax_result
+from train.analysis.verdicts import syntax_verdicts
 from train.data.files import DataError
 from train.data.regions import RegionBank
 from vlbert.config import VLBertConfig
@@ -172,6 +173,32 @@ def test_the_planted_head_is_the_best_for_amod_with_its_accuracy_and_the_baselin
             if arc.relation in ("prep", "pobj")] == [("prep", "circle", "beside"), ("pobj", "square", "beside")]
     assert {row["relation"]: row["paper"]["relation"] for row in result["relations"]
             if row["relation"] in ("prep", "pobj")} == {"prep": "prep", "pobj": "pobj"}
+
+
+def test_each_relation_s_held_out_head_is_compared_with_the_most_confident_roi_in_the_json_and_the_table(tmp_path):
+    inputs, tally = tally_fixture(tmp_path)
+    result = syntax_result(tally, inputs, None)
+    held_out = next(row for row in result["relations"] if row["relation"] == "amod")["held_out_best"]
+    # Chosen on the 1st, 3rd and 5th amod arcs (the planted head fits 2 of 3), scored on the 2nd and
+    # 4th: the planted head fits both, the most confident RoI (R1, the circle) neither.
+    assert (held_out["layer"], held_out["head"], held_out["arcs"]) == (2, 2, 2) and "phrases" not in held_out
+    assert (held_out["accuracy"], held_out["confidence_baseline"]) == (1.0, 0.0)
+    side = held_out["against_confidence"]
+    assert (side["difference"], side["difference_interval"], side["outcome"]) == (1.0, [1.0, 1.0], "beats")
+    assert side["verdict"] == ("the best head (layer 2, head 2, chosen on half the arcs) beats the most confident RoI "
+                               "on the other half: +1.000 [+1.000, +1.000]")
+    compared = [row for row in result["relations"] if "held_out_best" in row]  # those with 2 arcs or more
+    outcomes = [row["held_out_best"]["against_confidence"]["outcome"] for row in compared]
+    verdicts = syntax_verdicts(result)
+    assert verdicts[0] == (f"the held-out best head beats the most confident RoI in {outcomes.count('beats')} of "
+                           f"{len(compared)} relations (amod); it is worse in {outcomes.count('worse')}, not "
+                           f"distinguishable in {outcomes.count('not distinguishable')}")
+    assert verdicts[1:] == [f"{row['relation']}: {row['held_out_best']['against_confidence']['verdict']}"
+                            for row in compared]
+    result.update(model="M", annotations="A", parses=None)
+    table = markdown_table(result)
+    assert "| 100.00 (2-2, 2 arcs) | +100.00 [+100.00, +100.00]: beats |" in table
+    assert f"In short: {verdicts[0]}." in table and f"- {verdicts[1]}" in table
 
 
 def test_the_region_attention_filter_leaves_out_the_planted_head_that_gives_the_rois_little(tmp_path):
@@ -366,6 +393,10 @@ def test_analyze_syntax_on_the_world_writes_the_json_the_table_and_the_plots(wor
     for row in table["relations"]:
         assert np.allclose(row["accuracy"], row["random_baseline"], atol=1e-4), row["relation"]
     markdown = (out / "syntax.md").read_text()
+    summary = syntax_verdicts(table)[0]
+    assert summary.startswith("the held-out best head beats the most confident RoI in ")
+    assert f"Held out: {summary} (each relation's verdict in syntax.md)" in result.output
+    assert f"In short: {summary}." in markdown
     assert "| amod | amod | " in markdown and "amod: 18.67 → 45.96 (10-9)" in markdown
     assert "| nummod | num | " in markdown and "num: 23.15 → 67.44 (9-11)" in markdown
     assert set(table["figures"]) == {"relations", "amod", "nummod"}

@@ -62,6 +62,7 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
     OUT/grounding.png (heat map) and OUT/examples/*.png (the best head's attention)."""
     from extract.paths import check_apart
     from train.analysis.grounding import analyze_grounding
+    from train.analysis.verdicts import grounding_verdicts
 
     check_apart(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
                       ("--vocabulary", vocabulary), ("--images", images)))
@@ -77,6 +78,8 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
         ids = [phrase["item_id"] for phrase in result["left_out"]]
         click.echo(f"{len(ids)} phrases left out, their box no box (NaN, or x2 <= x1 or y2 <= y1): "
                    f"{', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''} (all in grounding.json, left_out)")
+    for line in grounding_verdicts(result):
+        click.echo(f"Held out: {line}")
 
 
 @analyze_group.command("syntax")
@@ -114,6 +117,7 @@ def syntax_command(model_dir: Path, store: Path, annotations: Path, parses: Path
     figures beside), OUT/relations.png (relations × heads) and OUT/layers/<relation>.png (Figure 4)."""
     from extract.paths import check_apart
     from train.analysis.syntax import analyze_syntax
+    from train.analysis.verdicts import syntax_verdicts
 
     check_apart(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
                       ("--parses", parses), ("--vocabulary", vocabulary)))
@@ -128,6 +132,8 @@ def syntax_command(model_dir: Path, store: Path, annotations: Path, parses: Path
         click.echo(f"  {row['relation']}: {row['arcs']} arcs, most confident RoI {row['confidence_baseline']:.3f}, "
                    + ("no head passes --min-region-attention" if best is None else
                       f"best head {best['layer']}-{best['head']} {best['accuracy']:.3f}"))
+    for line in syntax_verdicts(result)[:1]:
+        click.echo(f"Held out: {line} (each relation's verdict in syntax.md)")
     if result["skipped"]:
         names = [f"{item['image_id']}/{item['caption']}" for item in result["skipped"]]
         click.echo(f"{len(names)} captions skipped, their parse not a tree or not their text: {', '.join(names[:5])}"

@@ -14,6 +14,8 @@ from pipelines.steps.base import (Foreknown, Layout, Log, StepKind, device_probl
 from train.analysis.parses import PARSERS
 from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS
 from train.analysis.relations import LABEL_SETS
+from train.analysis.verdicts import grounding_verdicts, syntax_verdicts
+from train.data.files import DataError, read_json
 from train.engine.errors import RunConfigError
 from vlbert.typed_config import at_least
 
@@ -69,7 +71,8 @@ def _grounding(chosen: GroundingParams, folder: Path) -> str:
     best = result["best"]
     return (f"{result['phrases']} phrases: best head layer {best['layer']} head {best['head']} "
             f"{best['accuracy']:.3f}, random RoI {result['random_baseline']:.3f}, most confident RoI "
-            f"{result['confidence_baseline']:.3f}, {len(result['left_out'])} left out (their box no box)")
+            f"{result['confidence_baseline']:.3f}, {len(result['left_out'])} left out (their box no box)"
+            + "".join(f"; {line}" for line in grounding_verdicts(result)))
 
 
 def _syntax(chosen: SyntaxParams, folder: Path) -> str:
@@ -79,8 +82,9 @@ def _syntax(chosen: SyntaxParams, folder: Path) -> str:
                             parses=chosen.parses, parser=chosen.parser, plot=chosen.plot or None,
                             min_region_attention=chosen.min_region_attention, max_items=chosen.max_items,
                             labels=chosen.labels, **_running(chosen))
+    verdicts = syntax_verdicts(result)
     return (f"{result['arcs']} arcs of {len(result['relations'])} relations in {result['captions']} captions, "
-            f"{len(result['skipped'])} skipped")
+            f"{len(result['skipped'])} skipped" + "".join(f"; {line}" for line in verdicts[:2]))
 
 
 def _running(chosen: AnalysisParams) -> dict[str, Any]:
@@ -93,12 +97,30 @@ class Analysis:
     params: type  # an AnalysisParams dataclass
     run: Callable[[Any, Path], str]  # (params, folder) → a line for the log; writes its outputs in folder
     paths: tuple[str, ...]  # its fields that name input files and folders, beyond the common ones
+    result: str  # the file of its folder holding its result (JSON)
+    verdicts: Callable[[dict[str, Any]], list[str]]  # that result → its verdicts in words, for the report
 
 
 ANALYSES = {
-    "grounding": Analysis(GroundingParams, _grounding, ("images",)),
-    "syntax": Analysis(SyntaxParams, _syntax, ("parses",)),
+    "grounding": Analysis(GroundingParams, _grounding, ("images",), "grounding.json", grounding_verdicts),
+    "syntax": Analysis(SyntaxParams, _syntax, ("parses",), "syntax.json", syntax_verdicts),
 }
+
+
+def analysis_verdicts(folder: Path) -> list[str]:
+    """The verdicts in words of the analysis whose result `folder` holds (none where it holds none);
+    DataError naming the file where it is not a JSON object."""
+    lines = []
+    for analysis in ANALYSES.values():
+        path = folder / analysis.result
+        if path.is_file():
+            result = read_json(path)
+            if not isinstance(result, dict):
+                raise DataError(f"{path}: expected the analysis's JSON object, found {type(result).__name__}")
+            lines += analysis.verdicts(result)
+    return lines
+
+
 _COMMON_PATHS = ("model", "store", "annotations", "vocabulary")
 
 

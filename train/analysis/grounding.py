@@ -35,12 +35,13 @@ from extract.device import check_device
 from extract.store.schema import StoreError, StoreMismatchError
 from train.analysis.figures import Example, draw_example, draw_heat_map
 from train.analysis.phrases import PHRASE_READERS, Phrase
+from train.analysis.verdicts import against, rounded_interval
 from train.data.collate import collate, model_inputs, to_device
 from train.data.datasets import Sample
 from train.data.files import DataError, read_json
 from train.data.regions import RegionBank
 from train.engine.config import model_settings
-from train.evaluation.statistics import LEVEL, Interval, bootstrap_interval, paired_comparison
+from train.evaluation.statistics import LEVEL, bootstrap_interval, paired_comparison
 from vlbert.modeling import CONFIG_NAME, WEIGHTS_NAME, VLBertModel
 from vlbert.tokenization import build_caption_sequence, check_vocabulary_size, load_tokenizer
 
@@ -126,13 +127,14 @@ class GroundingTally:
         grounded = self.scores()[0]
         return grounded.mean(0) if len(grounded) else np.zeros((self.layers, self.heads))
 
-    def result(self, allowed: np.ndarray | None = None) -> dict[str, Any]:
+    def result(self, allowed: np.ndarray | None = None, unit: str = "phrases") -> dict[str, Any]:
         """Layers and heads are numbered from 1 in `best` (row i of the tables is layer i + 1); the
         best head is chosen among the `allowed` ones ((layers, heads) bool; default all).
 
         The best head's accuracy is the maximum of layers × heads estimates, biased upwards on few
         phrases; `held_out_best` removes that bias: the head is chosen on the even-numbered phrases
-        and scored on the odd-numbered ones, and compared there with the random RoI, phrase by phrase."""
+        (or arcs: `unit`) and scored on the odd-numbered ones, and compared there with both baselines,
+        item by item."""
         grounded, random, confident = self.scores()
         accuracy = self.accuracy()
         chosen = best_head(accuracy, allowed)
@@ -153,12 +155,13 @@ class GroundingTally:
         if self.count >= 2:
             result["intervals"] = {
                 "level": LEVEL,
-                **({} if chosen is None else {"best": _rounded(bootstrap_interval(grounded[:, chosen[0], chosen[1]]))}),
-                "random_baseline": _rounded(bootstrap_interval(random)),
-                "confidence_baseline": _rounded(bootstrap_interval(confident)),
+                **({} if chosen is None else
+                   {"best": rounded_interval(bootstrap_interval(grounded[:, chosen[0], chosen[1]]))}),
+                "random_baseline": rounded_interval(bootstrap_interval(random)),
+                "confidence_baseline": rounded_interval(bootstrap_interval(confident)),
             }
             if chosen is not None:
-                result["held_out_best"] = held_out_best(grounded, random, allowed)
+                result["held_out_best"] = held_out_best(grounded, random, confident, allowed, unit)
         return result
 
 
@@ -173,23 +176,25 @@ def best_head(accuracy: np.ndarray, allowed: np.ndarray | None = None) -> tuple[
     return int(layer), int(head)
 
 
-def held_out_best(grounded: np.ndarray, random: np.ndarray, allowed: np.ndarray | None = None) -> dict[str, Any]:
-    """The best (`allowed`) head on the even-numbered phrases, scored on the odd-numbered ones, with
-    its 95% interval and a paired comparison with the random RoI on those phrases."""
+def held_out_best(grounded: np.ndarray, random: np.ndarray, confident: np.ndarray, allowed: np.ndarray | None = None,
+                  unit: str = "phrases") -> dict[str, Any]:
+    """The best (`allowed`) head on the even-numbered `unit` (phrases or arcs), scored on the
+    odd-numbered ones, with its 95% interval and paired comparisons with the random RoI and (under
+    `against_confidence`, with a verdict in words) the most confident RoI on those items."""
     choose, score = grounded[0::2], grounded[1::2]
     layer, head = best_head(choose.mean(0), allowed)
     hits = score[:, layer, head]
     ids = [str(i) for i in range(len(hits))]
-    comparison = paired_comparison(dict(zip(ids, random[1::2])), dict(zip(ids, hits)), ("random RoI", "head"))
-    return {"layer": int(layer) + 1, "head": int(head) + 1, "phrases": len(hits),
-            "accuracy": round(float(hits.mean()), 4), "interval": _rounded(bootstrap_interval(hits)),
+    by_id = dict(zip(ids, hits))
+    comparison = paired_comparison(dict(zip(ids, random[1::2])), by_id, ("random RoI", "head"))
+    against_confidence = paired_comparison(dict(zip(ids, confident[1::2])), by_id, ("most confident RoI", "head"))
+    return {"layer": int(layer) + 1, "head": int(head) + 1, unit: len(hits),
+            "accuracy": round(float(hits.mean()), 4), "interval": rounded_interval(bootstrap_interval(hits)),
             "random_baseline": round(float(random[1::2].mean()), 4),
-            "difference": round(comparison.difference, 4), "difference_interval": _rounded(comparison.interval),
-            "p_value": comparison.p_value, "verdict": comparison.verdict()}
-
-
-def _rounded(interval: Interval) -> list[float]:
-    return [round(value, 4) + 0.0 for value in interval.to_list()]  # + 0.0: no "-0.0" in the table
+            "difference": round(comparison.difference, 4), "difference_interval": rounded_interval(comparison.interval),
+            "p_value": comparison.p_value, "verdict": comparison.verdict(),
+            "confidence_baseline": round(float(confident[1::2].mean()), 4),
+            "against_confidence": against(against_confidence, int(layer) + 1, int(head) + 1, unit)}
 
 
 def load_model(model_dir: str | Path, device: torch.device, fresh_weights: bool = False) -> VLBertModel:

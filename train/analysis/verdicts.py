@@ -1,0 +1,74 @@
+"""Does any head beat the most confident RoI? The held-out best head (chosen on half the phrases or
+arcs, scored on the other half: the maximum of layers × heads estimates is biased upwards, so only a
+head chosen on other items may claim it) against the baseline on the same items, paired, in words that
+name the outcome either way. The entity analysis (`grounding`) and the syntactic one (`syntax`, one
+comparison per relation) both say it so; the step's log, the syntax table and the pipeline's report
+read these sentences."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from train.evaluation.statistics import Comparison, Interval
+
+CONFIDENT = "the most confident RoI"
+
+# The outcome of a paired comparison head − baseline, by where its 95% interval lies.
+BEATS, NOT_DISTINGUISHABLE, WORSE = "beats", "not distinguishable", "worse"
+
+
+def outcome(comparison: Comparison) -> str:
+    if comparison.interval.low > 0:
+        return BEATS
+    return WORSE if comparison.interval.high < 0 else NOT_DISTINGUISHABLE
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.3f}".replace("-", "−")
+
+
+def held_out_sentence(layer: int, head: int, unit: str, comparison: Comparison) -> str:
+    """E.g. "the best head (layer 2, head 3, chosen on half the phrases) does not beat the most
+    confident RoI on the other half; it is worse: −0.098 [−0.140, −0.050]"."""
+    found = outcome(comparison)
+    said = {BEATS: "beats {}", NOT_DISTINGUISHABLE: "does not beat {} (no difference distinguishable from zero)",
+            WORSE: "does not beat {}; it is worse"}[found].format(f"{CONFIDENT} on the other half")
+    interval = comparison.interval
+    return (f"the best head (layer {layer}, head {head}, chosen on half the {unit}) {said}: "
+            f"{_signed(comparison.difference)} [{_signed(interval.low)}, {_signed(interval.high)}]")
+
+
+def rounded_interval(interval: Interval) -> list[float]:
+    return [round(value, 4) + 0.0 for value in interval.to_list()]  # + 0.0: no "-0.0" in the tables
+
+
+def against(comparison: Comparison, layer: int, head: int, unit: str) -> dict[str, Any]:
+    """The held-out head's paired comparison with the most confident RoI (layers and heads from 1),
+    for the json."""
+    return {"difference": round(comparison.difference, 4) + 0.0,
+            "difference_interval": rounded_interval(comparison.interval),
+            "p_value": comparison.p_value, "outcome": outcome(comparison),
+            "verdict": held_out_sentence(layer, head, unit, comparison)}
+
+
+def grounding_verdicts(result: dict[str, Any]) -> list[str]:
+    """The entity analysis's verdict (grounding.json), or none where it has no held-out head (or was
+    written before the comparison with the most confident RoI)."""
+    side = (result.get("held_out_best") or {}).get("against_confidence")
+    return [side["verdict"]] if side else []
+
+
+def syntax_verdicts(result: dict[str, Any]) -> list[str]:
+    """The syntactic analysis's verdicts (syntax.json): how many relations' held-out head beats the
+    most confident RoI, then each relation's sentence, the most common relation first."""
+    compared = [(row["relation"], side) for row in result.get("relations", [])
+                if (side := (row.get("held_out_best") or {}).get("against_confidence"))]
+    if not compared:
+        return []
+    counts = {found: sum(side["outcome"] == found for _, side in compared) for found in (BEATS, WORSE)}
+    winners = [relation for relation, side in compared if side["outcome"] == BEATS]
+    summary = (f"the held-out best head beats {CONFIDENT} in {counts[BEATS]} of {len(compared)} relations"
+               + (f" ({', '.join(winners)})" if winners else "")
+               + f"; it is worse in {counts[WORSE]}, not distinguishable in "
+                 f"{len(compared) - counts[BEATS] - counts[WORSE]}")
+    return [summary] + [f"{relation}: {side['verdict']}" for relation, side in compared]
