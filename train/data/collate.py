@@ -15,8 +15,8 @@ from vlbert.losses import IGNORE_INDEX
 from vlbert.modeling import VLBertModel
 from vlbert.tokenization import pad_text
 
-# Batch entries that are targets: evaluation predicts without them.
-TARGETS = frozenset({"labels", "mlm_labels", "region_labels", "relationship_labels"})
+# Batch entries that are targets (and the positions of the masked words): evaluation predicts without them.
+TARGETS = frozenset({"labels", "mlm_labels", "mlm_positions", "region_labels", "relationship_labels"})
 # Training-time corruptions: evaluation shows the model every RoI as itself.
 CORRUPTIONS = frozenset({"masked_regions"})
 PIXELS = ("image_files", "images")  # the batch entries (lists, not tensors) that end-to-end stages read
@@ -69,6 +69,10 @@ def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0) ->
     # (-100) per sample, zero rows (never predicted) per RoI.
     for name in {n for s in samples for n in s.targets}:
         batch[name] = torch.tensor(np.stack([np.asarray(s.targets.get(name, IGNORE_INDEX)) for s in samples]))
+    if "mlm_labels" in batch:
+        # The masked words' positions in the flattened text, found here on the host: found on the
+        # device, their count would make the host wait for it (VLBertForPreTraining.forward).
+        batch["mlm_positions"] = torch.from_numpy(np.flatnonzero(batch["mlm_labels"].numpy() != IGNORE_INDEX))
     for name in {n for s in samples for n in s.region_targets}:
         shape = next(s.region_targets[name].shape[1:] for s in samples if name in s.region_targets)
         padded = np.zeros((len(samples), batch["box_mask"].shape[1], *shape), np.float32)
