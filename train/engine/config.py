@@ -91,7 +91,8 @@ class StageConfig:
     # on CUDA: the next batch copied to the device on a side stream while the step computes
     prefetch: bool = True
     # q8 stores: features travel to the device as their 8-bit codes (and two float32 a row) and are
-    # decoded there, to the host's values bitwise; false: decoded by the DataLoader's workers (float32)
+    # decoded there, to the host's values bitwise; false: the training batches' decoded by the DataLoader's
+    # workers (float32)
     decode_on_device: bool = True
     # fp32 (TF32 off on CUDA: the reference numbers), tf32 (CUDA), bf16, or fp16 (CUDA, loss scaled).
     # auto: bf16 where the device computes it natively (CUDA, Ampere or later), else fp32; run.json records
