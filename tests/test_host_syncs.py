@@ -44,11 +44,11 @@ def host_reads_in_steps(world: Path, stage: StageConfig, monkeypatch, out: str) 
     step, next_batch = Trainer._optimiser_step, StageProgress.next_batch
 
     def watched_step(self, *args, **kwargs):
-        with guard.watching():
+        with guard.counting():
             return step(self, *args, **kwargs)
 
     def unwatched_batch(self, batches):
-        with guard.paused():
+        with guard.counting(False):
             return next_batch(self, batches)
 
     monkeypatch.setattr(Trainer, "_optimiser_step", watched_step)

@@ -30,7 +30,7 @@ HOST_STEP_COUNTS = "/torch/optim/"
 
 
 class HostReads(TorchDispatchMode):
-    """Inside `watching()`, every host read, as (what, where: the innermost project frame)."""
+    """Inside `counting()`, every host read, as (what, where: the innermost project frame)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,18 +55,10 @@ class HostReads(TorchDispatchMode):
         self.reads.append((what, where))
 
     @contextlib.contextmanager
-    def watching(self):
-        """Counts the block's reads."""
-        self.active, before = True, self.active
-        try:
-            yield
-        finally:
-            self.active = before
-
-    @contextlib.contextmanager
-    def paused(self):
-        """Counts none of the block's (the host's own work on a batch before it goes to the device)."""
-        self.active, before = False, self.active
+    def counting(self, active: bool = True):
+        """Counts the block's reads; with `active` False none of them (the host's own work on a batch
+        before it goes to the device)."""
+        self.active, before = active, self.active
         try:
             yield
         finally:
@@ -74,7 +66,7 @@ class HostReads(TorchDispatchMode):
 
     @contextlib.contextmanager
     def installed(self, monkeypatch):
-        """The mode, and the patched Tensor methods, for the block (reads counted inside `watching`)."""
+        """The mode, and the patched Tensor methods, for the block (reads counted inside `counting`)."""
         for name in READING_METHODS:
             monkeypatch.setattr(torch.Tensor, name, self._method(getattr(torch.Tensor, name), name))
         with self:

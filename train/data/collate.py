@@ -50,7 +50,8 @@ def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0) ->
     if visual:
         n = max(len(s.regions) for s in visual)
         size = len(samples)
-        boxes, box_mask, masked = np.zeros((size, n, 4), np.float32), np.zeros((size, n), bool), np.zeros((size, n), bool)
+        boxes = np.zeros((size, n, 4), np.float32)
+        box_mask, masked = np.zeros((size, n), bool), np.zeros((size, n), bool)
         image_size = np.ones((size, 2), np.float32)
         for i, s in enumerate(samples):
             if s.regions is None:
