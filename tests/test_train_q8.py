@@ -17,7 +17,7 @@ from tests.helpers.worlds import copy_world, run_config
 from train.data.annotations import AnnotationFile
 from train.data.collate import to_device, transfer_bytes
 from train.data.regions import RegionBank
-from train.engine.batches import Collate
+from train.engine.batches import Batch, Collate
 from train.engine.config import StageConfig
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
@@ -88,7 +88,9 @@ def logged(world: Path, stage: StageConfig, out: str) -> list[dict]:
 
 @pytest.mark.parametrize("task", list(STAGES))
 def test_a_stage_decoding_on_the_device_trains_as_one_decoding_in_its_workers(world, task):
-    on_device, device_speed = logged(world, STAGES[task], f"{task}-device")
+    """The codes come from a DataLoader worker process (through its pipe), the decoded values from the
+    training process's own collation: the same losses."""
+    on_device, device_speed = logged(world, replace(STAGES[task], num_workers=1), f"{task}-device")
     on_host, host_speed = logged(world, replace(STAGES[task], decode_on_device=False), f"{task}-host")
     assert len(on_device) == 4 and [r["loss"] for r in on_device] == [r["loss"] for r in on_host]
     assert device_speed["features_sent_as"] == "q8 codes" and host_speed["features_sent_as"] == "float32"
@@ -107,6 +109,8 @@ def test_feature_masking_reads_q8_codes(world):
 @pytest.mark.parametrize("task", list(STAGES))
 def test_a_gpu_decodes_the_hosts_values_bitwise(world, task):
     today, codes = batch(world, task, encoded=False), batch(world, task, encoded=True)
-    on_gpu = to_device(codes, torch.device("cuda"))
+    pinned = Batch(codes, [], 6, 6).pin_memory().inputs  # as the DataLoader's pinning thread does
+    assert pinned["appearance"].parts["codes"].is_pinned()
+    on_gpu = to_device(pinned, torch.device("cuda"))
     assert on_gpu["appearance"].device.type == "cuda"
     assert torch.equal(on_gpu["appearance"].cpu(), to_device(today, CPU)["appearance"])
