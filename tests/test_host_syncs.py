@@ -24,7 +24,8 @@ from vlbert.modeling import VLBertForPreTraining
 
 STAGES = {
     "pretrain": StageConfig("pretrain", "pretrain", steps=2, batch_size=2, num_workers=0, log_every=2),
-    # masked RoIs by feature: the model replaces their appearance (pixel variants: the test above's)
+    # masked RoIs by feature (the model replaces their appearance; "pixel" reads the cached variants), and
+    # the sentence-image relationship head
     "pretrain-feature": StageConfig("pretrain", "pretrain", steps=2, batch_size=2, num_workers=0, log_every=2,
                                     options=PretrainOptions(roi_masking="feature", relationship=True)),
     "vqa": StageConfig("vqa", "vqa", steps=2, batch_size=2, num_workers=0, log_every=2),
