@@ -5,13 +5,20 @@ data, and the share of the device's bf16 peak, measured side by side in one run.
     .venv/bin/python bench/bench_train.py --baseline /tmp/base              # ... beside the code at /tmp/base
     python bench/bench_train.py --device cuda --model base --batch-sizes 16,32,64,128,256 --precisions bf16 \\
         --warmup 20 --steps 200 --variable-regions --profile /tmp/profile
+    python bench/bench_train.py --device cuda --model base --batch-sizes 64,256 --precisions bf16 \\
+        --warmup 10 --steps 200 --feature-dtypes float16,q8 --tasks pretrain,refexp
 
 The demo world gives the annotations (VQA questions) and vocabulary; the FeatureStore holds
 BUTD-sized synthetic records for its images (2048-d float16 features, 100 boxes, top-10 class
-probabilities), so batches move what real training moves. `--variable-regions` adds a store with
-BUTD's 10–100 regions per image, trained with length-aware batches off and on; `--end2end` the
-end-to-end stage (the butd-vg detector's trunk and res5, random weights, on the world's images at
-its 600-pixel short side) and the ratio of the cached stage's samples/s to it.
+probabilities), so batches move what real training moves. `--feature-dtypes float16,q8` trains each
+configuration on such a store of q8 features too (their 8-bit codes copied to the device and decoded
+there); the bytes a batch copies to the device from each store are printed first (measured on the
+host: bytes, not time). `--variable-regions` adds a store with BUTD's 10–100 regions per image,
+trained with length-aware batches off and on; `--end2end` the end-to-end stage (the butd-vg
+detector's trunk and res5, random weights, on the world's images at its 600-pixel short side) and the
+ratio of the cached stage's samples/s to it. `--tasks pretrain,refexp` adds stages of those tasks at
+the first configuration's settings (pre-training masks RoIs by feature: the stores have no
+masked-pixel variants), whose steps read nothing on the host.
 
 Each configuration trains one VQA stage of --warmup + --steps steps in a fresh run folder, in a
 child process that imports the code under test (this tree, or --baseline: a checkout of another
@@ -67,8 +74,9 @@ def peak_bf16(device_name: str) -> float | None:
 
 def make_data(work: Path, images: int, end2end: bool) -> Path:
     """The demo world (annotations, vocabulary), a store of its images with 100 boxes each
-    (`store`), one with BUTD's 10–100 (`store-variable`), and with `end2end` one of 100 boxes that
-    names the butd-vg detector (random weights) and the world's images (`store-e2e`)."""
+    (`store`), the same of q8 features (`store-q8`), one with BUTD's 10–100 (`store-variable`), and with
+    `end2end` one of 100 boxes that names the butd-vg detector (random weights) and the world's images
+    (`store-e2e`)."""
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     from bench_store import synthetic_record
     from extract.presets import PRESETS
@@ -85,24 +93,55 @@ def make_data(work: Path, images: int, end2end: bool) -> Path:
     write_world_vocabulary(world, work / "vocab")
     ids = sorted({a.image_id for split in ("train", "val") for a in read_annotations(world / f"{split}.jsonl")})
     rng = np.random.default_rng(0)
-    stores = [("store", lambda: BOXES, {}),
+    stores = [("store", lambda: BOXES, {}), ("store-q8", lambda: BOXES, dict(feature_dtype="q8")),
               ("store-variable", lambda: int(rng.integers(FEWEST_BOXES, BOXES + 1)), {})]
     if end2end:
         stores.append(("store-e2e", lambda: BOXES, dict(images_root=str(world), detector={
             "source": "preset:butd-vg", "config": PRESETS["butd-vg"].to_dict(), "checkpoint": None})))
-    for store, boxes, detector in stores:
-        meta = build_meta(feature_dim=DIM, mode="imported", num_classes=1601, top_k_classes=10, **detector)
+    for store, boxes, settings in stores:
+        meta = build_meta(feature_dim=DIM, mode="imported", num_classes=1601, top_k_classes=10, **settings)
         with FeatureStoreWriter(work / store, meta) as writer:
             for start in range(0, len(ids), 50):
                 writer.commit({i: synthetic_record(rng, boxes(), DIM, 0) for i in ids[start:start + 50]})
     return work
 
 
+def transfer_lines(work: Path, batch_sizes: list[int], max_length: int) -> list[str]:
+    """The bytes that one VQA batch of each size copies from the host to the device, from the float16
+    store and the q8 one (its codes, or float32 decoded in the loader's workers), by this tree's code."""
+    from train.data.annotations import AnnotationFile
+    from train.data.collate import transfer_bytes
+    from train.data.regions import RegionBank
+    from train.engine.batches import Collate
+    from train.tasks import TASKS
+    from train.tasks.base import TaskData
+    from vlbert.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(work / "vocab")
+    lines = []
+    for size in batch_sizes:
+        sent = {}
+        for name, store, on_host in (("float16", "store", False), ("q8 codes", "store-q8", False),
+                                     ("q8 decoded in the workers (float32)", "store-q8", True)):
+            bank = RegionBank(str(work / store), encoded=True)
+            data = TaskData(bank, tokenizer, max_length, AnnotationFile(work / "world" / "train.jsonl"))
+            dataset = TASKS["vqa"].dataset(data, TASKS["vqa"].options(), data.train, 0, True)
+            samples = [dataset[i] for i in range(size)]
+            sent[name] = transfer_bytes(Collate(tokenizer.pad_token_id, decode_on_host=on_host)(samples).inputs)
+        lines.append(f"  host to device, a VQA batch of {size} ({BOXES} RoIs + the image, {DIM}-d): "
+                     + ", ".join(f"{name} {count / 2**20:.2f} MiB ({count / sent['float16']:.2f}x)"
+                                 for name, count in sent.items()))
+    return lines
+
+
 def run_spec(work: Path, out: str, args, config: dict) -> dict:
     end2end = config["store"] == "store-e2e"
     steps = args.warmup + (args.end2end_steps if end2end else args.steps)
-    stage = dict(name="vqa", task="vqa", steps=steps, batch_size=config["batch_size"], base_lr=1e-5,
+    task = config["task"]
+    stage = dict(name=task, task=task, steps=steps, batch_size=config["batch_size"], base_lr=1e-5,
                  num_workers=config["workers"], checkpoint_minutes=0, visual="end2end" if end2end else "cached")
+    if task == "pretrain":
+        stage["options"] = {"roi_masking": "feature"}  # the stores hold no masked-pixel variants
     if config["precision"] != "fp32":  # code from before the field ran fp32 on the CPU and has no such field
         stage["precision"] = config["precision"]
     # Fields that code from before them lacks are given only where they are not their default.
@@ -142,7 +181,7 @@ def train(specs: list[dict], profile: str | None) -> None:
         except Exception as exc:  # one configuration's failure is its line; the next still runs
             print(json.dumps({"failed": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}), flush=True)
             continue
-        model = load_pretrained(RunFolder(run.out_dir).stage(0, "vqa").final)
+        model = load_pretrained(RunFolder(run.out_dir).stage(0, run.stages[0].name).final)
         embeddings = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
         device = torch.cuda.get_device_name() if run.device.startswith("cuda") else "cpu"
         print(json.dumps({**result, "parameters": sum(p.numel() for p in model.parameters()) - embeddings,
@@ -209,19 +248,24 @@ def configurations(args) -> list[dict]:
     workers = [None if w == "auto" else int(w) for w in args.workers.split(",")]
     """In the order they run (a time limit cuts the last): the first configuration (the first of each
     list), it compiled (--compile first), its runs on the store of 10-100 regions, the end-to-end stage,
-    then the other configurations."""
-    fixed = [dict(store="store", batch_size=b, precision=p, workers=w, buckets=False, compile=args.compile == "on")
-             for b in map(int, args.batch_sizes.split(",")) for p in args.precisions.split(",") for w in workers]
+    the other configurations, then the other tasks at the first configuration's settings."""
+    stores = {"float16": "store", "q8": "store-q8"}
+    fixed = [dict(store=stores[d], batch_size=b, precision=p, workers=w, buckets=False, compile=args.compile == "on",
+                  task="vqa")
+             for b in map(int, args.batch_sizes.split(",")) for d in args.feature_dtypes.split(",")
+             for p in args.precisions.split(",") for w in workers]
     compiled = [dict(fixed[0], compile=True)] if args.compile == "first" else []
     variable = [dict(fixed[0], store="store-variable", buckets=buckets) for buckets in (False, True)]
     end2end = dict(fixed[0], store="store-e2e", batch_size=args.end2end_batch_size, compile=False)
+    tasks = [dict(fixed[0], task=task) for task in args.tasks.split(",") if task != "vqa"]
     return [fixed[0], *compiled, *(variable if args.variable_regions else []), *([end2end] if args.end2end else []),
-            *fixed[1:]]
+            *fixed[1:], *tasks]
 
 
 def label(config: dict) -> str:
-    store = {"store-variable": "10-100 RoIs", "store-e2e": "end-to-end"}.get(config["store"], f"{BOXES} RoIs")
-    return (f"{store:11s} {config['precision']:5s} batch {config['batch_size']:3d}, "
+    store = {"store-variable": "10-100 RoIs", "store-e2e": "end-to-end",
+             "store-q8": f"{BOXES} RoIs q8"}.get(config["store"], f"{BOXES} RoIs")
+    return (f"{config['task']:8s} {store:14s} {config['precision']:5s} batch {config['batch_size']:3d}, "
             f"{'auto' if config['workers'] is None else config['workers']} workers"
             + (", buckets" if config["buckets"] else "") + (", compiled" if config["compile"] else ""))
 
@@ -257,6 +301,10 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=140, help="text + RoIs + [END]: 100 RoIs fit")
     parser.add_argument("--workers", default="auto", help="comma-separated DataLoader worker counts, or auto")
     parser.add_argument("--precisions", default="fp32", help="comma-separated, of fp32, tf32, bf16, fp16")
+    parser.add_argument("--feature-dtypes", default="float16",
+                        help="comma-separated, of float16 and q8 (8-bit codes decoded on the device)")
+    parser.add_argument("--tasks", default="vqa", help="comma-separated; tasks beside vqa (pretrain, refexp) train "
+                        "at the first configuration's settings")
     parser.add_argument("--compile", default="off", choices=("off", "on", "first"),
                         help="torch.compile every configuration, or also the first one compiled")
     parser.add_argument("--prefetch", default="on", choices=("off", "on"), help="batches copied to CUDA a step ahead")
@@ -279,9 +327,12 @@ def main() -> None:
     configs = configurations(args)
     with tempfile.TemporaryDirectory() as tmp:
         work = make_data(Path(tmp), args.images, args.end2end)
+        print("\n".join(transfer_lines(work, list(map(int, args.batch_sizes.split(","))), args.max_length)),
+              flush=True)
         best: dict[tuple[str, int], dict] = {}
         print(f"{args.device}, model {args.model}, {args.warmup} warm-up + {args.steps} measured steps, {DIM}-d "
-              f"float16 features; each configuration as it ends, then the best of {args.repeats}", flush=True)
+              f"features ({args.feature_dtypes}); each configuration as it ends, then the best of {args.repeats}",
+              flush=True)
         for repeat in range(args.repeats):
             for code, path in codes.items():
                 profile = str(args.profile.resolve()) if args.profile and repeat == 0 and code == "this tree" else None

@@ -18,7 +18,9 @@ def gpu_report():
 
 
 def test_the_parts_limits_sum_to_at_most_nine_minutes():
-    assert sum(limit for _, _, limit in gpu_report().PARTS) <= 540
+    report = gpu_report()
+    assert sum(part.limit for part in report.PARTS) <= 540
+    assert [part.limit for part in report.parts(tiny=True)] == [part.limit for part in report.PARTS]
 
 
 def alive(pid: int) -> bool:
@@ -54,6 +56,7 @@ def test_the_dependencies_the_host_lacks_are_named(monkeypatch):
 
     report = gpu_report()
     assert report.missing_dependencies("no-such-project-here") == ["no-such-project-here"]
-    requirements = ["lmdb>=1.4", "no-such-package-here>=1", 'pytest>=8; extra == "test"']
+    requirements = ["lmdb>=1.4", "no-such-package-here>=1", 'pytest>=8; extra == "test"',
+                    'no-such-extra-package>=3.5; extra == "syntax"']
     monkeypatch.setattr(importlib.metadata, "requires", lambda project: requirements)
     assert report.missing_dependencies() == ["no-such-package-here"]

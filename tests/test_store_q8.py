@@ -222,6 +222,28 @@ def test_regions_for_training_read_the_same_from_q8(stores):
     assert np.array_equal(a.class_probs, b.class_probs) and np.array_equal(a.variant_masks, b.variant_masks)
 
 
+def test_a_store_read_encoded_gives_the_parts_of_the_decoded_values(stores):
+    """Training reads a q8 store's parts (decoded on its device): picking and joining rows of the
+    parts, then decoding, gives bitwise the values a decoding reader picks."""
+    from train.data.regions import RegionBank
+
+    root, _ = stores
+    with FeatureStore(root / "q8", encoded=True) as parts, FeatureStore(root / "q8") as values:
+        for key in values:
+            encoded, decoded = parts[key], values[key]
+            for name in ("features", "image_feature", "masked_features", "masked_image_feature"):
+                assert isinstance(encoded[name], Encoded) and encoded[name].parts["codes"].dtype == np.uint8
+                assert np.array_equal(encoded[name].decoded(), decoded[name]), (key, name)
+            assert np.array_equal(encoded["boxes"], decoded["boxes"])
+    with pytest.raises(ValueError, match="check_layout"):
+        FeatureStore(root / "q8", encoded=True, check_layout=True)
+    bank, reference = RegionBank(str(root / "q8"), max_regions=3, encoded=True), RegionBank(str(root / "q8"), 3)
+    a = bank.get("image0001", class_probs=True, variants=True).truncated(3)
+    b = reference.get("image0001", class_probs=True, variants=True).truncated(3)
+    assert np.array_equal(a.appearance.decoded(), b.appearance)
+    assert np.array_equal(a.variant_appearance[1].decoded(), b.variant_appearance[1])
+
+
 def test_q8_never_mixes_with_a_store_of_another_dtype(stores, tmp_path):
     root, _ = stores
     shutil.copytree(root / "float16", tmp_path / "store")

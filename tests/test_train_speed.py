@@ -61,7 +61,7 @@ def test_the_optimised_step_trains_the_weights_of_the_plain_one(world):
     assert 0 <= result["steady_data_wait_share"] < 1 and result["steady_tokens_per_s"] > result["steady_samples_per_s"]
     assert RunFolder(world / "fast").speed()["vqa"] == {
         "workers": 0, "optimizer_kernel": "foreach", "prefetch": False, "compile": False, "length_buckets": False,
-        "log_every": 10}
+        "log_every": 10, "features_sent_as": "float16"}
 
 
 def test_fused_and_foreach_optimisers_follow_the_for_loop_one():

@@ -19,15 +19,19 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy against class distributions, averaged over rows whose target is a distribution.
 
-    Rows with an all-zero target (RoIs that were not masked, padding) are not predicted.
+    Rows with an all-zero target (RoIs that were not masked, padding) are not predicted: every row
+    is scored and those weigh 0, so that no host sync picks the others (0 when there are none).
     """
     logits = logits.reshape(-1, logits.shape[-1]).float()
     targets = targets.reshape(-1, targets.shape[-1]).float()
     predicted = (targets.sum(-1) - 1.0).abs() < 0.1
-    if not predicted.any():
-        return logits.sum() * 0.0
-    log_probabilities = F.log_softmax(logits[predicted], -1)
-    return -(targets[predicted] * log_probabilities).sum(-1).mean()
+    return _mean_over(-(targets * F.log_softmax(logits, -1)).sum(-1), predicted)
+
+
+def _mean_over(values: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """The mean of `values` where `kept` (0 where nowhere), with a shape that does not depend on
+    `kept`: selecting the kept ones would wait for the device to count them."""
+    return torch.where(kept, values, 0.0).sum() / kept.sum().clamp(min=1)
 
 
 def answer_loss(logits: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -43,8 +47,8 @@ def multiple_choice_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
 
 def grounding_loss(logits: torch.Tensor, labels: torch.Tensor, box_mask: torch.Tensor) -> torch.Tensor:
     """RefCOCO+: binary cross-entropy of every real RoI's score against whether it is referred to."""
-    real = box_mask.bool()
-    return F.binary_cross_entropy_with_logits(logits[real].float(), labels[real].float())
+    scores = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none")
+    return _mean_over(scores, box_mask.bool())
 
 
 def binary_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -657,6 +657,7 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
         self,
         *,
         mlm_labels: torch.Tensor | None = None,
+        mlm_positions: torch.Tensor | None = None,
         region_labels: torch.Tensor | None = None,
         relationship_labels: torch.Tensor | None = None,
         **inputs,
@@ -665,13 +666,17 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
         detector class distributions (all-zero rows are not predicted), relationship (B,) 1 = matching.
 
         With `mlm_labels`, the vocabulary-wide MLM head runs on the labelled positions only (about
-        15% of the text), so `mlm_logits` holds their rows alone; picking them syncs with the host
-        once (their count)."""
+        15% of the text), so `mlm_logits` holds their rows alone. `mlm_positions` (M,): those
+        positions as indices into the flattened (B × T) text, in row-major order, as the batches
+        bring them (`train.data.collate`); without them they are found here, which syncs with the
+        host once (their count)."""
         encoded = self.vlbert(**inputs)
         text = encoded.text_hidden_state
         if mlm_labels is not None:
-            labelled = mlm_labels != losses.IGNORE_INDEX
-            text, mlm_labels = text[labelled], mlm_labels[labelled]
+            if mlm_positions is None:
+                mlm_positions = (mlm_labels.flatten() != losses.IGNORE_INDEX).nonzero().squeeze(1)
+            rows, columns = mlm_positions // text.shape[1], mlm_positions % text.shape[1]
+            text, mlm_labels = text[rows, columns], mlm_labels[rows, columns]
         mlm_logits = self.mlm_head(text, self.vlbert.embeddings.word_embeddings.weight)
         region_logits = self.region_head(encoded.region_hidden_state) if encoded.num_regions else None
         relationship_logits = (

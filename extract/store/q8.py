@@ -20,7 +20,7 @@ such features are better kept in float16. A row holding NaN or Inf decodes as al
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -49,10 +49,13 @@ def encode(values: np.ndarray) -> dict[str, np.ndarray]:
     return {"codes": codes, "low": low[..., 0], "step": step[..., 0]}
 
 
-def decode(parts: Mapping[str, np.ndarray]) -> np.ndarray:
-    """The float32 values (..., D) of `encode`'s parts."""
-    y = parts["codes"].astype(np.float32)
+def decode(parts: Mapping[str, Any]) -> Any:
+    """The float32 values (..., D) of `encode`'s parts: NumPy arrays, or torch tensors, decoded where
+    they are (training decodes on its device) by the same float32 operations, one rounding each, so
+    any device gives the host's bits. Parts of zeros decode to zeros (padding rows)."""
+    codes = parts["codes"]
+    y = codes.astype(np.float32) if isinstance(codes, np.ndarray) else codes.float()
     y *= parts["step"][..., None]
     y += parts["low"][..., None]
-    y *= np.abs(y)
+    y *= abs(y)
     return y

@@ -31,7 +31,8 @@ AGREEMENT_TRIES = 100  # records of a shard `check_agreement` reads at most, loo
 
 class FeatureStore:
     """`store[image_id]` → record dict; `float32` widens float16 fields, `as_torch` gives tensors.
-    Fields stored in an encoding come decoded (q8 features as float32, see `schema.FEATURE_ENCODINGS`).
+    Fields stored in an encoding come decoded (q8 features as float32, see `schema.FEATURE_ENCODINGS`),
+    or with `encoded` as their `schema.Encoded` parts, which training decodes on its device.
 
     A record that fails its checksum or does not decode raises DamagedRecordError; `checksums=False`
     skips the checksum (only to measure what it costs). `check_layout` also refuses a record that
@@ -45,7 +46,9 @@ class FeatureStore:
 
     def __init__(self, root: str | Path, *, float32: bool = False, as_torch: bool = False,
                  lock: bool | None = None, checksums: bool = True, check_layout: bool = False,
-                 skip_damaged_shards: bool = False) -> None:
+                 skip_damaged_shards: bool = False, encoded: bool = False) -> None:
+        if encoded and check_layout:
+            raise ValueError("check_layout compares decoded fields with meta.json: it reads without encoded")
         self.root = Path(root)
         self.meta = read_meta(self.root)
         self.layout = RecordLayout(self.meta)
@@ -55,6 +58,7 @@ class FeatureStore:
         self.checksums = checksums
         self.check_layout = check_layout
         self.skip_damaged_shards = skip_damaged_shards
+        self.encoded = encoded
         self._acquired: set[Path] = set()  # shards this store holds in the process-wide registry
         self._pid = os.getpid()
         self.refresh()
@@ -147,16 +151,16 @@ class FeatureStore:
     def decoded(self, image_id: str, float32: bool = False) -> dict[str, Any]:
         """The record as NumPy arrays (float32: float16 ones widened), after checking its checksum
         and, with `check_layout`, that it holds what meta.json says; DamagedRecordError otherwise."""
-        record = self._checksummed(image_id)
+        record = self._checksummed(image_id, self.encoded)
         problems = self.layout.problems(record) if self.check_layout else []
         if problems:
             raise DamagedRecordError(f"{self.root}: record {image_id!r} disagrees with meta.json: {problems[0]}",
                                      image_id)
         return widened(record) if float32 else record
 
-    def _checksummed(self, image_id: str) -> dict[str, Any]:
+    def _checksummed(self, image_id: str, encoded: bool = False) -> dict[str, Any]:
         try:
-            return decode_record(self.raw(image_id), image_id, checksum=self.checksums)
+            return decode_record(self.raw(image_id), image_id, checksum=self.checksums, encoded=encoded)
         except StoreError as exc:
             raise DamagedRecordError(f"{self.root}: record {image_id!r} is damaged: {exc}", image_id) from None
 

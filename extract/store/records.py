@@ -95,11 +95,12 @@ def record_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     return header
 
 
-def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum: bool = True) -> dict[str, Any]:
+def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum: bool = True,
+                  encoded: bool = False) -> dict[str, Any]:
     """The record stored under `image_id` from its bytes, after checking its checksum (unless
     `checksum` is False). Arrays are writable views of `data` when it is a bytearray (which the
-    record then owns), else of a copy. Raises StoreError saying what is wrong when the bytes are
-    damaged."""
+    record then owns), else of a copy; fields stored in an encoding come decoded, or with `encoded`
+    as their `Encoded` parts. Raises StoreError saying what is wrong when the bytes are damaged."""
     buffer = data if isinstance(data, bytearray) else bytearray(data)
     version = record_version(buffer)
     end = len(buffer)
@@ -111,12 +112,12 @@ def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum:
                 stored_key(image_id), memoryview(buffer)[:end]):
             raise StoreError("checksum mismatch: its bytes changed after it was written")
     try:
-        return _decode_body(buffer, end, version)
+        return _decode_body(buffer, end, version, encoded)
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError, struct.error) as exc:
         raise StoreError(f"does not decode ({type(exc).__name__}: {exc})") from None
 
 
-def _decode_body(buffer: bytearray, end: int, version: int) -> dict[str, Any]:
+def _decode_body(buffer: bytearray, end: int, version: int, keep_encoded: bool) -> dict[str, Any]:
     (head_len,) = HEADER_LENGTH.unpack_from(buffer, 4)
     if PREFIX + head_len > end:
         raise ValueError(f"header of {head_len} bytes in a record of {end}")
@@ -144,7 +145,7 @@ def _decode_body(buffer: bytearray, end: int, version: int) -> dict[str, Any]:
             masked[changed] = rows[part]
             parts["masked_features"][part] = masked
     encoded = header.get("encoded", {})
-    record = {name: _decoded(parts[name], encoded.get(name)) for name in FIELDS if name in parts}
+    record = {name: _decoded(parts[name], encoded.get(name), keep_encoded) for name in FIELDS if name in parts}
     record.update({k: header[k] for k in SCALAR_FIELDS})
     return record
 
@@ -165,13 +166,13 @@ def _row_bytes(values: np.ndarray, axes: int) -> np.ndarray:
     return values.view(np.uint8).reshape(*values.shape[:axes], width)
 
 
-def _decoded(parts: dict[str, np.ndarray], encoding: str | None) -> np.ndarray:
+def _decoded(parts: dict[str, np.ndarray], encoding: str | None, keep_encoded: bool) -> np.ndarray | Encoded:
     if encoding is None:
         return parts[""]
     if encoding not in FEATURE_ENCODINGS or FEATURE_ENCODINGS[encoding].decode is None:
         raise ValueError(f"feature encoding {encoding!r} is unknown to this code "
                          f"(it reads {', '.join(e for e, c in FEATURE_ENCODINGS.items() if c.decode)})")
-    return FEATURE_ENCODINGS[encoding].decode(parts)
+    return Encoded(encoding, parts) if keep_encoded else FEATURE_ENCODINGS[encoding].decode(parts)
 
 
 def widened(record: dict[str, Any]) -> dict[str, Any]:

@@ -83,13 +83,26 @@ class DamagedRecordError(StoreError):
 @dataclass(frozen=True, eq=False)
 class Encoded:
     """Feature values as an encoding stores them: `parts`, arrays whose leading axes are the
-    values' rows (so that masked-variant rows can be compared and kept row by row)."""
+    values' rows (so that masked-variant rows can be compared and kept row by row). Rows are picked
+    (`encoded[index]`, an index of leading axes) and joined (`joined`) part by part, without decoding
+    them; readers that decode on a device carry the parts there as torch tensors."""
 
     encoding: str
-    parts: Mapping[str, np.ndarray]
+    parts: Mapping[str, Any]  # part name → NumPy array (or torch tensor)
 
-    def decoded(self) -> np.ndarray:
+    def decoded(self) -> Any:
         return FEATURE_ENCODINGS[self.encoding].decode(self.parts)
+
+    def __getitem__(self, rows: Any) -> Encoded:
+        return Encoded(self.encoding, {name: part[rows] for name, part in self.parts.items()})
+
+
+def joined(values: Sequence[np.ndarray | Encoded], axis: int = 0) -> np.ndarray | Encoded:
+    """Values concatenated along a row axis (encoded ones part by part, all in one encoding)."""
+    if not isinstance(values[0], Encoded):
+        return np.concatenate(values, axis)
+    return Encoded(values[0].encoding, {name: np.concatenate([v.parts[name] for v in values], axis)
+                                        for name in values[0].parts})
 
 
 @dataclass(frozen=True)
@@ -97,7 +110,9 @@ class FeatureEncoding:
     """How a store keeps its feature fields (FIELDS type "feature"); meta.json features.dtype
     names one. Without `encode` the values are stored as `dtype` arrays; with it, `encode` turns
     values (..., D) into parts and `decode` turns the parts back into `dtype` values, which is
-    what readers get. Class probabilities are kept as `probability_dtype` arrays."""
+    what readers get (or, asking for the parts, decode on the training device: `decode` takes NumPy
+    arrays or torch tensors, and turns parts of zeros, a batch's padding, into zeros). Class
+    probabilities are kept as `probability_dtype` arrays."""
 
     name: str
     summary: str  # for --feature-dtype's help

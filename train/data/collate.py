@@ -10,13 +10,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from extract.store.schema import Encoded
 from train.data.datasets import Sample, SampleGroup
 from vlbert.losses import IGNORE_INDEX
 from vlbert.modeling import VLBertModel
 from vlbert.tokenization import pad_text
 
-# Batch entries that are targets: evaluation predicts without them.
-TARGETS = frozenset({"labels", "mlm_labels", "region_labels", "relationship_labels"})
+# Batch entries that are targets (and the positions of the masked words): evaluation predicts without them.
+TARGETS = frozenset({"labels", "mlm_labels", "mlm_positions", "region_labels", "relationship_labels"})
 # Training-time corruptions: evaluation shows the model every RoI as itself.
 CORRUPTIONS = frozenset({"masked_regions"})
 PIXELS = ("image_files", "images")  # the batch entries (lists, not tensors) that end-to-end stages read
@@ -48,27 +49,32 @@ def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0) ->
     visual = [s for s in samples if s.regions is not None]
     if visual:
         n = max(len(s.regions) for s in visual)
-        dim, dtype = visual[0].regions.appearance.shape[1], visual[0].regions.appearance.dtype
         size = len(samples)
-        # Features keep the store's dtype (float16: half the bytes through worker pipes and to the GPU).
-        appearance, boxes = np.zeros((size, n, dim), dtype), np.zeros((size, n, 4), np.float32)
+        boxes = np.zeros((size, n, 4), np.float32)
         box_mask, masked = np.zeros((size, n), bool), np.zeros((size, n), bool)
         image_size = np.ones((size, 2), np.float32)
         for i, s in enumerate(samples):
             if s.regions is None:
                 continue
             k = len(s.regions)
-            appearance[i, :k], boxes[i, :k], box_mask[i, :k] = s.regions.appearance, s.regions.boxes, True
+            boxes[i, :k], box_mask[i, :k] = s.regions.boxes, True
             image_size[i] = s.regions.image_size
             if s.masked_regions is not None:
                 masked[i, :k] = s.masked_regions
-        batch.update(appearance=torch.from_numpy(appearance), boxes=torch.from_numpy(boxes),
+        # Features keep the store's dtype (float16: half the bytes through worker pipes and to the GPU)
+        # or its encoding's parts (q8: 8-bit codes), padded with zeros, which decode to zeros.
+        appearance = padded_rows([None if s.regions is None else s.regions.appearance for s in samples], n)
+        batch.update(appearance=appearance, boxes=torch.from_numpy(boxes),
                      box_mask=torch.from_numpy(box_mask), image_size=torch.from_numpy(image_size),
                      masked_regions=torch.from_numpy(masked))
     # Text-only samples mixed into a pre-training batch have no targets of their own: ignored
     # (-100) per sample, zero rows (never predicted) per RoI.
     for name in {n for s in samples for n in s.targets}:
         batch[name] = torch.tensor(np.stack([np.asarray(s.targets.get(name, IGNORE_INDEX)) for s in samples]))
+    if "mlm_labels" in batch:
+        # The masked words' positions in the flattened text, found here on the host: found on the
+        # device, their count would make the host wait for it (VLBertForPreTraining.forward).
+        batch["mlm_positions"] = torch.from_numpy(np.flatnonzero(batch["mlm_labels"].numpy() != IGNORE_INDEX))
     for name in {n for s in samples for n in s.region_targets}:
         shape = next(s.region_targets[name].shape[1:] for s in samples if name in s.region_targets)
         padded = np.zeros((len(samples), batch["box_mask"].shape[1], *shape), np.float32)
@@ -81,12 +87,50 @@ def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0) ->
     return batch
 
 
+def padded_rows(values: list[np.ndarray | Encoded | None], rows: int) -> torch.Tensor | Encoded:
+    """(B, rows, ...): each sample's rows, then zeros (None: a sample without any); encoded values
+    part by part, as `Encoded` tensors."""
+    first = next(value for value in values if value is not None)
+    if isinstance(first, Encoded):
+        return Encoded(first.encoding, {name: padded_rows([None if v is None else v.parts[name] for v in values], rows)
+                                        for name in first.parts})
+    out = np.zeros((len(values), rows, *first.shape[1:]), first.dtype)
+    for i, value in enumerate(values):
+        if value is not None:
+            out[i, : len(value)] = value
+    return torch.from_numpy(out)
+
+
+def decoded_on_host(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch with its encoded entries decoded where it is (the DataLoader's workers)."""
+    return {name: value.decoded() if isinstance(value, Encoded) else value for name, value in batch.items()}
+
+
+def pinned(value: Any) -> Any:
+    """A tensor (or an `Encoded`'s tensors) in page-locked memory, so that its copy to a GPU is
+    asynchronous; anything else as it is."""
+    if isinstance(value, Encoded):
+        return Encoded(value.encoding, {name: part.pin_memory() for name, part in value.parts.items()})
+    return value.pin_memory() if torch.is_tensor(value) else value
+
+
+def transfer_bytes(batch: dict[str, Any]) -> int:
+    """The bytes of the batch's tensors (and encoded parts): what goes from the host to the device."""
+    parts = [p for v in batch.values() for p in (v.parts.values() if isinstance(v, Encoded) else [v])]
+    return sum(p.nbytes for p in parts if torch.is_tensor(p))
+
+
 def to_device(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
     """The batch's tensors on `device` (asynchronously from pinned memory), float16 features
-    widened to float32 there: exact, and half the bytes to copy."""
+    widened to float32 there, exact and half the bytes to copy; encoded features (a q8 store's
+    codes) decoded there, by the store's own decoding (`extract.store.schema.FEATURE_ENCODINGS`):
+    the host's values, bitwise, at a quarter of float32's bytes."""
     moved = {}
     for name, value in batch.items():
-        if torch.is_tensor(value):
+        if isinstance(value, Encoded):
+            moved[name] = Encoded(value.encoding, {k: v.to(device, non_blocking=True)
+                                                   for k, v in value.parts.items()}).decoded()
+        elif torch.is_tensor(value):
             value = value.to(device, non_blocking=True)
             moved[name] = value.float() if value.dtype == torch.float16 else value
     return moved

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from extract.store.reader import FeatureStore
-from extract.store.schema import dense_class_probs
+from extract.store.schema import Encoded, dense_class_probs, joined
 
 MAX_REGIONS = 100  # RoIs per image, the whole-image box not counted
 
@@ -16,12 +16,14 @@ MAX_REGIONS = 100  # RoIs per image, the whole-image box not counted
 class Regions:
     """Arrays for N = 1 + RoIs elements; element 0 is the whole image."""
 
-    appearance: np.ndarray  # (N, D) as stored (float16, or float32 decoded from q8): widened on the device
+    # (N, D) as stored: float16 or float32, widened on the device; a q8 store's as float32, or as its
+    # `Encoded` parts (8-bit codes and two float32 a row) where the bank reads `encoded`: decoded on the device
+    appearance: np.ndarray | Encoded
     boxes: np.ndarray  # (N, 4) float32, original pixels
     image_size: tuple[int, int]  # (width, height)
     class_probs: np.ndarray | None  # (N, C) detector class distributions (row 0 all zero: never a target)
     variant_masks: np.ndarray | None  # (K, N) bool: RoIs whose pixels each cached variant masked
-    variant_appearance: np.ndarray | None  # (K, N, D), as `appearance`
+    variant_appearance: np.ndarray | Encoded | None  # (K, N, D), as `appearance`
 
     def __len__(self) -> int:
         return len(self.boxes)
@@ -37,17 +39,20 @@ class Regions:
 
 
 class RegionBank:
-    """Reads records lazily, so a Dataset holding it can be forked into DataLoader workers."""
+    """Reads records lazily, so a Dataset holding it can be forked into DataLoader workers.
+    `encoded`: features stored in an encoding (q8) come as their parts, which training carries to its
+    device and decodes there (`train.data.collate.to_device`): a quarter of float32's bytes to copy."""
 
-    def __init__(self, root: str, max_regions: int = MAX_REGIONS) -> None:
+    def __init__(self, root: str, max_regions: int = MAX_REGIONS, encoded: bool = False) -> None:
         self.root = str(root)
         self.max_regions = max_regions
+        self.encoded = encoded
         self._store: FeatureStore | None = None
 
     @property
     def store(self) -> FeatureStore:
         if self._store is None:
-            self._store = FeatureStore(self.root)
+            self._store = FeatureStore(self.root, encoded=self.encoded)
         return self._store
 
     @property
@@ -87,9 +92,9 @@ class RegionBank:
         masks = appearance = None
         if variants and "mask_boxes" in record:
             masks = np.concatenate([np.zeros((len(record["mask_boxes"]), 1), bool), record["mask_boxes"][:, :n]], 1)
-            appearance = np.concatenate([record["masked_image_feature"][:, None], record["masked_features"][:, :n]], 1)
+            appearance = joined([record["masked_image_feature"][:, None], record["masked_features"][:, :n]], 1)
         return Regions(
-            appearance=np.concatenate([record["image_feature"][None], record["features"][:n]]),
+            appearance=joined([record["image_feature"][None], record["features"][:n]]),
             boxes=np.concatenate([whole_box, record["boxes"][:n]]).astype(np.float32),
             image_size=(width, height),
             class_probs=targets,
@@ -98,4 +103,4 @@ class RegionBank:
         )
 
     def __getstate__(self) -> dict:
-        return {"root": self.root, "max_regions": self.max_regions, "_store": None}
+        return {"root": self.root, "max_regions": self.max_regions, "encoded": self.encoded, "_store": None}

@@ -7,8 +7,9 @@ and the workers make and collate those samples. Damaged records travel as marker
 collated batch, so the stage's damaged-record policy still runs in the training process.
 
 Features stay in the store's float16 through the worker pipes and the pinned host buffer; they
-are widened to float32 on the device (`train.data.collate.to_device`), which is exact. The batches
-reach the training process on its device already (`train.engine.prefetch`).
+are widened to float32 on the device (`train.data.collate.to_device`), which is exact. A q8 store's
+travel as their 8-bit codes and are decoded there, bitwise as the host would (`decode_on_device`).
+The batches reach the training process on its device already (`train.engine.prefetch`).
 
 `LengthBuckets` orders a stream as UNITER's token-bucket sampler does, at a fixed batch size: each
 batch holds samples of similar lengths, so that little of it is padding.
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from train.data.collate import collate
+from train.data.collate import collate, decoded_on_host, pinned
 from train.data.datasets import DamagedSample, Sample
 from train.engine.distributed import World
 from train.engine.prefetch import on_device
@@ -132,22 +133,25 @@ class Batch:
         """Called by the DataLoader's pinning thread: tensors into page-locked memory, so that the
         copy to the GPU is asynchronous."""
         if self.inputs is not None:
-            self.inputs = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in self.inputs.items()}
+            self.inputs = {k: pinned(v) for k, v in self.inputs.items()}
         return self
 
 
 class Collate:
     """Samples → Batch, in the DataLoader's workers (a class: workers may be spawned, not forked).
-    `keep_samples`: evaluation's, whose evaluators read each sample's id and targets."""
+    `keep_samples`: evaluation's, whose evaluators read each sample's id and targets. Encoded features
+    (a q8 store's codes) are decoded on the device, or here with `decode_on_host`."""
 
-    def __init__(self, pad_token_id: int, keep_samples: bool = False) -> None:
-        self.pad_token_id, self.keep_samples = pad_token_id, keep_samples
+    def __init__(self, pad_token_id: int, keep_samples: bool = False, decode_on_host: bool = False) -> None:
+        self.pad_token_id, self.keep_samples, self.decode_on_host = pad_token_id, keep_samples, decode_on_host
 
     def __call__(self, samples: list) -> Batch:
         damaged = [s for s in samples if isinstance(s, DamagedSample)]
         usable = [s for s in samples if not isinstance(s, DamagedSample)]
         text_only = sum(1 for s in usable if isinstance(s, Sample) and s.regions is None)
         inputs = collate(usable, self.pad_token_id) if usable else None
+        if inputs is not None and self.decode_on_host:
+            inputs = decoded_on_host(inputs)
         kept = [replace(s, regions=None, image=None) if isinstance(s, Sample) else s for s in usable] \
             if self.keep_samples else None
         return Batch(inputs, damaged, len(usable), len(samples) - text_only, kept,
@@ -187,12 +191,15 @@ class StageStreams:
         """Where each stream's micro-batch `batch` (of the stage) begins, for a checkpoint."""
         return [list(order.position(batch - self.batch, start)) for (_, order), start in zip(self.streams, self.starts)]
 
-    def batches(self, workers: int, pad_token_id: int, device: torch.device, prefetch: bool) -> Iterator[Batch]:
+    def batches(self, workers: int, pad_token_id: int, device: torch.device, prefetch: bool,
+                decode_on_device: bool = True) -> Iterator[Batch]:
         """`collated` batches with their tensors on `device` (with `prefetch` on CUDA, each copied there
-        while the step before computes)."""
-        return on_device(self.collated(workers, pad_token_id, device.type == "cuda"), device, ahead=prefetch)
+        while the step before computes); encoded features decoded there unless not `decode_on_device`."""
+        collated = self.collated(workers, pad_token_id, device.type == "cuda", not decode_on_device)
+        return on_device(collated, device, ahead=prefetch)
 
-    def collated(self, workers: int, pad_token_id: int, pin_memory: bool) -> Iterator[Batch]:
+    def collated(self, workers: int, pad_token_id: int, pin_memory: bool,
+                 decode_on_host: bool = False) -> Iterator[Batch]:
         """Micro-batches from the stage's `batch`-th on, each one batch of every stream, forever, as
         the workers collate them; its workers live as long as the iterator (the whole stage)."""
         keys = [order.keys_from(stream, start) for stream, ((_, order), start) in enumerate(zip(self.streams, self.starts))]
@@ -200,7 +207,8 @@ class StageStreams:
         # A generator of its own: the DataLoader would otherwise draw its workers' base seed from the
         # global RNG, which would shift dropout after a resume.
         return iter(DataLoader(Streams([dataset for dataset, _ in self.streams]), batch_sampler=sampler,
-                               collate_fn=Collate(pad_token_id), num_workers=workers, pin_memory=pin_memory,
+                               collate_fn=Collate(pad_token_id, decode_on_host=decode_on_host), num_workers=workers,
+                               pin_memory=pin_memory,
                                generator=torch.Generator().manual_seed(self.batch)))
 
 

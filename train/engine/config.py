@@ -31,13 +31,15 @@ SHORTEST_SEQUENCE = 8
 
 # Fields that do not change what a run computes: a rerun in the same run folder may change them
 # (and the run folder's recorded config then takes the new values), any other difference is refused. They say where
-# outputs go, evaluation batching, data-loading workers and prefetching, checkpointing, logging intervals,
-# and whether damaged records are skipped (switching to "skip" after a failure is the point of the option).
+# outputs go, evaluation batching, data-loading workers, prefetching, where q8 features are decoded (the
+# same bits either way), checkpointing, logging intervals, and whether damaged records are skipped
+# (switching to "skip" after a failure is the point of the option).
 # `stages[]` stands for every stage. The device counts by its type only (`COMPARED_AS`): another
 # GPU computes the same, a CPU does not.
 RESULT_NEUTRAL_FIELDS = frozenset({
     "out", "eval_batch_size", "damaged_records", "stages[].num_workers", "stages[].checkpoint_every",
     "stages[].checkpoint_minutes", "stages[].keep_checkpoints", "stages[].log_every", "stages[].prefetch",
+    "stages[].decode_on_device",
 })
 COMPARED_AS: dict[str, Callable[[Any], Any]] = {"device": lambda name: str(name).split(":")[0]}
 
@@ -88,6 +90,10 @@ class StageConfig:
     fused_optimizer: bool = True
     # on CUDA: the next batch copied to the device on a side stream while the step computes
     prefetch: bool = True
+    # q8 stores: features travel to the device as their 8-bit codes (and two float32 a row) and are
+    # decoded there, to the host's values bitwise; false: the training batches' decoded by the DataLoader's
+    # workers (float32)
+    decode_on_device: bool = True
     # fp32 (TF32 off on CUDA: the reference numbers), tf32 (CUDA), bf16, or fp16 (CUDA, loss scaled).
     # auto: bf16 where the device computes it natively (CUDA, Ampere or later), else fp32; run.json records
     # what it resolved to

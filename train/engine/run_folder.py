@@ -164,8 +164,8 @@ class RunFolder:
 
     def speed(self) -> dict[str, dict[str, Any]]:
         """run.json's record of each stage's speed settings as they ran (`train.engine.speed`): its
-        workers, optimiser kernel, prefetch, compile, length_buckets, log_every; {} for a run from
-        before the record."""
+        workers, optimiser kernel, prefetch, compile, length_buckets, log_every, features_sent_as; {} for
+        a run from before the record."""
         return self._recorded().get(_SPEED, {})
 
     def write_config(self, config: dict[str, Any], world: dict[str, Any] | None = None,

@@ -109,11 +109,13 @@ class Trainer:
                            for stage in run.stages}
         for chosen in self.precisions.values():
             chosen.check(self.device)
-        self.speed = {stage.name: stage_speed(stage, self.device, self.world) for stage in run.stages}
         self._check_compile()
         self.folder = RunFolder(run.out_dir)
-        self.regions = RegionBank(run.store, run.max_regions)
+        # Encoded features (q8) as their parts: the stages decode them on the device or in their workers.
+        self.regions = RegionBank(run.store, run.max_regions, encoded=True)
         self._check_store_feeds_every_stage()
+        feature_dtype = self.regions.store.meta["features"]["dtype"]
+        self.speed = {stage.name: stage_speed(stage, self.device, self.world, feature_dtype) for stage in run.stages}
         self.tokenizer = load_tokenizer(run.vocabulary)
         self._check_tokenizer_fits_model()
         self.data = TaskData(self.regions, self.tokenizer, run.max_length, self._train_annotations())
@@ -300,7 +302,8 @@ class Trainer:
         progress = StageProgress.from_saved(saved, skip_damaged=self.run.damaged_records == "skip")
         streams = self._streams(stage, step, parts.visual, saved.get("positions"), saved_world)
         workers = self.speed[stage.name]["workers"]
-        batches = PeekedBatches(streams.batches(workers, self.tokenizer.pad_token_id, self.device, stage.prefetch))
+        batches = PeekedBatches(streams.batches(workers, self.tokenizer.pad_token_id, self.device, stage.prefetch,
+                                                stage.decode_on_device))
         objective = self._objective(stage, parts, batches)
         with self._stage_log(stage, stage_dir, step) as log:
             run = StageRun(stage, stage_dir, parts, progress, log, streams)

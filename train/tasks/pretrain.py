@@ -178,6 +178,7 @@ def _loss(model, inputs: dict[str, Any], options: PretrainOptions) -> dict[str, 
     """The losses the options switch on; "feature" masking replaces masked RoIs inside the model."""
     if not options.masked_lm:
         inputs.pop("mlm_labels")
+        inputs.pop("mlm_positions")
     if not options.masked_roi:
         inputs.pop("region_labels", None)
         inputs.pop("masked_regions", None)
