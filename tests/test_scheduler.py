@@ -2,6 +2,7 @@
 the same results as one after another; failures stop only what reads them; shards and DDP processes."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from extract.progress import PROGRESS_VARIABLE
 from extract.store.reader import FeatureStore
 from extract.threads import configured_threads
 from pipelines.cli import main
@@ -132,34 +134,63 @@ def test_set_values_name_steps_and_append_stages(tiny_world, tmp_path):
     assert [stage["name"] for stage in finetune.params["stages"]] == ["vqa", "e2e"]
 
 
-def test_sigterm_stops_the_running_steps_and_a_rerun_resumes_them_to_the_weights_of_an_uninterrupted_run(
-        tiny_world, tmp_path):
-    steps = [train_step_on(tiny_world, "long", steps=300)]
-    steps[0]["stages"][0]["checkpoint_minutes"] = 0  # no checkpoint but the one the signal asks for
-    path = write_pipeline(tmp_path, steps)
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def long_step(tiny_world, tmp_path_factory):
+    """A train step long enough to be stopped midway (its DataLoader workers with it), checkpointing only
+    when stopped, and the final weights of its uninterrupted run."""
+    step = train_step_on(tiny_world, "long", steps=80)
+    step["stages"][0].update(checkpoint_minutes=0, num_workers=2)
+    folder = tmp_path_factory.mktemp("straight")
+    with configured_threads(1):
+        straight = run_pipeline(write_pipeline(folder, [step]), log=lambda _: None, jobs=1)
+    return step, (RunFolder(straight / "long").last_stage().final / "model.safetensors").read_bytes()
+
+
+# How a run is stopped: the signal, sent to the scheduler alone or to its whole process group (as Ctrl-C
+# on a terminal does), with the steps forked (the default) or run in the scheduler's process (--jobs 1).
+STOPS = [pytest.param(signal.SIGINT, "scheduler", [], id="int-scheduler"),
+         pytest.param(signal.SIGINT, "group", ["--jobs", "1"], id="int-group-jobs1"),
+         pytest.param(signal.SIGTERM, "scheduler", [], id="term-scheduler", marks=pytest.mark.slow),
+         pytest.param(signal.SIGINT, "group", [], id="int-group", marks=pytest.mark.slow),
+         pytest.param(signal.SIGINT, "scheduler", ["--jobs", "1"], id="int-scheduler-jobs1", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("signum, receiver, jobs", STOPS)
+def test_a_stopped_run_checkpoints_each_training_step_and_a_rerun_resumes_it_to_the_uninterrupted_weights(
+        long_step, tmp_path, signum, receiver, jobs):
+    step, straight = long_step
+    path = write_pipeline(tmp_path, [step])
+    out, inline_progress = tmp_path / "out", tmp_path / "progress.json"
+    progress = inline_progress if jobs else out / "long" / ".progress.json"
     with (tmp_path / "run.log").open("w") as output:
-        run = subprocess.Popen([sys.executable, "-m", "pipelines", "pipeline", "run", str(path), "--threads", "1"],
-                               stdout=output, stderr=subprocess.STDOUT)
-    snapshot, deadline = out / "long" / ".progress.json", time.monotonic() + 180
-    while not (snapshot.is_file() and json.loads(snapshot.read_text())["n"] >= 3) and time.monotonic() < deadline:
+        command = [sys.executable, "-m", "pipelines", "pipeline", "run", str(path), "--threads", "1", *jobs]
+        run = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                               env={**os.environ, PROGRESS_VARIABLE: str(inline_progress)})
+    deadline = time.monotonic() + 180
+    while not (progress.is_file() and json.loads(progress.read_text())["n"] >= 1) and time.monotonic() < deadline:
         assert run.poll() is None, (tmp_path / "run.log").read_text()
-        time.sleep(0.2)
-    run.send_signal(signal.SIGTERM)
-    assert run.wait(timeout=180) == 128 + signal.SIGTERM
-    assert "Error: stopped by SIGTERM: the running steps were stopped" in (tmp_path / "run.log").read_text()
+        time.sleep(0.05)
+    if receiver == "group":
+        os.killpg(run.pid, signum)
+    else:
+        run.send_signal(signum)
+    assert run.wait(timeout=180) == 128 + signum
+    said, log = (tmp_path / "run.log").read_text(), (out / "long" / "log.txt").read_text()
+    step_signal = signum if jobs else signal.SIGTERM  # what the scheduler stops its step processes with
+    stopped = re.search(rf"^\[long\] {re.escape(str(out / 'long'))}: stage vqa, step (\d+) \(checkpoint-\1 written\): "
+                        rf"stopped by {step_signal.name}; rerun to resume from there", said, re.MULTILINE)
+    assert stopped and "Traceback" not in said + log, said + log
+    ending = "Interrupted." if signum == signal.SIGINT else "Error: stopped by SIGTERM: the running steps were stopped"
+    assert said.splitlines()[-1].startswith(ending)
     stage = RunFolder(out / "long").stage(0, "vqa")
-    assert not step_record(out, "long")["done"] and len(stage.checkpoints()) == 1 and not stage.done
-    assert "stopped by SIGTERM; the run resumes there" in (out / "long" / "log.txt").read_text()
-    assert read_state(out)["steps"]["long"]["state"] == "stopped"
+    assert stage.checkpoints() == [stage.checkpoint(int(stopped.group(1)))] and not stage.done
+    assert not step_record(out, "long")["done"] and read_state(out)["steps"]["long"]["state"] == "stopped"
 
     messages = []
-    run_pipeline(path, log=messages.append, jobs=None, threads=1)
-    assert step_record(out, "long")["done"] and "[long] resuming an interrupted run" in (out / "long" / "log.txt").read_text()
     with configured_threads(1):
-        straight = run_pipeline(path, tmp_path / "straight", log=lambda _: None, jobs=1)
-    resumed = RunFolder(out / "long").last_stage().final / "model.safetensors"
-    assert resumed.read_bytes() == (RunFolder(straight / "long").last_stage().final / "model.safetensors").read_bytes()
+        run_pipeline(path, log=messages.append, jobs=1)
+    assert step_record(out, "long")["done"] and "[long] resuming an interrupted run" in messages
+    assert (stage.final / "model.safetensors").read_bytes() == straight
 
 
 @pytest.mark.cuda

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import time
 from collections import Counter
 from dataclasses import replace
@@ -32,7 +33,7 @@ from train.engine.config import RunConfig, RunConfigError, RunMismatchError, Sta
 from train.engine.damaged import DamagedRecords
 from train.end2end import EndToEndVisual
 from train.engine.run_folder import RunFolder
-from train.engine.stopping import TrainingInterrupted
+from train.engine.stopping import STOP_SIGNALS, TrainingInterrupted, spared_from_stops
 from train.engine.trainer import Trainer
 from tests.helpers.stores import data_file, flip_bit_in
 from tests.helpers.worlds import copy_world, interrupt_optimiser_step, run_config
@@ -205,7 +206,8 @@ def test_a_stop_signal_checkpoints_the_step_in_progress_and_the_resume_ends_as_a
     assert stopped.value.exit_status == 128 + signum and stopped.value.signum == signum
     checkpoint = RunFolder(out).stage(0, "pretrain").checkpoint(3)
     assert str(stopped.value) == (f"{out}: stage pretrain, step 3 (checkpoint-3 written): stopped by "
-                                  f"{signal.Signals(signum).name}; the run resumes there when it is run again (--resume)")
+                                  f"{signal.Signals(signum).name}; rerun to resume from there (`vlbert train` needs "
+                                  "--resume)")
     assert RunFolder(out).stage(0, "pretrain").checkpoints() == [checkpoint]
     assert signal.getsignal(signum) == signal.SIG_DFL  # the handler before fit is back
     monkeypatch.undo()
@@ -216,6 +218,30 @@ def test_a_stop_signal_checkpoints_the_step_in_progress_and_the_resume_ends_as_a
     assert logged_steps(out) == EVERY_STEP_ONCE
     for index, stage in enumerate(("pretrain", "vqa")):
         assert final_weights(out, index, stage) == final_weights(straight, index, stage)
+
+
+class WorkerPids(torch.utils.data.Dataset):
+    """Each item: the pid of the DataLoader worker that made it."""
+
+    def __len__(self) -> int:
+        return 1000
+
+    def __getitem__(self, index: int) -> int:
+        return os.getpid()
+
+
+def test_a_loaders_workers_leave_stop_signals_to_the_training_process_and_end_with_their_loader():
+    """Ctrl-C on a terminal, a scheduler's SIGTERM to a step's process group or Slurm's to a job's
+    processes reach the DataLoader workers too: they serve on (the step still needs them for its
+    checkpoint) and end when their loader does."""
+    batches = spared_from_stops(torch.utils.data.DataLoader(WorkerPids(), batch_size=None, num_workers=2))
+    pids = {next(batches) for _ in range(8)}
+    assert len(pids) == 2 and os.getpid() not in pids
+    for signum in STOP_SIGNALS:  # sent by another process, as they are
+        subprocess.run(["kill", f"-{signum.name.removeprefix('SIG')}", *map(str, pids)], check=True)
+    assert {next(batches) for _ in range(40)} == pids  # a worker that died would have raised here
+    del batches
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
 
 
 @pytest.mark.parametrize("keep, kept", [(2, [6, 8]), (0, [3, 6, 8])])

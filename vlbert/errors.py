@@ -21,6 +21,16 @@ class UserError(ValueError):
     exit_status = USAGE
 
 
+class Stopped(UserError):
+    """Work stopped by signal `signum` where a rerun resumes it; the exit status says the signal as a
+    shell does (128 + its number)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_status = 128 + signum
+
+
 def exit_status(exc: BaseException) -> int | None:
     """The status a command ends with for `exc`; None for a bug. A file the system refuses to read
     or write (OSError) counts as a failed job; an error that wraps another (a pipeline's failed step)

@@ -239,10 +239,13 @@ def launched_steps(out: Path, executor: str) -> dict[str, dict[str, Any]]:
     return recorded.get("steps", {}) if recorded.get("executor") == executor else {}
 
 
-def last_error(log: Path) -> str:
-    """The one-line error a step's process ended with (its `Error: ...` line), else its last line."""
+def last_error(log: Path, start: int = 0) -> str:
+    """The one-line error a step's process ended with (its `Error: ...` line), else its last line; in what
+    the log holds from byte `start` on (what one launch wrote)."""
     try:
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        with log.open("rb") as file:
+            file.seek(start)
+            lines = [line.strip() for line in file.read().decode(errors="replace").splitlines() if line.strip()]
     except OSError:
         return ""
     errors = [line for line in lines if line.startswith("Error:")]

@@ -15,7 +15,9 @@ within this machine's cores and GPUs.
   (default: CUDA_VISIBLE_DEVICES, else every GPU torch sees).
 - A failed step stops the steps that read it; the others run on, and the end names every failed step
   with its log. SIGINT or SIGTERM stops every running step's whole process group (training writes a
-  checkpoint first), and a rerun resumes each.
+  checkpoint first, its DataLoader workers waiting for it: train.engine.stopping), says in one line
+  per step how it stopped, records it stopped (not failed), and a rerun resumes each. With `jobs=1`
+  the signal reaches the step running here, and training stops the same way.
 - `jobs` caps how many launches run at once; `jobs=1` runs the steps one after another in this
   process (a step that needs several processes still gets them), as the runner always did.
 - Bounds, checked before anything runs: a DDP step's `devices` at most the GPUs given (or, on the
@@ -49,7 +51,7 @@ from pipelines.executors.base import (
 from pipelines.executors.board import StatusBoard
 from pipelines.executors.forked import ForkedProcess, shut_down, warm_up
 from pipelines.steps import KINDS
-from vlbert.errors import UserError, error_line, exit_status
+from vlbert.errors import Stopped, error_line, exit_status
 
 Log = Callable[[str], None]
 NAME = "local"
@@ -58,13 +60,12 @@ STOP_GRACE_S = 120.0  # how long stopped steps may take to write their checkpoin
 ATTEMPT_VARIABLE = "VLBERT_ATTEMPT"  # what the processes of one launch of a step share
 
 
-class Interrupted(UserError):
+class Interrupted(Stopped):
     """The run was stopped by a signal; every step resumes where it stopped on a rerun."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}: the running steps were stopped and resume "
-                         "where they stopped when the pipeline runs again")
-        self.exit_status = 128 + signum
+                         "where they stopped when the pipeline runs again", signum)
 
 
 @dataclass
@@ -90,6 +91,7 @@ class Launched:
     cores: int
     gpus: list[str]
     threads: int
+    log_start: int  # the size of the step's log when the launch started: what follows is the launch's
 
 
 @dataclass
@@ -313,6 +315,7 @@ class Scheduler:
             self._run_inline(step)
             return
         step.folder.mkdir(parents=True, exist_ok=True)
+        log_start = step.log_file.stat().st_size if step.log_file.exists() else 0
         spec = StepSpec(step, NAME, threads, "shard" if task.shard is not None else "").write()
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
                ATTEMPT_VARIABLE: self.attempts[step.name], PROGRESS_VARIABLE: str(step.progress_file(task.shard))}
@@ -323,7 +326,8 @@ class Scheduler:
             with step.log_file.open("ab") as log_file:
                 process = subprocess.Popen(launch_command(spec, task), stdin=subprocess.DEVNULL, stdout=log_file,
                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.running.append(Launched(task, process, 0 if _light(task) else task.processes * threads, gpus, threads))
+        self.running.append(Launched(task, process, 0 if _light(task) else task.processes * threads, gpus, threads,
+                                     log_start))
         on = f", GPU {','.join(gpus)}" if gpus else ""
         self.board.event(f"[{task.name}] {step.kind} started: {task.processes} process(es), {threads} thread(s) each"
                          f"{on}; log {step.log_file}")
@@ -340,6 +344,9 @@ class Scheduler:
         self._record_process(step, os.getpid())
         try:
             run_here(step, self.board.event, NAME, self.threads, self.attempts[step.name])
+        except (Stopped, KeyboardInterrupt) as exc:  # a signal reached the step here: the run stops
+            self._stopped(Task(step), error_line(exc) if isinstance(exc, Stopped) else "interrupted (SIGINT)")
+            raise _interruption(getattr(exc, "signum", signal.SIGINT)) from exc
         except Exception as exc:  # noqa: BLE001 - the step's error is reported with its name at the end
             self.outcome.causes[step.name] = exc
             self._failed(step, error_line(exc), exit_status(exc) or 1)
@@ -415,7 +422,8 @@ class Scheduler:
         self.stopping = signum
 
     def _stop_all(self) -> None:
-        """SIGTERM to every running step's process group, SIGKILL to those still alive after the grace."""
+        """SIGTERM to every running step's process group, SIGKILL to what is left of each after the
+        grace; one line per launch says how it ended."""
         self.board.event(f"stopping {len(self.running)} running step(s) ...")
         for launched in self.running:
             _signal_group(launched.process, signal.SIGTERM)
@@ -423,12 +431,19 @@ class Scheduler:
         while any(launched.process.poll() is None for launched in self.running) and time.monotonic() < deadline:
             time.sleep(0.1)
         for launched in self.running:
+            killed = launched.process.poll() is None
             _signal_group(launched.process, signal.SIGKILL)
             launched.process.wait()
-            self._record(launched.task.step, "stopped")
-        if self.stopping == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise Interrupted(self.stopping)
+            if launched.process.returncode == 0:
+                self._ended(launched)  # it finished before the signal reached it
+            else:
+                self._stopped(launched.task, f"killed: still running {STOP_GRACE_S:.0f} s after the stop" if killed
+                              else _how_it_stopped(launched))
+        raise _interruption(self.stopping)
+
+    def _stopped(self, task: Task, how: str) -> None:
+        self.board.event(f"[{task.name}] {how}")
+        self._record(task.step, "stopped")
 
     def _report(self) -> None:
         failed, left_out = self.outcome.failed, self.outcome.left_out
@@ -448,6 +463,21 @@ class Scheduler:
         error = StepsFailed("\n".join(lines))
         error.exit_status = next(iter(self.outcome.statuses.values()))
         raise error
+
+
+def _interruption(signum: int) -> BaseException:
+    """What a run stopped by `signum` ends with: Ctrl-C's own KeyboardInterrupt, else `Interrupted`."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Interrupted(signum)
+
+
+def _how_it_stopped(launched: Launched) -> str:
+    """The error line the launch's process ended with (training: the step and checkpoint it stopped
+    at), else its exit status."""
+    said = last_error(launched.task.step.log_file, launched.log_start)
+    if said.startswith("Error: "):
+        return said.removeprefix("Error: ")
+    code = launched.process.returncode
+    return f"ended by {signal.Signals(-code).name}" if code < 0 else f"ended with exit status {code}"
 
 
 def _light(task: Task) -> bool:

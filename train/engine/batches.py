@@ -9,7 +9,9 @@ collated batch, so the stage's damaged-record policy still runs in the training 
 Features stay in the store's float16 through the worker pipes and the pinned host buffer; they
 are widened to float32 on the device (`train.data.collate.to_device`), which is exact. A q8 store's
 travel as their 8-bit codes and are decoded there, bitwise as the host would (`decode_on_device`).
-The batches reach the training process on its device already (`train.engine.prefetch`).
+The batches reach the training process on its device already (`train.engine.prefetch`). The workers
+leave the stop signals to the training process, which ends them after its checkpoint
+(`train.engine.stopping`).
 
 `LengthBuckets` orders a stream as UNITER's token-bucket sampler does, at a fixed batch size: each
 batch holds samples of similar lengths, so that little of it is padding.
@@ -28,6 +30,7 @@ from train.data.collate import collate, decoded_on_host, pinned
 from train.data.datasets import DamagedSample, Sample
 from train.engine.distributed import World
 from train.engine.prefetch import on_device
+from train.engine.stopping import spared_from_stops
 
 
 Position = tuple[int, int]  # (epoch, samples of the epoch's permutation that earlier batches took)
@@ -206,13 +209,13 @@ class StageStreams:
         sampler = (sum((next(stream_keys) for stream_keys in keys), []) for _ in iter(int, 1))
         # A generator of its own: the DataLoader would otherwise draw its workers' base seed from the
         # global RNG, which would shift dropout after a resume.
-        return iter(DataLoader(Streams([dataset for dataset, _ in self.streams]), batch_sampler=sampler,
-                               collate_fn=Collate(pad_token_id, decode_on_host=decode_on_host), num_workers=workers,
-                               pin_memory=pin_memory,
-                               generator=torch.Generator().manual_seed(self.batch)))
+        return spared_from_stops(DataLoader(Streams([dataset for dataset, _ in self.streams]), batch_sampler=sampler,
+                                            collate_fn=Collate(pad_token_id, decode_on_host=decode_on_host),
+                                            num_workers=workers, pin_memory=pin_memory,
+                                            generator=torch.Generator().manual_seed(self.batch)))
 
 
 def evaluation_batches(dataset: Dataset, batch_size: int, workers: int, pad_token_id: int,
-                       pin_memory: bool) -> DataLoader:
-    return DataLoader(dataset, batch_size=batch_size, collate_fn=Collate(pad_token_id, keep_samples=True),
-                      num_workers=workers, pin_memory=pin_memory)
+                       pin_memory: bool) -> Iterator[Batch]:
+    return spared_from_stops(DataLoader(dataset, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
+                                        collate_fn=Collate(pad_token_id, keep_samples=True)))
