@@ -14,8 +14,9 @@ Claims (`CLAIMS`), each a set of effects judged on the same runs:
   ablation   ablation.yaml's pre-training (e: masked LM, masked RoI, text-only corpus) and its VQA and
              referring-expression fine-tunings without pre-training (a), after it (e) and after it with
              a final end-to-end stage (f), seeds set on every one of them; its report compares them
-             item by item. Effects: `pretraining` (e − a on both tasks) and `end_to_end` (f − e on both
-             tasks); a task's effect holds in a run when its paired 95% interval lies above 0.
+             item by item. Effects, one per task: `pretraining_vqa`, `pretraining_refexp` (e − a) and
+             `end_to_end_vqa`, `end_to_end_refexp` (f − e); one holds in a run when its paired 95%
+             interval lies above 0.
 
 Each run is `vlbert pipeline run` of the claim's steps in a fresh process with `--threads T` and the
 steps' `seed` set: each step runs in a process of its own with T threads, which its step.json records
@@ -124,10 +125,11 @@ CLAIMS = {
                                             zero_shot_result)}),
     "ablation": Claim(CONFIGS / "ablation.yaml", ("pretrain-e", *ABLATION_RUNS), ("pretrain-e", *ABLATION_RUNS),
                       ("pretrain-e", *ABLATION_RUNS),
-                      {"pretraining": Effect("pre-training (e) beats none (a) on VQA and referring expressions",
-                                             compared(("a-vqa", "e-vqa"), ("a-refexp", "e-refexp"))),
-                       "end_to_end": Effect("a final end-to-end stage (f) beats the frozen detector (e) on both tasks",
-                                            compared(("e-vqa", "f-vqa"), ("e-refexp", "f-refexp")))},
+                      {f"{effect}_{task}": Effect(f"{text} on {task}", compared((f"{a}-{task}", f"{b}-{task}")))
+                       for effect, a, b, text in (("pretraining", "a", "e", "pre-training (e) beats none (a)"),
+                                                  ("end_to_end", "e", "f", "a final end-to-end stage (f) beats "
+                                                                           "the frozen detector (e)"))
+                       for task in ("vqa", "refexp")},
                       compare=(("a-vqa", "e-vqa"), ("a-refexp", "e-refexp"), ("e-vqa", "f-vqa"),
                                ("e-refexp", "f-refexp"))),
 }
