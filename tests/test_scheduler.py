@@ -35,12 +35,12 @@ def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(
         train_step_on(tiny_world, "refexp", "refexp", init_from="${pretrain.final}"),
     ]
     path = write_pipeline(tmp_path, steps)
-    one = run_pipeline(path, tmp_path / "one", log=lambda _: None, jobs=1)
+    one = run_pipeline(path, tmp_path / "one", log=lambda _: None, jobs=1, threads=1)
     messages = []
-    both = run_pipeline(path, tmp_path / "both", log=messages.append, jobs=2, threads=2)
+    both = run_pipeline(path, tmp_path / "both", log=messages.append, jobs=2, threads=1)
     assert any("[vqa] train started" in m for m in messages) and any("[refexp] train started" in m for m in messages)
     for step in ("cache", "pretrain", "vqa", "refexp"):
-        assert step_record(one, step)["threads"] == step_record(both, step)["threads"] == 2
+        assert step_record(one, step)["threads"] == step_record(both, step)["threads"] == 1
     assert step_record(both, "vqa")["executor"] == "local" and (both / "vqa" / "log.txt").is_file()
     assert step_record(one, "vqa")["precision"] == step_record(both, "vqa")["precision"] == {"vqa": "fp32"}
 
@@ -58,6 +58,19 @@ def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(
     predictions = RunFolder(one / "vqa").last_stage().predictions_folder
     assert [p.read_bytes() for p in sorted(predictions.iterdir())] == [
         p.read_bytes() for p in sorted(RunFolder(both / "vqa").last_stage().predictions_folder.iterdir())]
+
+
+@pytest.mark.parametrize("threads, side_by_side", [(1, True), (2, False)])
+def test_steps_given_threads_claim_a_core_for_each(tiny_world, tmp_path, monkeypatch, threads, side_by_side):
+    """On 2 cores two independent steps run side by side with one thread each, one after another with two
+    each: side by side, their 4 threads would spin-wait on each other's cores."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    steps = [train_step_on(tiny_world, name, steps=20) for name in ("first", "second")]
+    out = run_pipeline(write_pipeline(tmp_path, steps), log=lambda _: None, jobs=None, threads=threads)
+    launched = read_state(out)["steps"]
+    first, second = (launched[name] for name in ("first", "second"))
+    assert (first["started"] < second["ended"] and second["started"] < first["ended"]) == side_by_side
+    assert step_record(out, "first")["threads"] == step_record(out, "second")["threads"] == threads
 
 
 def test_a_gpu_goes_to_one_step_at_a_time_while_cpu_steps_run_beside(tiny_world, tmp_path, monkeypatch):

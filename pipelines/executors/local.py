@@ -285,8 +285,8 @@ class Scheduler:
                 warm_up()  # its imports overlap whatever runs until the step starts
 
     def _launch(self) -> None:
-        """Starts the ready launches that fit: a core per process, a GPU per process of a GPU step,
-        at most `jobs` at once; the free cores are then shared among the heavy steps starting (a
+        """Starts the ready launches that fit: a core per process and thread, a GPU per process of a
+        GPU step, at most `jobs` at once; the free cores are then shared among the heavy steps starting (a
         light step, `StepKind.light`, runs with one thread beside them and counts for no core)."""
         free_cores = self.cores - sum(launched.cores for launched in self.running)
         free_gpus = [gpu for gpu in self.gpus if all(gpu not in launched.gpus for launched in self.running)]
@@ -296,7 +296,10 @@ class Scheduler:
                 break
             gpus = task.processes if task.step.layout.gpu and self.gpus else 0
             fits_alone = not self.running and not starting  # more than the machine has still runs, alone
-            cores = 0 if _light(task) else task.processes
+            # Threads fixed (`--threads`, or those a resumed step started with) claim their cores: two
+            # 2-thread steps on 2 cores would spin-wait on each other's cores, many times slower.
+            fixed = self.resumed_threads.get(task.step.name) or self.threads or 1
+            cores = 0 if _light(task) else task.processes * fixed
             if (cores > free_cores or gpus > len(free_gpus)) and not fits_alone:
                 continue
             starting.append((task, free_gpus[:gpus]))
