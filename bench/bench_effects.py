@@ -70,7 +70,7 @@ class Effect:
 class Claim:
     pipeline: Path
     steps: tuple[str, ...]  # the pipeline's steps that a run trains and evaluates
-    seeded: tuple[str, ...]  # the steps whose `seed` a run sets; the first one's step.json gives the threads
+    seeded: tuple[str, ...]  # the steps whose `seed` a run sets
     scaled: tuple[str, ...]  # the steps whose stages' steps and warm-up `--scale` multiplies
     effects: dict[str, Effect]  # judged on the same runs
     compare: tuple[tuple[str, str], ...] = ()  # the run's report step compares these steps' runs (B − A)
