@@ -4,6 +4,7 @@ damaged records fail cleanly or are skipped and counted, and ordinary config mis
 line before anything trains."""
 
 import json
+import functools
 import os
 import shutil
 import signal
@@ -242,6 +243,17 @@ def test_a_loaders_workers_leave_stop_signals_to_the_training_process_and_end_wi
     assert {next(batches) for _ in range(40)} == pids  # a worker that died would have raised here
     del batches
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def test_a_loaders_own_worker_init_fn_still_runs_in_spared_workers(tmp_path):
+    loader = torch.utils.data.DataLoader(WorkerPids(), batch_size=None, num_workers=1,
+                                         worker_init_fn=functools.partial(_touch, tmp_path))
+    next(spared_from_stops(loader))
+    assert (tmp_path / "worker-0").is_file()
+
+
+def _touch(folder, worker_id: int) -> None:
+    (folder / f"worker-{worker_id}").touch()
 
 
 @pytest.mark.parametrize("keep, kept", [(2, [6, 8]), (0, [3, 6, 8])])

@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from vlbert.errors import Stopped
 
@@ -82,8 +82,8 @@ def spared_from_stops(loader) -> Iterator:
     held while the workers start (a worker inherits them held), and each worker holds them for good.
     A SIGTERM from the process that started it (its DataLoader's shutdown, the process's end) ends a
     worker as before, with exit status 0 so that it is not taken for a crash; from anyone else it is
-    the step's to act on."""
-    loader.worker_init_fn = SparedWorker(os.getpid())
+    the step's to act on. A `worker_init_fn` the loader already has runs after."""
+    loader.worker_init_fn = SparedWorker(os.getpid(), loader.worker_init_fn)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         return iter(loader)
@@ -95,12 +95,14 @@ class SparedWorker:
     """A DataLoader's `worker_init_fn` (an object, for workers that are spawned): holds STOP_SIGNALS
     in the worker and has a thread take its SIGTERMs, ending it when `owner` sent one."""
 
-    def __init__(self, owner: int) -> None:
-        self.owner = owner
+    def __init__(self, owner: int, then: Callable[[int], None] | None = None) -> None:
+        self.owner, self.then = owner, then
 
     def __call__(self, worker_id: int) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         threading.Thread(target=_end_when_asked_by, args=(self.owner,), name="stop-signals", daemon=True).start()
+        if self.then is not None:
+            self.then(worker_id)
 
 
 def _end_when_asked_by(owner: int) -> None:
