@@ -3,8 +3,8 @@ logs every step once and says where it started, checkpoints come by wall time an
 damaged records fail cleanly or are skipped and counted, and ordinary config mistakes are one
 line before anything trains."""
 
-import json
 import functools
+import json
 import os
 import shutil
 import signal
