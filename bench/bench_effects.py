@@ -16,7 +16,10 @@ Claims (`CLAIMS`), each a set of effects judged on the same runs:
              a final end-to-end stage (f), seeds set on every one of them; its report compares them
              item by item. Effects, one per task: `pretraining_vqa`, `pretraining_refexp` (e − a) and
              `end_to_end_vqa`, `end_to_end_refexp` (f − e); one holds in a run when its paired 95%
-             interval lies above 0.
+             interval lies above 0. Under a VQA effect's line of a run, an indented line gives the
+             same pair's difference [interval] within each answer type, from the report's
+             comparisons by answer type: information on where a difference comes from (not corrected
+             for multiple comparisons); the verdict and "holds in k of n" are the whole split's.
 
 Each run is `vlbert pipeline run` of the claim's steps in a fresh process with `--threads T` and the
 steps' `seed` set: each step runs in a process of its own with T threads, which its step.json records
@@ -58,6 +61,7 @@ class RunResult:
     figure: str  # what the run measured, for the table
     holds: bool
     threads: int  # what the judged step's step.json records
+    details: tuple[str, ...] = ()  # lines printed indented under the run's, not judged (e.g. by answer type)
 
 
 @dataclass(frozen=True)
@@ -100,20 +104,29 @@ def _threads(step: Path) -> int:
     return json.loads((step / "step.json").read_text())["threads"]
 
 
+def _difference(comparison: dict[str, Any]) -> str:
+    low, high = comparison["interval"]
+    return f"{comparison['difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
 def compared(*pairs: tuple[str, str]) -> Callable[[Path], RunResult]:
     """A judge of the run's report: each pair's paired difference B − A with its 95% interval; the
-    run holds when every interval lies above 0."""
+    run holds when every interval lies above 0. Where the report also compares a pair within groups
+    of items (VQA: answer types), a detail line gives each group's difference, not judged."""
 
     def judge(out: Path) -> RunResult:
         report = json.loads((out / "report" / "report.json").read_text())
         comparisons = {(c["a"], c["b"]): c for c in report["comparisons"]}
-        figures, holds = [], True
+        figures, details, holds = [], [], True
         for a, b in pairs:
             comparison = comparisons[(a, b)]
-            low, high = comparison["interval"]
-            holds &= low > 0
-            figures.append(f"{b} − {a} {comparison['difference']:+.3f} [{low:+.3f}, {high:+.3f}]")
-        return RunResult("; ".join(figures), holds, _threads(out / pairs[0][1]))
+            holds &= comparison["interval"][0] > 0
+            figures.append(f"{b} − {a} {_difference(comparison)}")
+            if "by_group" in comparison:
+                named = f"{b} − {a} " if len(pairs) > 1 else ""
+                details.append(f"{named}by {comparison['by_group']['name']}: " + ", ".join(
+                    f"{group['group']} {_difference(group)}" for group in comparison["by_group"]["groups"]))
+        return RunResult("; ".join(figures), holds, _threads(out / pairs[0][1]), tuple(details))
 
     return judge
 
@@ -231,6 +244,8 @@ def main() -> None:
                         named = f"{effect}, " if len(claim.effects) > 1 else ""
                         print(f"  {named}seed {seed}, {result.threads} thread(s), {wall:.0f} s: {result.figure}: "
                               f"{'holds' if result.holds else 'does NOT hold'}", flush=True)
+                        for line in result.details:
+                            print(f"    {line}", flush=True)
             for effect, verdicts in held.items():
                 print(f"{effect}: holds in {sum(verdicts)} of {len(verdicts)} runs", flush=True)
 

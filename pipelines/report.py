@@ -4,7 +4,8 @@ A run is a train step's folder: one run, or one run per seed in it (`RunFolder.r
 gives the value after the run's last stage (the mean over seeds, ± their sample standard deviation),
 and the 95% bootstrap interval over evaluation items, from the item scores the last stage wrote
 (averaged over seeds first). Comparisons pair two runs on the items both evaluated
-(train/evaluation/statistics.py). Everything is read from the run folders; no model runs again.
+(train/evaluation/statistics.py), and again within each group of items where both runs' item scores
+carry the same grouping (VQA: answer types). Everything is read from the run folders; no model runs again.
 """
 
 from __future__ import annotations
@@ -18,16 +19,26 @@ from pipelines import STEP_FILE
 from pipelines.report_retrieval import RETRIEVAL_NOTE, retrieval_summary, retrieval_tables
 from train.data.files import DataError
 from train.engine.run_folder import RunFolder, StageFolder
-from train.evaluation.statistics import (RESAMPLES, Comparison, average_over_seeds, bootstrap_interval,
-                                         paired_comparison, seed_spread)
+from train.evaluation.item_scores import ItemGroups, ItemScores, averaged_over_seeds
+from train.evaluation.statistics import RESAMPLES, Comparison, bootstrap_interval, paired_comparison, seed_spread
 
 
 @dataclass
 class RunResults:
-    """A report row and the item scores (averaged over seeds) that intervals and comparisons resample."""
+    """A report row and the item scores (averaged over seeds) that intervals and comparisons resample,
+    with the items' groups where the task has them."""
 
     row: dict
     scores: dict[str, float]
+    groups: ItemGroups | None = None
+
+
+@dataclass(frozen=True)
+class GroupComparisons:
+    """A comparison's two runs compared again on the shared items of each group (VQA: answer type)."""
+
+    name: str  # what a group is: "answer type"
+    groups: list[tuple[str, Comparison]]  # (group, its comparison), groups in sorted order
 
 
 def run_folders(folder: Path) -> list[RunFolder]:
@@ -38,11 +49,11 @@ def run_folders(folder: Path) -> list[RunFolder]:
     return runs
 
 
-def item_scores(run: RunFolder, stage: StageFolder | None = None) -> dict[str, float]:
-    """Each evaluation item's score after `stage` (default: the run's last); empty where none was
-    written (runs from before item scores, evaluations without per-item scores)."""
+def item_scores(run: RunFolder, stage: StageFolder | None = None) -> ItemScores:
+    """Each evaluation item's score (and group) after `stage` (default: the run's last); no items where
+    none was written (runs from before item scores, evaluations without per-item scores)."""
     path = (stage or run.last_stage()).item_scores(Path(run.config()["eval_annotations"]).stem)
-    return json.loads(path.read_text())["items"] if path.is_file() else {}
+    return ItemScores.read(path) if path.is_file() else ItemScores("", {})
 
 
 def stage_results(runs: list[RunFolder], resamples: int = RESAMPLES) -> list[dict]:
@@ -57,7 +68,7 @@ def stage_results(runs: list[RunFolder], resamples: int = RESAMPLES) -> list[dic
             continue
         evals = [folder.evaluation() for _, folder in folders]
         spread = seed_spread([e["value"] for e in evals])
-        scores = average_over_seeds([item_scores(run, folder) for run, folder in folders])
+        scores = averaged_over_seeds([item_scores(run, folder) for run, folder in folders]).items
         results.append({"stage": stage["name"], "visual": evals[0]["visual"], "task": evals[0]["task"],
                         "metric": evals[0]["metric"], "value": spread.mean, "std": spread.std,
                         "chance": evals[0]["chance"], "items": len(scores), "done": True,
@@ -83,7 +94,7 @@ def run_results(folder: Path, resamples: int = RESAMPLES) -> RunResults:
     summaries = [_one_run(run) for run in runs]
     first, last = summaries[0]["evals"], summaries[0]["evals"][-1]
     spread = seed_spread([s["evals"][-1]["value"] for s in summaries])
-    scores = average_over_seeds([item_scores(run) for run in runs])
+    scores = averaged_over_seeds([item_scores(run) for run in runs])
     tuned = any(e["visual"] == "end2end" for e in first)
     seeded = runs[0].root != folder
     stages = stage_results(runs, resamples)
@@ -91,7 +102,7 @@ def run_results(folder: Path, resamples: int = RESAMPLES) -> RunResults:
            "task": last["task"], "metric": last["metric"], "value": spread.mean, "chance": last["chance"],
            "std": spread.std, "seeds": [s["seed"] for s in summaries] if seeded else None,
            "seed_values": list(spread.values) if seeded else None,
-           "items": len(scores), "interval": stages[-1]["interval"],
+           "items": len(scores.items), "interval": stages[-1]["interval"],
            "wall_s": round(sum(s["wall_s"] for s in summaries) / len(summaries), 2),
            "samples_per_s": round(sum(s["samples_per_s"] for s in summaries) / len(summaries), 2),
            "stages": [f"{e['stage']} ({e['visual']})" for e in first],
@@ -99,7 +110,7 @@ def run_results(folder: Path, resamples: int = RESAMPLES) -> RunResults:
            "init_from": _relative(summaries[0]["init_from"], folder.parent)}
     if last["task"] == "retrieval" and "recalls" in last:
         row["retrieval"] = retrieval_summary([s["evals"][-1] for s in summaries], sum(e["steps"] for e in first))
-    return RunResults(row, scores)
+    return RunResults(row, scores.items, scores.groups)
 
 
 def _relative(path: str | None, root: Path) -> str | None:
@@ -126,10 +137,38 @@ def compare_runs(results: dict[str, RunResults], pairs: list[tuple[str, str]],
     return comparisons
 
 
-def _comparison_record(comparison: Comparison) -> dict:
-    return {"a": comparison.a, "b": comparison.b, "items": comparison.items, "difference": comparison.difference,
-            "interval": comparison.interval.to_list(), "p_value": comparison.p_value,
-            "resamples": comparison.resamples, "verdict": comparison.verdict()}
+def compare_groups(results: dict[str, RunResults], pairs: list[tuple[str, str]],
+                   resamples: int = RESAMPLES) -> list[GroupComparisons | None]:
+    """Each pair of `compare_runs` compared within each group of the items both runs scored and put in
+    the same group; None for a pair whose runs do not both carry the same grouping."""
+    return [_group_comparisons(results[a], results[b], resamples) for a, b in pairs]
+
+
+def _group_comparisons(a: RunResults, b: RunResults, resamples: int) -> GroupComparisons | None:
+    if a.groups is None or b.groups is None or a.groups.name != b.groups.name:
+        return None
+    members: dict[str, list[str]] = {}
+    for item, group in a.groups.items.items():
+        if item in a.scores and item in b.scores and b.groups.items.get(item) == group:
+            members.setdefault(group, []).append(item)
+    names = (a.row["name"], b.row["name"])
+    groups = [(group, paired_comparison({item: a.scores[item] for item in items},
+                                        {item: b.scores[item] for item in items}, names, resamples))
+              for group, items in sorted(members.items())]
+    return GroupComparisons(a.groups.name, groups) if groups else None
+
+
+def _difference_record(comparison: Comparison) -> dict:
+    return {"items": comparison.items, "difference": comparison.difference, "interval": comparison.interval.to_list(),
+            "p_value": comparison.p_value, "resamples": comparison.resamples, "verdict": comparison.verdict()}
+
+
+def _comparison_record(comparison: Comparison, by_group: GroupComparisons | None) -> dict:
+    record = {"a": comparison.a, "b": comparison.b, **_difference_record(comparison)}
+    if by_group is not None:
+        record["by_group"] = {"name": by_group.name, "groups": [{"group": group, **_difference_record(c)}
+                                                                for group, c in by_group.groups]}
+    return record
 
 
 def _value_text(row: dict) -> str:
@@ -168,11 +207,27 @@ def stages_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _difference_cells(c: Comparison) -> str:
+    return (f"{c.items} | {c.difference:+.3f} | {_interval_text(c.interval.to_list())} | {c.p_text()} | "
+            f"{c.verdict()} |")
+
+
 def comparisons_table(comparisons: list[Comparison]) -> list[str]:
     lines = ["| A | B | items | B − A | 95% interval (paired) | p | verdict |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {c.a} | {c.b} | {c.items} | {c.difference:+.3f} | {_interval_text(c.interval.to_list())} | "
-              f"{c.p_text()} | {c.verdict()} |" for c in comparisons]
+    lines += [f"| {c.a} | {c.b} | {_difference_cells(c)}" for c in comparisons]
     return lines
+
+
+def group_comparisons_tables(grouped: list[GroupComparisons | None]) -> dict[str, list[str]]:
+    """A table per grouping (e.g. "answer type"): each comparison's row per group, groups in sorted order."""
+    tables: dict[str, list[str]] = {}
+    for by_group in grouped:
+        if by_group is None:
+            continue
+        lines = tables.setdefault(by_group.name, [f"| A | B | {by_group.name} | items | B − A | 95% interval (paired) "
+                                                  "| p | verdict |", "|---|---|---|---|---|---|---|---|"])
+        lines += [f"| {c.a} | {c.b} | {group} | {_difference_cells(c)}" for group, c in by_group.groups]
+    return tables
 
 
 RUNS_NOTE = (
@@ -199,6 +254,13 @@ COMPARISONS_NOTE = (
     "share of resampled differences on the other side of zero (doubled), so p < 0.05 when, and only\n"
     "when, the interval leaves 0 out (up to the quantiles' interpolation).\n")
 
+GROUPS_NOTE = (
+    "Each row pairs the two runs of a comparison on the shared items of one group only, as the comparisons\n"
+    "above do on all of them (same bootstrap, same resamples). The rows are not corrected for multiple\n"
+    "comparisons: with several groups each tested at 95%, one group's interval can leave 0 out by chance\n"
+    "where the runs do not differ. Read them as where a difference comes from; the whole split's\n"
+    "comparison above is the test.\n")
+
 
 def write_report(run_dirs: list[str], out: Path, compare: list[tuple[str, str]] = (),
                  resamples: int = RESAMPLES) -> list[Path]:
@@ -206,10 +268,12 @@ def write_report(run_dirs: list[str], out: Path, compare: list[tuple[str, str]] 
     paired comparison for each (A, B) of `compare` (folders among `run_dirs`)."""
     results = {d: run_results(Path(d), resamples) for d in run_dirs}
     comparisons = compare_runs(results, list(compare), resamples)
+    grouped = compare_groups(results, list(compare), resamples)
     rows = [results[d].row for d in run_dirs]
     out.mkdir(parents=True, exist_ok=True)
     report_json = out / "report.json"
-    document = {"resamples": resamples, "runs": rows, "comparisons": [_comparison_record(c) for c in comparisons]}
+    document = {"resamples": resamples, "runs": rows,
+                "comparisons": [_comparison_record(c, g) for c, g in zip(comparisons, grouped)]}
     write_atomically(report_json, json.dumps(document, indent=1) + "\n")
     text = "# Runs side by side\n\n" + "\n".join(runs_table(rows)) + "\n\n" + RUNS_NOTE
     text += "\n## Every stage\n\n" + "\n".join(stages_table(rows)) + "\n\n" + STAGES_NOTE
@@ -218,6 +282,8 @@ def write_report(run_dirs: list[str], out: Path, compare: list[tuple[str, str]] 
         text += "\n## Image–text retrieval\n\n" + "\n".join(retrieval) + "\n" + RETRIEVAL_NOTE
     if comparisons:
         text += "\n## Comparisons\n\n" + "\n".join(comparisons_table(comparisons)) + "\n\n" + COMPARISONS_NOTE
+    for name, table in group_comparisons_tables(grouped).items():
+        text += f"\n## Comparisons by {name}\n\n" + "\n".join(table) + "\n\n" + GROUPS_NOTE
     report_md = out / "report.md"
     write_atomically(report_md, text)
     curves = out / "loss_curves.png"

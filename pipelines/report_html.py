@@ -2,10 +2,11 @@
 inline CSS; no script, nothing fetched), readable offline and in any browser.
 
 It shows every train step's stages, each value with its 95% item interval and the chance level;
-the paired comparisons with their intervals; the runs, stages, comparisons and retrieval tables of
-report.md; the loss curves of every train step; the run's timeline (each step's bar, its threads or
-GPUs, its state, links to its log and step.json); a few images of each store with their boxes; and
-the figures of the analyses. Everything is read from the run's folder (pipelines/timeline.py for the
+the paired comparisons with their intervals (also within each group of items, e.g. each VQA answer
+type, where both runs carry groups); the runs, stages, comparisons and retrieval tables of report.md;
+the loss curves of every train step; the run's timeline (each step's bar, its threads or GPUs, its
+state, links to its log and step.json); a few images of each store with their boxes; and the
+figures of the analyses. Everything is read from the run's folder (pipelines/timeline.py for the
 steps), so a run that failed halfway gets its page too: what exists is shown, and what is missing
 is named at the top. The report step writes it (pipelines/steps/report.py), and `vlbert pipeline
 report` rebuilds it.
@@ -24,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from extract.atomic import write_atomically
-from pipelines.report import (COMPARISONS_NOTE, RUNS_NOTE, STAGES_NOTE, RunResults, compare_runs, comparisons_table,
-                              plot_losses, run_results, runs_table, stage_results, stages_table)
+from pipelines.report import (COMPARISONS_NOTE, GROUPS_NOTE, RUNS_NOTE, STAGES_NOTE, RunResults, compare_groups,
+                              compare_runs, comparisons_table, group_comparisons_tables, plot_losses, run_results,
+                              runs_table, stage_results, stages_table)
 from pipelines.report_charts import Estimate, interval_chart, timeline_chart
 from pipelines.report_retrieval import RETRIEVAL_NOTE, retrieval_tables
 from pipelines.timeline import DONE, UP_TO_DATE, StepRun, step_runs
 from train.engine.run_folder import RunFolder
-from train.evaluation.statistics import RESAMPLES
+from train.evaluation.statistics import RESAMPLES, Comparison
 from vlbert.errors import UserError
 
 HTML_FILE = "report.html"
@@ -169,12 +171,24 @@ def _comparisons_section(entries: list[RunEntry], pairs: list[tuple[str, str]], 
     if not shown:
         return ""
     comparisons = compare_runs(results, shown, resamples)
-    rows = [Estimate(f"{c.b} − {c.a}", c.difference, c.interval.to_list(),
+    grouped = compare_groups(results, shown, resamples)
+    parts = ["<h2>Comparisons</h2>", _differences_chart([(f"{c.b} − {c.a}", c) for c in comparisons]),
+             markdown_html(comparisons_table(comparisons)), _note(COMPARISONS_NOTE)]
+    for name, table in group_comparisons_tables(grouped).items():
+        labelled = [(f"{c.b} − {c.a} · {group}", c) for by_group in grouped
+                    if by_group is not None and by_group.name == name for group, c in by_group.groups]
+        parts += [f"<h3>Comparisons by {escape(name)}</h3>", _differences_chart(labelled), markdown_html(table),
+                  _note(GROUPS_NOTE)]
+    return "\n".join(parts)
+
+
+def _differences_chart(labelled: list[tuple[str, Comparison]]) -> str:
+    """Each comparison's difference with its paired interval, against 0, under its label."""
+    rows = [Estimate(label, c.difference, c.interval.to_list(),
                      note=f"{c.difference:+.3f} [{c.interval.low:+.3f}, {c.interval.high:+.3f}], p {c.p_text()}")
-            for c in comparisons]
-    reach = max(abs(v) for c in comparisons for v in (c.difference, c.interval.low, c.interval.high)) * 1.15 or 0.05
-    return "\n".join(["<h2>Comparisons</h2>", interval_chart(rows, -reach, reach, zero=0.0),
-                      markdown_html(comparisons_table(comparisons)), _note(COMPARISONS_NOTE)])
+            for label, c in labelled]
+    reach = max(abs(v) for _, c in labelled for v in (c.difference, c.interval.low, c.interval.high)) * 1.15 or 0.05
+    return interval_chart(rows, -reach, reach, zero=0.0)
 
 
 def _loss_section(steps: list[StepRun]) -> str:

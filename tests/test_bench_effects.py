@@ -1,6 +1,7 @@
 """bench/bench_effects.py's plumbing, without training: each claim's pipelines load, a run's steps read
 the shared world, FeatureStore and vocabulary, its seeds reach every seeded step, and a comparison
-holds only when every interval of the run's report lies above 0."""
+holds only when every interval of the run's report lies above 0; the report's VQA comparisons by answer
+type are printed under it and judge nothing."""
 
 import importlib.util
 import json
@@ -44,9 +45,15 @@ def test_each_claims_pipelines_share_the_world_and_scale_the_trained_stages(benc
     assert set(claim.seeded) <= set(claim.steps)
 
 
+BY_TYPE = {"name": "answer type", "groups": [{"group": "colour", "difference": 0.071, "interval": [0.02, 0.12]},
+                                             {"group": "count", "difference": -0.01, "interval": [-0.03, 0.01]}]}
+
+
 def _report(folder: Path, intervals: dict[tuple[str, str], tuple[float, float]]) -> None:
+    """A run's report.json: VQA comparisons also by answer type (BY_TYPE), as the report writes them."""
     (folder / "report").mkdir(parents=True)
-    comparisons = [{"a": a, "b": b, "difference": sum(i) / 2, "interval": list(i)} for (a, b), i in intervals.items()]
+    comparisons = [{"a": a, "b": b, "difference": sum(i) / 2, "interval": list(i),
+                    **({"by_group": BY_TYPE} if b.endswith("-vqa") else {})} for (a, b), i in intervals.items()]
     (folder / "report" / "report.json").write_text(json.dumps({"comparisons": comparisons}))
     for run in ("a-vqa", "e-vqa", "a-refexp", "e-refexp"):
         (folder / run).mkdir()
@@ -60,4 +67,8 @@ def test_a_comparison_holds_only_when_every_interval_lies_above_0(bench, tmp_pat
     assert (result.holds, result.threads) == (holds, 2)
     assert result.figure.startswith("e-vqa − a-vqa +0.040 [+0.020, +0.060]; e-refexp − a-refexp")
     alone = bench.CLAIMS["ablation"].effects["pretraining_refexp"].judge(tmp_path)
-    assert (alone.holds, alone.figure) == (holds, result.figure.split("; ")[1])
+    assert (alone.holds, alone.figure, alone.details) == (holds, result.figure.split("; ")[1], ())
+    by_type = "by answer type: colour +0.071 [+0.020, +0.120], count -0.010 [-0.030, +0.010]"
+    assert result.details == (f"e-vqa − a-vqa {by_type}",)
+    vqa = bench.CLAIMS["ablation"].effects["pretraining_vqa"].judge(tmp_path)
+    assert (vqa.holds, vqa.details) == (True, (by_type,))  # count's interval holds 0: the whole split judges

@@ -100,6 +100,11 @@ def test_the_page_shows_every_stage_with_its_interval_and_chance_and_names_what_
     assert page.read_text().count('stroke="#d62728" stroke-width="2" stroke-dasharray="3 2"') == 3  # chance lines
     (comparison,) = report["comparisons"]
     assert f"vqa-tuned − vqa-frozen {comparison['difference']:+.3f}" in parsed.text
+    assert "<h3>Comparisons by answer type</h3>" in page.read_text()  # the tiny world's questions have types
+    markdown = (out / "report" / "report.md").read_text()
+    for group in comparison["by_group"]["groups"]:
+        assert f"vqa-tuned − vqa-frozen · {group['group']} {group['difference']:+.3f}" in parsed.text
+        assert f"| vqa-frozen | vqa-tuned | {group['group']} | {group['items']} |" in markdown
     assert "Not in this report, or not complete: bad: failed (" in parsed.text
     assert "after-bad: not run (it reads bad, which failed)" in parsed.text
     for heading in ("Results", "Every stage", "Comparisons", "Loss curves", "Timeline", "Features", "Analyses"):

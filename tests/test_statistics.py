@@ -114,8 +114,9 @@ def test_seed_spread_and_items_averaged_over_seeds():
 
 # ---- the report, from run folders ----------------------------------------------------------------
 
-def fake_run(folder: Path, items: dict[str, float], seed: int = 0) -> Path:
-    """A finished one-stage VQA run folder as the trainer leaves it, evaluated on val.jsonl."""
+def fake_run(folder: Path, items: dict[str, float], seed: int = 0, groups: dict[str, str] | None = None) -> Path:
+    """A finished one-stage VQA run folder as the trainer leaves it, evaluated on val.jsonl; with each
+    item's answer type where `groups` gives them."""
     run = RunFolder(folder)
     stage = run.stage(0, "vqa")
     stage.item_scores("val").parent.mkdir(parents=True)
@@ -124,7 +125,8 @@ def fake_run(folder: Path, items: dict[str, float], seed: int = 0) -> Path:
     stage.write_evaluation({"stage": "vqa", "task": "vqa", "metric": "vqa_accuracy",
                                                  "value": value, "chance": 0.25, "visual": "cached",
                             "wall_s": 2.0, "samples_per_s": 10.0})
-    stage.item_scores("val").write_text(json.dumps({"metric": "vqa_accuracy", "items": items}))
+    grouped = {"groups": {"name": "answer type", "items": groups}} if groups is not None else {}
+    stage.item_scores("val").write_text(json.dumps({"metric": "vqa_accuracy", "items": items, **grouped}))
     run.metrics_file.write_text("".join(json.dumps({"step": s, "loss": 1 / s}) + "\n" for s in (1, 2, 3)))
     return folder
 
@@ -166,3 +168,54 @@ def test_report_names_runs_it_cannot_compare(tmp_path):
         write_report([str(old), str(new)], tmp_path / "report", [(str(old), str(new))])
     with pytest.raises(DataError, match=f"{tmp_path / 'nothing'}: not a training run"):
         write_report([str(tmp_path / "nothing")], tmp_path / "report")
+
+
+def test_report_compares_the_runs_within_each_answer_type(tmp_path):
+    generator = np.random.default_rng(5)
+    types = {f"q{i}": kind for i, kind in enumerate(["shape"] * 30 + ["colour"] * 40 + ["count"] * 29)}  # q99: none
+    a = scores(generator.random(100) < 0.4)
+    frozen = fake_run(tmp_path / "vqa-frozen", a, groups=types)
+    tuned = tmp_path / "vqa-tuned"
+    seeds = [{item: float(value or (types.get(item) == "colour" and generator.random() < 0.6)) for item, value in
+              a.items()} for _ in range(2)]  # colour questions lifted, the others as in A
+    for seed, items in enumerate(seeds):
+        fake_run(RunFolder(tuned).seed_run(seed).root, items, seed=seed, groups=types)
+
+    write_report([str(frozen), str(tuned)], tmp_path / "report", [(str(frozen), str(tuned))], resamples=2000)
+    (comparison,) = json.loads((tmp_path / "report" / "report.json").read_text())["comparisons"]
+    by_group = comparison["by_group"]
+    assert by_group["name"] == "answer type"
+    assert [group["group"] for group in by_group["groups"]] == ["colour", "count", "shape"]
+    for group in by_group["groups"]:
+        members = [item for item, kind in types.items() if kind == group["group"]]
+        by_hand = np.mean([(seeds[0][item] + seeds[1][item]) / 2 - a[item] for item in members])
+        assert group["items"] == len(members) and group["difference"] == pytest.approx(by_hand)
+        alone = paired_comparison({item: a[item] for item in members},
+                                  {item: (seeds[0][item] + seeds[1][item]) / 2 for item in members}, resamples=2000)
+        assert (group["interval"], group["p_value"], group["verdict"]) == (alone.interval.to_list(), alone.p_value,
+                                                                           alone.verdict())
+    colour, count, _ = by_group["groups"]
+    assert colour["difference"] > 0.1 and colour["verdict"] == "distinguishable from zero at 95%"
+    assert count["difference"] == 0 and count["interval"] == [0.0, 0.0]
+    text = (tmp_path / "report" / "report.md").read_text()
+    table = text[text.index("## Comparisons by answer type"):]
+    assert table.startswith("## Comparisons by answer type\n\n| A | B | answer type | items | B − A |")
+    rows = [line for line in table.splitlines() if line.startswith("| vqa-frozen | vqa-tuned |")]
+    assert [row.split(" | ")[2:4] for row in rows] == [["colour", "40"], ["count", "29"], ["shape", "30"]]
+    assert rows[0].startswith(f"| vqa-frozen | vqa-tuned | colour | 40 | {colour['difference']:+.3f} | [")
+    assert "not corrected for multiple\ncomparisons" in table
+
+
+def test_report_has_no_comparisons_by_group_when_a_run_has_no_groups(tmp_path):
+    types = {"q0": "colour", "q1": "count", "q2": "colour"}
+    grouped = fake_run(tmp_path / "grouped", scores([1, 0, 0]), groups=types)
+    older = fake_run(tmp_path / "older", scores([1, 1, 1]))  # written before item scores carried groups
+    other = fake_run(tmp_path / "other", scores([0, 1, 1]), groups=types)
+    pairs = [(str(grouped), str(older)), (str(grouped), str(other))]
+    write_report([str(grouped), str(older), str(other)], tmp_path / "report", pairs, resamples=200)
+    first, second = json.loads((tmp_path / "report" / "report.json").read_text())["comparisons"]
+    assert "by_group" not in first and [g["group"] for g in second["by_group"]["groups"]] == ["colour", "count"]
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert text.count("| grouped | other | ") == 3 and "| grouped | older | " in text  # whole split + 2 groups
+    write_report([str(grouped), str(older)], tmp_path / "alone", pairs[:1], resamples=200)
+    assert "by answer type" not in (tmp_path / "alone" / "report.md").read_text()

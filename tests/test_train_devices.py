@@ -17,6 +17,7 @@ from train.data.annotations import AnnotationFile
 from extract.store.reader import FeatureStore
 from extract.store.schema import DamagedRecordError
 from train.data.collate import collate, to_device
+from train.data.datasets import published_id
 from train.tasks.pretrain import TextOnlyCorpus
 from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
@@ -26,6 +27,7 @@ from train.engine.config import RunConfigError, RunMismatchError, StageConfig, r
 from train.engine.distributed import World
 from train.engine.evaluate import evaluate, shard
 from train.engine.run_folder import RunFolder
+from train.evaluation.item_scores import ItemGroups, ItemScores
 from train.engine.trainer import Trainer, graph_parameters
 from train.data.collate import model_inputs
 from train.tasks import TASKS
@@ -359,7 +361,14 @@ def test_evaluation_in_rank_slices_merges_into_the_single_process_result(world, 
     for volatile in ("pairs_per_s",):
         expected.pop(volatile, None), result.pop(volatile, None)
     assert result == expected
-    assert merged.item_scores() == whole.item_scores()
+    assert merged.item_scores() == whole.item_scores() and merged.item_groups() == whole.item_groups()
+    if whole.item_scores():  # pre-training scores no items and writes no file
+        written = ItemScores.read(tmp_path / "whole" / "items.json")
+        assert written == ItemScores(expected["metric"], whole.item_scores(), whole.item_groups())
+    if task == "vqa":  # the demo world's questions each have an answer type: every scored item its group
+        types = {str(published_id(q.question_id, i)): q.answer_type for i in range(len(dataset))
+                 for _, q in [dataset.item(i)]}
+        assert written.groups == ItemGroups("answer type", {item: types[item] for item in written.items})
     merged.write(tmp_path / "merged-predictions")
     if (tmp_path / "whole" / "predictions").exists():
         assert (tmp_path / "merged-predictions").read_bytes() == (tmp_path / "whole" / "predictions").read_bytes()

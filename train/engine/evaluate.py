@@ -8,20 +8,19 @@ single process's; no rank waits idle on another's whole evaluation.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch.utils.data import Dataset, Subset
 
-from extract.atomic import write_atomically
 from extract.modeling.precision import Precision
 from extract.progress import progress_bar
 from train.end2end import with_appearance
 from train.data.collate import model_inputs, pixel_entries, to_device
 from train.engine.batches import Batch, evaluation_batches
 from train.engine.distributed import World, gathered
+from train.evaluation.item_scores import ItemScores
 from train.tasks.base import Evaluator
 
 
@@ -32,10 +31,10 @@ def evaluate(evaluator: Evaluator, model, visual, dataset: Dataset, batch_size: 
              world: World = World(), desc: str = "evaluation") -> dict | None:
     """{"metric", "value", "chance", "samples", "precision", ...} of `evaluator` over `dataset` on
     rank 0 (None on the others); the predictions are written to `predictions` and each item's
-    score to `items` ({"metric", "items": {id: score}}) when given. `check_damaged` applies the
-    damaged-record policy to each batch. With the end-to-end `visual` side, `workers` DataLoader
-    processes decode the images. Rank 0 shows its items' progress as `desc` (the console, and
-    `vlbert pipeline status` through the step's progress file)."""
+    score to `items` (train/evaluation/item_scores.py; with its group where the task has groups) when
+    given. `check_damaged` applies the damaged-record policy to each batch. With the end-to-end
+    `visual` side, `workers` DataLoader processes decode the images. Rank 0 shows its items' progress
+    as `desc` (the console, and `vlbert pipeline status` through the step's progress file)."""
     if visual is not None:
         dataset = visual.with_images(dataset)
     part = shard(dataset, world)
@@ -59,8 +58,7 @@ def evaluate(evaluator: Evaluator, model, visual, dataset: Dataset, batch_size: 
     result = {**evaluator.result(), "precision": precision.name}
     scores = evaluator.item_scores()
     if items is not None and scores:
-        items.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(items, json.dumps({"metric": result["metric"], "items": scores}))
+        ItemScores(result["metric"], scores, evaluator.item_groups()).write(items)
     return result
 
 

@@ -17,6 +17,7 @@ from train.data.annotations import AnnotationFile
 from train.data.collate import model_inputs
 from train.data.datasets import AnnotatedDataset, Sample
 from train.data.regions import RegionBank
+from train.evaluation.item_scores import ItemGroups
 from vlbert.modeling import VLBertPreTrainedModel
 
 T = TypeVar("T")
@@ -133,6 +134,11 @@ class Evaluator:
 
     def item_scores(self) -> dict[str, float]:
         return {}
+
+    def item_groups(self) -> ItemGroups | None:
+        """The scored items' groups, where the task sorts its items into some (VQA: answer types), for
+        paired comparisons within each group; None where it does not."""
+        return None
 
 
 def scored(metric: str, correct: float, chance: float, count: int) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from train.data.annotations import AnnotationFile, AnswerVocabulary
 from train.data.datasets import AnnotatedDataset, Sample, published_id
 from train.data.regions import RegionBank
+from train.evaluation.item_scores import ItemGroups
 from train.evaluation.vqa2 import VqaTruth, question_accuracy, score_vqa, write_vqa_predictions
 from train.tasks.base import Evaluator, Task, TaskData, union, unscored
 from vlbert.modeling import VLBertForQuestionAnswering
@@ -91,6 +92,13 @@ class AnswerAccuracy(Evaluator):
     def item_scores(self) -> dict[str, float]:
         return {str(qid): question_accuracy(self.truth[qid].answers, answer)
                 for qid, answer in self.predicted.items() if qid in self.truth}
+
+    def item_groups(self) -> ItemGroups | None:
+        """Each scored question's answer type, as the official evaluation breaks its accuracy down
+        (a question without one is in no group); None where no scored question has one."""
+        types = {str(qid): str(self.truth[qid].answer_type) for qid in self.predicted
+                 if qid in self.truth and self.truth[qid].answer_type}
+        return ItemGroups("answer type", types) if types else None
 
 
 def _dataset(data: TaskData, options: VqaOptions, annotations: AnnotationFile, seed: int, training: bool):
