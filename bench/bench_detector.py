@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_detector.py                      # tiny and butd-vg on CPU (and CUDA if present)
     .venv/bin/python bench/bench_detector.py --presets tiny --images 32
     .venv/bin/python bench/bench_detector.py --devices cuda --precisions fp32,tf32,bf16 --batch-size 8
+    .venv/bin/python bench/bench_detector.py --parts res5 --presets butd-vg --devices cuda --precisions fp32,bf16
 
 Random weights; synthetic 480x640 images (resized by each preset as at test time); 10 given boxes
 per image. When detectron2 is importable, the same weights run in detectron2 side by side (backbone
@@ -13,6 +14,11 @@ run in alternation, best of --repeat each, so that load changes on a shared mach
 (`extract.fidelity.compare_to_fp32`: feature cosine, argmax agreement, detected boxes). Last, the
 bottom-up-attention box selection on the first image's real proposals and class probabilities,
 timed against the straightforward one-NMS-per-class loop it replaced (the test's reference).
+
+`--parts res5`: the RoI head's res5 alone on --res5-rois pooled RoIs (random, the pooler's output
+at the preset's width: 300 x 1024 x 14 x 14 for butd-vg), run in its two layouts side by side
+(extract/modeling/res5_layouts.py: dilated, polyphase), per precision: ms per call, the ratio
+polyphase / dilated and how far their features are apart.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ sys.path.insert(0, str(ROOT))
 from extract import Detector, select_boxes  # noqa: E402
 from extract.config import parse_override  # noqa: E402
 from extract.fidelity import compare_to_fp32  # noqa: E402
+from extract.modeling.precision import precision as find_precision  # noqa: E402
+from extract.modeling.res5_layouts import RES5_LAYOUTS  # noqa: E402
 from extract.selection import per_class_nms_selection  # noqa: E402
 
 
@@ -164,6 +172,40 @@ def bench_selection(detector: Detector, image, device: str, repeat: int) -> None
           f"one NMS per class {1000 * loop:.1f} ms ({loop / fast:.1f}x), same boxes and confidences: {same}")
 
 
+def bench_res5_layouts(preset: str, device: str, rois: int, repeat: int, precisions: list[str],
+                       overrides: dict[str, str]) -> None:
+    """res5 over `rois` pooled RoIs in each layout, side by side (module doc)."""
+    detector = Detector.build(preset, device=device, **overrides)
+    heads, cfg = detector.roi_heads, detector.cfg
+    size = (rois, detector.backbone.output_shape.channels, cfg.pooler_resolution, cfg.pooler_resolution)
+    pooled = torch.rand(size, generator=torch.Generator().manual_seed(2)).to(device)
+    print(f"\n{preset} on {device}: res5 on {' x '.join(map(str, size))} pooled RoIs (stride {cfg.res5_stride}, "
+          f"dilation {cfg.res5_dilation}), best of {repeat}")
+    unfit = {name: layout.unfit(cfg) for name, layout in RES5_LAYOUTS.items() if layout.unfit(cfg)}
+    if unfit:
+        print("  " + "; ".join(f"{name} does not apply: {why}" for name, why in unfit.items()))
+        return
+    layouts = list(RES5_LAYOUTS)  # dilated, then polyphase
+
+    @torch.no_grad()
+    def run(layout: str, precision: str) -> torch.Tensor:
+        heads.res5_layout = layout
+        with find_precision(precision).applied(torch.device(device)):
+            return heads.res5_features(pooled)
+
+    for precision in precisions:
+        seconds = timed_side_by_side([lambda name=name: run(name, precision) for name in layouts], device, repeat)
+        features = [run(name, precision) for name in layouts]
+        relative = ((features[1] - features[0]).norm(dim=1) / features[0].norm(dim=1).clamp_min(1e-12)).max()
+        times = "  ".join(f"{name} {1000 * s:9.2f} ms" for name, s in zip(layouts, seconds))
+        print(f"  res5 {precision:5s} {times}   polyphase/dilated {seconds[1] / seconds[0]:5.2f}   "
+              f"features: relative L2 difference max {relative:.2e}")
+    heads.res5_layout = "dilated"
+
+
+PARTS = ("images", "res5")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="tiny,butd-vg")
@@ -174,7 +216,13 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32", help="comma-separated: fp32, tf32 (CUDA only), bf16")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="detector config override, e.g. rpn_post_nms_topk=50 (repeatable)")
+    parser.add_argument("--parts", default="images",
+                        help=f"comma-separated: {', '.join(PARTS)} (the res5 layouts side by side; module doc)")
+    parser.add_argument("--res5-rois", type=int, default=300, help="pooled RoIs per res5 call (--parts res5)")
     args = parser.parse_args()
+    parts = args.parts.split(",")
+    if not set(parts) <= set(PARTS):
+        parser.error(f"--parts {args.parts}: expected some of {', '.join(PARTS)}")
     torch.manual_seed(0)
     for device in args.devices.split(","):
         if device == "cuda" and not torch.cuda.is_available():
@@ -185,8 +233,11 @@ def main() -> None:
             precisions = [p for p in args.precisions.split(",") if device == "cuda" or p != "tf32"]
             if len(precisions) < len(args.precisions.split(",")):
                 print(f"\n{device}: tf32 skipped (CUDA only)")
-            bench(preset, device, count, min(args.batch_size, count), args.repeat, precisions,
-                  dict(parse_override(o) for o in args.overrides))
+            overrides = dict(parse_override(o) for o in args.overrides)
+            if "images" in parts:
+                bench(preset, device, count, min(args.batch_size, count), args.repeat, precisions, overrides)
+            if "res5" in parts:
+                bench_res5_layouts(preset, device, args.res5_rois, args.repeat, precisions, overrides)
 
 
 if __name__ == "__main__":

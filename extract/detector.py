@@ -25,6 +25,7 @@ from extract.device import check_device
 from extract.modeling.boxes import clip_boxes
 from extract.modeling.parts import build_part
 from extract.modeling.precision import precision as find_precision
+from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT
 from extract.modeling.resnet import ConvNorm
 from extract.modeling.roi_heads import BoxPredictions
 from extract.preprocess import PreparedImage, masked_images, prepare_image, transferred
@@ -92,28 +93,33 @@ def regions_numpy(regions: Sequence[RegionFeatures],
 
 
 class Detector(nn.Module):
-    def __init__(self, cfg: DetectorConfig, precision: str = "fp32") -> None:
+    def __init__(self, cfg: DetectorConfig, precision: str = "fp32",
+                 res5_layout: str = DEFAULT_RES5_LAYOUT) -> None:
         super().__init__()
         self.cfg = cfg
         self.backbone = build_part("backbone", cfg)
         self.proposal_generator = build_part("proposal_generator", cfg, self.backbone.output_shape)
         self.roi_heads = build_part("roi_heads", cfg, self.backbone.output_shape)
         self.precision = precision
+        self.res5_layout = res5_layout
         self.init_weights(cfg.init_seed)
         self.eval()
 
     @classmethod
     def build(cls, detector: str | DetectorConfig = "butd-vg", weights: str | Path | None = None,
-              device: str | torch.device = "cpu", precision: str = "fp32", **overrides) -> "Detector":
+              device: str | torch.device = "cpu", precision: str = "fp32", res5_layout: str = DEFAULT_RES5_LAYOUT,
+              **overrides) -> "Detector":
         """A preset name, YAML file or config; detectron2-named weights if given, else seeded random ones.
 
         `precision` (`extract.modeling.precision.PRECISIONS`): fp32 (the reference numbers), tf32
-        (CUDA only) or bf16, for `detect` and `describe`.
+        (CUDA only) or bf16, for `detect` and `describe`. `res5_layout`
+        (`extract.modeling.res5_layouts.RES5_LAYOUTS`): how the RoI head runs res5, for every path
+        (`detect`, `describe`, `box_features`): dilated (the reference numbers) or polyphase.
         """
         device = check_device(device)
         find_precision(precision).check(torch.device(device))
         cfg = detector.replace(**overrides) if isinstance(detector, DetectorConfig) else load_config(detector, overrides)
-        model = cls(cfg, precision)
+        model = cls(cfg, precision, res5_layout)
         if weights is not None:
             model.load_checkpoint(weights)
         return model.to(device)
@@ -125,6 +131,14 @@ class Detector(nn.Module):
     @precision.setter
     def precision(self, name: str) -> None:
         self._precision = find_precision(name)
+
+    @property
+    def res5_layout(self) -> str:
+        return self.roi_heads.res5_layout
+
+    @res5_layout.setter
+    def res5_layout(self, name: str) -> None:
+        self.roi_heads.res5_layout = name
 
     def load_checkpoint(self, path: str | Path, trunk_only: bool = False) -> None:
         """Weights from .pkl, .pth or .safetensors under detectron2's names or a known scheme

@@ -15,8 +15,10 @@ from tests.helpers.detection import random_norm_state, trunk_input
 from train.end2end import FROZEN_PREFIXES, EndToEndVisual
 
 
-def unfolded_forward(self: ConvNorm, x: torch.Tensor) -> torch.Tensor:
-    """ConvNorm as it was before folding: the norm's constants recomputed in every forward."""
+def unfolded_forward(self: ConvNorm, x: torch.Tensor, on_subgrids: bool = False) -> torch.Tensor:
+    """ConvNorm as it was before folding: the norm's constants recomputed in every forward (the
+    dilated res5 layout's convs only)."""
+    assert not on_subgrids
     norm = self.norm
     scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
     bias = norm.bias - norm.running_mean * scale

@@ -28,12 +28,17 @@ class ConvNorm(nn.Conv2d):
         self.norm = FrozenBatchNorm2d(out_channels)
         self._folded: FoldedNorm | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, on_subgrids: bool = False) -> torch.Tensor:
+        """`on_subgrids`: `x` holds the dilation x dilation sub-grids of this conv's input, as the
+        polyphase res5 layout runs it (extract/modeling/res5_layouts.py): the conv runs undilated,
+        with its padding divided by its dilation, which computes the same products."""
         # The frozen norm's x * scale + bias, applied in place to the conv's fresh output: the same
         # two roundings as FrozenBatchNorm2d, without allocating two more activation-sized tensors
         # (a tenth of the CPU time of res5 over 300 RoIs).
         scale, bias = self.folded_norm()
-        return conv2d(self, x).mul_(scale).add_(bias)
+        padding, dilation = (tuple(p // d for p, d in zip(self.padding, self.dilation)), (1, 1)) if on_subgrids \
+            else (None, None)
+        return conv2d(self, x, padding, dilation).mul_(scale).add_(bias)
 
     def folded_norm(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The norm's per-channel (scale, bias), each (1, C, 1, 1), computed once for each state of
@@ -92,9 +97,10 @@ class Bottleneck(nn.Module):
         self.conv2 = ConvNorm(bottleneck_channels, bottleneck_channels, 3, stride_3x3, dilation, dilation, groups)
         self.conv3 = ConvNorm(bottleneck_channels, out_channels, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, on_subgrids: bool = False) -> torch.Tensor:
+        """`on_subgrids`: see `ConvNorm.forward`; only the 3x3 conv is dilated (the 1x1 convs are per pixel)."""
         out = F.relu_(self.conv1(x))
-        out = F.relu_(self.conv2(out))
+        out = F.relu_(self.conv2(out, on_subgrids))
         out = self.conv3(out)
         out += x if self.shortcut is None else self.shortcut(x)
         return F.relu_(out)

@@ -18,6 +18,7 @@ from torchvision.ops import roi_align, roi_pool
 
 from extract.modeling.boxes import BoxCoder
 from extract.modeling.parts import ShapeSpec
+from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, channels_last_on_cuda, res5_layout
 from extract.modeling.resnet import make_stage, stage_widths
 
 # RoIs per res5 pass. res5 over a whole batch's RoIs at once (300 proposals an image at BUTD size
@@ -98,10 +99,12 @@ def res5_shape(cfg) -> ShapeSpec:
 
 class Res5ROIHeads(nn.Module):
     """res5 as the RoI head of a C4 detector, built by the trunk's block factory for the backbone's
-    output: stride 2 (detectron2) or stride 1 with dilation 2 (BUTD)."""
+    output: stride 2 (detectron2) or stride 1 with dilation 2 (BUTD). `res5_layout` is how res5
+    runs (extract/modeling/res5_layouts.py): a setting, not a weight."""
 
     def __init__(self, cfg, input_shape: ShapeSpec) -> None:
         super().__init__()
+        self.cfg = cfg
         self.pooler = cfg.pooler
         self.resolution = cfg.pooler_resolution
         self.sampling_ratio = cfg.pooler_sampling_ratio
@@ -109,6 +112,16 @@ class Res5ROIHeads(nn.Module):
         self.res5 = make_stage(cfg, 3, input_shape.channels, cfg.res5_stride, cfg.res5_dilation)
         self.box_predictor = BoxPredictor(cfg, res5_shape(cfg).channels)
         self.box_coder = BoxCoder(cfg.bbox_reg_weights)
+        self.res5_layout = DEFAULT_RES5_LAYOUT
+
+    @property
+    def res5_layout(self) -> str:
+        return self._res5_layout.name
+
+    @res5_layout.setter
+    def res5_layout(self, name: str) -> None:
+        """Res5LayoutError where the layout does not exist or this head's res5 cannot run in it."""
+        self._res5_layout = res5_layout(name, self.cfg)
 
     def pool(self, res4: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
         """rois: (N, 5) rows of (index into res4's batch, x1, y1, x2, y2) in input pixels.
@@ -129,13 +142,18 @@ class Res5ROIHeads(nn.Module):
 
         `res4[i]` is image i's (1, C, h, w) map (a view into a batched trunk output is fine),
         `boxes[i]` its (N_i, 4) boxes in input pixels. Each box: pool, res5, mean over res5's grid
-        (accumulated in float32). res5 runs over the RoIs of all images together, in chunks.
+        (accumulated in float32). res5 runs over the RoIs of all images together (`res5_features`).
         """
-        pooled = torch.cat([self.pool(f, torch.cat((b.new_zeros(len(b), 1), b), dim=1)) for f, b in zip(res4, boxes)])
-        if pooled.is_cuda:
-            pooled = pooled.contiguous(memory_format=torch.channels_last)
+        return self.res5_features(
+            torch.cat([self.pool(f, torch.cat((b.new_zeros(len(b), 1), b), dim=1)) for f, b in zip(res4, boxes)]))
+
+    def res5_features(self, pooled: torch.Tensor) -> torch.Tensor:
+        """(N, D) float32 means over the grid of res5 run on (N, C, r, r) pooled RoIs, in chunks, in
+        the head's `res5_layout`."""
+        pooled = channels_last_on_cuda(pooled)
         chunk = GPU_ROI_CHUNK if pooled.is_cuda else ROI_CHUNK
-        return torch.cat([self.res5(rois).mean(dim=(2, 3), dtype=torch.float32) for rois in pooled.split(chunk)])
+        mean, dilation = self._res5_layout.mean, self.cfg.res5_dilation
+        return torch.cat([mean(self.res5, rois, dilation) for rois in pooled.split(chunk)])
 
     def forward(self, res4: Sequence[torch.Tensor], boxes: Sequence[torch.Tensor]) -> list[BoxPredictions]:
         """Per image, the box head's predictions for its boxes (see `box_features` and
