@@ -5,10 +5,13 @@ committed LMDB records (decoding workers, detector, commit thread), not just the
     .venv/bin/python bench/bench_extract.py --detectors butd-vg --images 3 --batch-size 1   # ~1 min per image and setting on 2 cores
     python3 bench/bench_extract.py --device cuda --detectors butd-vg --precisions bf16 --modes detect,given \
         --variants 0,3 --images 272 --batch-size 16 --warmup 3 --profile prof   # on a GPU: 224 images measured each
+    python3 bench/bench_extract.py --device cuda --detectors butd-vg --precisions bf16 --modes detect --variants 0 \
+        --res5-layouts dilated,polyphase --images 272 --batch-size 16 --warmup 3   # res5's layouts side by side
 
 Writes `--images` synthetic 480x640 JPEGs (noise with flat rectangles, quality 90) and a boxes
 file (10 boxes per image) into a temporary folder. For each detector (random weights) x precision
-x mode (detection, given boxes) x K (0 and 3 masked-pixel variants) the job runs into a fresh store
+x mode (detection, given boxes) x K (0 and 3 masked-pixel variants) x res5 layout (`--res5-layouts`,
+default dilated; extract/modeling/res5_layouts.py) the job runs into a fresh store
 (with the job's defaults, or `--workers`, `--streams`, `--jpeg-decoding`; the job's choice is printed
 under the table) and prints:
   measured      images in the steady window: every batch after the `--warmup` first ones (default 1)
@@ -18,7 +21,8 @@ under the table) and prints:
                 variants, and in given-box mode its clean pass)
   run img/s     every image / the whole call
   wait %        the share of the steady window in which the job waited for decoded images
-  K3/K0         the steady time per image with K=3 over that with K=0 (same detector, precision, mode)
+  K3/K0         the steady time per image with K=3 over that with K=0 (same detector, precision, mode, layout)
+  res5 ratio    with several layouts, each later layout's steady img/s over the first's (same setting otherwise)
 On CUDA also the GPU utilisation (torch.cuda.utilization(), i.e. NVML, sampled every 50 ms over
 the steady window; "n/a" when pynvml is missing) and the fraction of the FLOP floor:
   floor         FLOPs of one image's job (detection or given-box pass plus its K masked passes),
@@ -115,6 +119,7 @@ class Job:
     # None: the job's defaults (and arguments that code from before them, a baseline's, lacks)
     streams: int | None = None
     jpeg_decoding: str | None = None
+    res5_layout: str | None = None
 
 
 @dataclass
@@ -313,7 +318,8 @@ def measure(job: Job) -> tuple[Measured, str | None]:
 
 
 def run_job(job: Job, image_list: Path | None = None):
-    newer = {name: getattr(job, name) for name in ("streams", "jpeg_decoding") if getattr(job, name) is not None}
+    newer = {name: getattr(job, name) for name in ("streams", "jpeg_decoding", "res5_layout")
+             if getattr(job, name) is not None}
     return run_extraction(job.images, job.store, job.detector, boxes=job.boxes, image_list=image_list,
                           batch_size=job.batch_size, device=job.device, precision=job.precision,
                           mask_variants=job.variants, decode_workers=job.workers, overrides=job.overrides,
@@ -373,12 +379,12 @@ def profile_job(job: Job, folder: Path, batches: int) -> list[str]:
     return top(folder / TRACE_NAME, [s.label for s in SECTIONS], "batch")
 
 
-def flops_per_image(detector: str, device: str, precision: str, image: Path, boxes: list | None,
+def flops_per_image(detector: str, device: str, precision: str, res5_layout: str, image: Path, boxes: list | None,
                     variants: int) -> float:
     """FLOPs of the job's work on one image: its pass and its `variants` masked passes."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    model = build_extractor(detector, device=device, precision=precision)
+    model = build_extractor(detector, device=device, precision=precision, res5_layout=res5_layout)
     compute = _region_computer(model, given=boxes is not None, top_k=10,
                                mask_variants=variants, mask_prob=0.15, mask_seed=0)
     item = extract.job.WorkItem(image.name, image.stem, image, boxes)
@@ -396,6 +402,8 @@ def peak_tflops(args, precision: str) -> float | None:
 
 
 def main() -> None:
+    from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, RES5_LAYOUTS  # here: a --baseline child may lack it
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--detectors", default="tiny", help="comma-separated presets (tiny, butd-vg, ...)")
@@ -403,6 +411,8 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32", help="comma-separated: fp32, tf32 (CUDA), bf16")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: detect, given")
     parser.add_argument("--variants", default=",".join(map(str, VARIANTS)), help="comma-separated K values")
+    parser.add_argument("--res5-layouts", default=DEFAULT_RES5_LAYOUT,
+                        help=f"comma-separated: {', '.join(RES5_LAYOUTS)} (extract/modeling/res5_layouts.py)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--workers", type=int, default=None, help="decoding processes of the job (default: the job's)")
     parser.add_argument("--streams", type=int, default=None, help="CUDA streams of the job (default: the job's)")
@@ -427,6 +437,7 @@ def main() -> None:
         return
     on_cuda = args.device.startswith("cuda")
     modes, variants = args.modes.split(","), [int(k) for k in args.variants.split(",")]
+    layouts = args.res5_layouts.split(",")
     overrides = dict(parse_override(o) for o in args.overrides)
     with tempfile.TemporaryDirectory() as tmp:
         images = Path(tmp) / "images"
@@ -439,61 +450,71 @@ def main() -> None:
               + f", torch threads {torch.get_num_threads()}" + (f", overrides {overrides}" if overrides else ""))
         runs = 0
 
-        def job(detector: str, precision: str, mode: str, k: int, workers: int = args.workers) -> Job:
+        def job(detector: str, precision: str, mode: str, k: int, layout: str, workers: int = args.workers) -> Job:
             nonlocal runs
             runs += 1
             return Job(str(images), str(boxes_file) if mode == "given" else None, detector, args.device, precision,
                        k, workers, args.batch_size, overrides, str(Path(tmp) / f"run{runs}"), args.warmup,
-                       args.streams, args.jpeg_decoding)
+                       args.streams, args.jpeg_decoding,
+                       None if layout == DEFAULT_RES5_LAYOUT else layout)  # None: code from before layouts runs too
 
         for detector in args.detectors.split(","):
             for precision in args.precisions.split(","):
                 if args.baseline is not None:
-                    baseline_comparison(args, [(mode, k, lambda m=mode, k=k: job(detector, precision, m, k))
-                                               for mode in modes for k in variants], f"{detector} {precision}")
+                    for layout in layouts:
+                        settings = [(mode, k, lambda m=mode, k=k, layout=layout: job(detector, precision, m, k, layout))
+                                    for mode in modes for k in variants]
+                        baseline_comparison(args, settings, f"{detector} {precision} res5 {layout}")
                     continue
                 print("\n" + header(on_cuda))
                 said = ""
                 for mode in modes:
                     rates = {}
                     for k in variants:
-                        measured, no_utilisation = measure(job(detector, precision, mode, k))
-                        rates[k] = measured.steady_rate
-                        line = row(detector, precision, mode, k, measured)
-                        if on_cuda:
-                            line += gpu_columns(args, detector, precision, first_image,
-                                                first_boxes if mode == "given" else None, k, measured,
-                                                no_utilisation)
-                        print(line, flush=True)
-                        if measured.resources != said:
-                            said = measured.resources
-                            print(f"{'':9s} the job: {said}", flush=True)
-                    if 0 in rates and 3 in rates:
-                        print(f"{'':9s} {precision:5s} {mode:7s} K3/K0 time per image: {rates[0] / rates[3]:.2f}x")
+                        for layout in layouts:
+                            measured, no_utilisation = measure(job(detector, precision, mode, k, layout))
+                            rates[layout, k] = measured.steady_rate
+                            line = row(detector, precision, layout, mode, k, measured)
+                            if on_cuda:
+                                line += gpu_columns(args, detector, precision, layout, first_image,
+                                                    first_boxes if mode == "given" else None, k, measured,
+                                                    no_utilisation)
+                            print(line, flush=True)
+                            if measured.resources != said:
+                                said = measured.resources
+                                print(f"{'':9s} the job: {said}", flush=True)
+                        for layout in layouts[1:]:
+                            print(f"{'':9s} {precision:5s} {mode:7s} K={k} res5 {layout}/{layouts[0]} steady "
+                                  f"img/s: {rates[layout, k] / rates[layouts[0], k]:.2f}x")
+                    for layout in layouts:
+                        if (layout, 0) in rates and (layout, 3) in rates:
+                            print(f"{'':9s} {precision:5s} {mode:7s} {layout} K3/K0 time per image: "
+                                  f"{rates[layout, 0] / rates[layout, 3]:.2f}x")
             if args.baseline is None and not on_cuda and detector == args.detectors.split(",")[0]:
                 old_style_comparison(modes, variants, lambda mode, k, workers: job(
-                    detector, args.precisions.split(",")[0], mode, k, workers), args.workers)
+                    detector, args.precisions.split(",")[0], mode, k, layouts[0], workers), args.workers)
         if args.profile is not None:
-            first = (args.detectors.split(",")[0], args.precisions.split(",")[0], modes[0], variants[0])
-            print(f"\nprofile of {' '.join(map(str, first[:3]))} K={first[3]}, batches {args.warmup + 2} to "
-                  f"{args.warmup + 1 + args.profile_batches} (trace: {args.profile / TRACE_NAME}):")
+            first = (args.detectors.split(",")[0], args.precisions.split(",")[0], modes[0], variants[0], layouts[0])
+            print(f"\nprofile of {' '.join(map(str, first[:3]))} K={first[3]} res5 {first[4]}, batches "
+                  f"{args.warmup + 2} to {args.warmup + 1 + args.profile_batches} "
+                  f"(trace: {args.profile / TRACE_NAME}):")
             lines = profile_job(job(*first), args.profile, args.profile_batches)
             (args.profile / "top.txt").write_text("\n".join(lines) + "\n")
             print("\n".join(lines), flush=True)
 
 
 def header(on_cuda: bool) -> str:
-    line = (f"{'detector':9s} {'prec':5s} {'mode':7s} {'K':>2s} {'measured':>8s} {'steady img/s':>12s} "
+    line = (f"{'detector':9s} {'prec':5s} {'res5':9s} {'mode':7s} {'K':>2s} {'measured':>8s} {'steady img/s':>12s} "
             f"{'passes/s':>8s} {'run img/s':>10s} {'wait %':>6s}")
     return line + f" {'sel ms/img':>10s}" + (f" {'GPU %':>6s} {'floor TFLOP':>11s} {'of peak':>8s}" if on_cuda else "")
 
 
-def row(detector: str, precision: str, mode: str, k: int, measured: Measured) -> str:
+def row(detector: str, precision: str, layout: str, mode: str, k: int, measured: Measured) -> str:
     selection = f"{measured.selection_ms_per_image:.2f}" if mode == "detect" else "-"
     passes = k + (mode == "given")  # given-box passes an image costs: its clean pass (given mode), its variants
     passes_rate = f"{measured.steady_rate * passes:.4g}" if passes else "-"
-    return (f"{detector:9s} {precision:5s} {mode:7s} {k:2d} {measured.steady[1]:8d} {measured.steady_rate:12.4g} "
-            f"{passes_rate:>8s} {measured.images / measured.run_seconds:10.4g} {measured.data_wait_share():6.1%} "
+    return (f"{detector:9s} {precision:5s} {layout:9s} {mode:7s} {k:2d} {measured.steady[1]:8d} "
+            f"{measured.steady_rate:12.4g} {passes_rate:>8s} {measured.images / measured.run_seconds:10.4g} {measured.data_wait_share():6.1%} "
             f"{selection:>10s}")
 
 
@@ -518,11 +539,11 @@ def baseline_comparison(args, settings: list[tuple[str, int, Any]], label: str) 
         print(line, flush=True)
 
 
-def gpu_columns(args, detector: str, precision: str, image: Path, boxes: list | None, variants: int,
-                measured: Measured, no_utilisation: str | None) -> str:
+def gpu_columns(args, detector: str, precision: str, layout: str, image: Path, boxes: list | None,
+                variants: int, measured: Measured, no_utilisation: str | None) -> str:
     utilisation = measured.mean_utilisation()
     columns = f" {'n/a' if utilisation is None else f'{utilisation:.0f}':>6s}"
-    floor = flops_per_image(detector, args.device, precision, image, boxes, variants)
+    floor = flops_per_image(detector, args.device, precision, layout, image, boxes, variants)
     peak = peak_tflops(args, precision)
     columns += f" {floor / 1e12:11.3f}"
     columns += f" {'n/a' if peak is None else f'{floor * measured.steady_rate / (peak * 1e12):.1%}':>8s}"

@@ -34,6 +34,7 @@ from extract.kernels import cpu_capability
 from extract.loader import DecodingPipeline, WorkItem, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
+from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, RES5_LAYOUTS
 from extract.paths import OutsidePathError, check_apart, outside_reason, path_inside
 from extract.progress import progress_bar
 from extract.shard_source import ShardSource, unfinished_tar_shards
@@ -231,9 +232,15 @@ ARGUMENT_BOUNDS = {
 }
 
 
+# run_extraction's arguments that name one of a few choices: (the choices, the default).
+ARGUMENT_CHOICES = {"feature_dtype": (FEATURE_ENCODINGS, "float16"),
+                    "jpeg_decoding": (JPEG_DECODING, DEFAULT_JPEG_DECODING),
+                    "res5_layout": (RES5_LAYOUTS, DEFAULT_RES5_LAYOUT)}
+
+
 def check_arguments(arguments: Mapping[str, Any]) -> None:
     """JobError naming the first of run_extraction's `arguments` (by name) that it cannot take: a number
-    out of ARGUMENT_BOUNDS, a shard that is not (i, n) with 0 <= i < n, an unknown feature dtype. The
+    out of ARGUMENT_BOUNDS, a shard that is not (i, n) with 0 <= i < n, a name not among ARGUMENT_CHOICES. The
     pipeline's extract step checks its options with it when the pipeline loads."""
     for name, bounds in ARGUMENT_BOUNDS.items():
         value = arguments.get(name)
@@ -242,19 +249,18 @@ def check_arguments(arguments: Mapping[str, Any]) -> None:
     shard = arguments.get("shard")
     if shard is not None and not (len(shard) == 2 and 0 <= shard[0] < shard[1]):
         raise JobError(f"shard {list(shard)}: expected [i, n] with 0 <= i < n")
-    dtype = arguments.get("feature_dtype", "float16")
-    if dtype not in FEATURE_ENCODINGS:
-        raise JobError(f"feature_dtype {dtype!r}: expected one of {', '.join(FEATURE_ENCODINGS)}")
-    decoding = arguments.get("jpeg_decoding", DEFAULT_JPEG_DECODING)
-    if decoding not in JPEG_DECODING:
-        raise JobError(f"jpeg_decoding {decoding!r}: expected one of {', '.join(JPEG_DECODING)}")
+    for name, (choices, default) in ARGUMENT_CHOICES.items():
+        value = arguments.get(name, default)
+        if value not in choices:
+            raise JobError(f"{name} {value!r}: expected one of {', '.join(choices)}")
 
 
 def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg", *,
                    weights: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
                    boxes: str | Path | None = None, image_list: str | Path | None = None,
                    batch_size: int = 8, device: str = "cpu", precision: str = "fp32",
-                   feature_dtype: str = "float16", top_k_classes: int | None = 10,
+                   res5_layout: str = DEFAULT_RES5_LAYOUT, feature_dtype: str = "float16",
+                   top_k_classes: int | None = 10,
                    mask_variants: int = 0, mask_prob: float = 0.15, mask_seed: int = 0,
                    shard: tuple[int, int] | None = None, decode_workers: int | None = None, progress: bool = True,
                    max_pixels: int = DEFAULT_MAX_PIXELS, threads: int | None = None, streams: int | None = None,
@@ -267,7 +273,8 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     distributions. `decode_workers` processes read and decode the image files (0: this process;
     default: extract/resources.py). `jpeg_decoding`: where JPEGs are decoded (workers, the default: Pillow, bitwise
     the CPU's pixels; auto: on a CUDA device that can, extract/jpeg.py; device). `precision` (fp32, tf32, bf16) is the detector's
-    arithmetic, recorded in meta.json. An image of more than `max_pixels` pixels is a failure, refused
+    arithmetic and `res5_layout` (dilated, polyphase: extract/modeling/res5_layouts.py) how it runs res5, both
+    recorded in meta.json. An image of more than `max_pixels` pixels is a failure, refused
     from its header before decoding. `threads` is the number of batches computed at once on the CPU,
     each with single-threaded ops (default: one per core, at most 4, unless OMP_NUM_THREADS is set),
     or torch's host-side threads on a GPU; `streams` the number computed at once on a GPU, each on a
@@ -278,7 +285,7 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     check_arguments(dict(batch_size=batch_size, mask_variants=mask_variants, mask_prob=mask_prob, mask_seed=mask_seed,
                          decode_workers=decode_workers, threads=threads, streams=streams, max_pixels=max_pixels,
                          top_k_classes=top_k_classes, initial_map_size=initial_map_size, shard=shard,
-                         feature_dtype=feature_dtype, jpeg_decoding=jpeg_decoding))
+                         feature_dtype=feature_dtype, jpeg_decoding=jpeg_decoding, res5_layout=res5_layout))
     shard, device = resolve_shard_and_device(shard, device)
     find_precision(precision).check(check_device(device))  # before anything else is read or built
     if boxes is not None and image_list is not None:
@@ -298,7 +305,8 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     else:
         items, refused = work_items(root, Path(boxes) if boxes is not None else None,
                                     Path(image_list) if image_list is not None else None)
-    model = build_extractor(detector, weights=weights, device=device, overrides=overrides, precision=precision)
+    model = build_extractor(detector, weights=weights, device=device, overrides=overrides, precision=precision,
+                            res5_layout=res5_layout)  # Res5LayoutError where the detector's res5 cannot run so
     if mask_variants and boxes is None and model.cfg.box_source == "regressed":
         # Variants re-pool the stored boxes; with regressed boxes those are not the pooled proposals,
         # so masked and unmasked features would describe different regions.
@@ -308,7 +316,8 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
         feature_dim=model.cfg.feature_dim, feature_dtype=feature_dtype, mode="detect" if boxes is None else "given",
         detector={"source": str(detector), "config": model.cfg.to_dict(),
                   "checkpoint": None if weights is None else str(Path(weights).resolve()),
-                  "checkpoint_sha256": None if weights is None else file_sha256(weights), "precision": precision},
+                  "checkpoint_sha256": None if weights is None else file_sha256(weights), "precision": precision,
+                  "res5_layout": res5_layout},
         top_k_classes=top_k_classes, num_classes=model.cfg.num_classes + 1,
         class_names=model.cfg.class_names, attribute_names=model.cfg.attribute_names,
         has_attributes=model.cfg.num_attributes > 0, mask_variants=mask_variants, mask_prob=mask_prob,

@@ -14,6 +14,7 @@ from extract.backends import build_extractor
 from extract.job import JobError, run_extraction
 from extract.masking import draw_masks
 from extract.modeling.precision import PrecisionError
+from extract.modeling.res5_layouts import Res5LayoutError
 from extract.store import FeatureStore, StoreMismatchError
 from extract.store.audit import verify_store
 from extract.synthetic import write_synthetic_images
@@ -206,16 +207,57 @@ def test_an_image_list_extracts_only_the_images_it_names_once_each(images, tmp_p
     assert empty.exit_code == 2 and f"Error: image list {tmp_path / 'empty.txt'}: lists no images" in empty.output
 
 
-def test_precision_is_recorded_and_a_store_from_before_it_was_resumes_as_fp32(images, reference, tmp_path):
+@pytest.mark.parametrize("option, default, other", [("precision", "fp32", "bf16"),
+                                                     ("res5_layout", "dilated", "polyphase")])
+def test_an_option_is_recorded_and_a_store_from_before_it_was_resumes_with_its_default(
+        option, default, other, images, reference, tmp_path):
     out = tmp_path / "store"
     shutil.copytree(reference[0], out)
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["detector"]["precision"] == "fp32"
-    del meta["detector"]["precision"]  # as written before --precision existed
+    assert meta["detector"][option] == default
+    del meta["detector"][option]  # as written before the option existed
     (out / "meta.json").write_text(json.dumps(meta))
     assert run_extraction(images, out, "tiny", progress=False, **MASKED).skipped == 10
-    with pytest.raises(StoreMismatchError, match="detector.precision: store has 'fp32', this run has 'bf16'"):
-        run_extraction(images, out, "tiny", precision="bf16", progress=False, **MASKED)
+    with pytest.raises(StoreMismatchError) as refused:
+        run_extraction(images, out, "tiny", progress=False, **MASKED, **{option: other})
+    mismatches = str(refused.value).splitlines()[1:]  # under a line that says the store was written otherwise
+    assert mismatches == [f"  detector.{option}: store has {default!r}, this run has {other!r}"]
+
+
+def test_a_polyphase_res5_is_recorded_and_stores_the_dilated_numbers_up_to_rounding(images, tmp_path):
+    (tmp_path / "three.txt").write_text("image0000.png\nimage0001.png\nnested/image0003.png\n")
+    stores = {layout: tmp_path / layout for layout in ("dilated", "polyphase")}
+    for layout, out in stores.items():
+        run_extraction(images, out, "tiny", res5_layout=layout, feature_dtype="float32",
+                       image_list=tmp_path / "three.txt", progress=False, **MASKED)
+        assert json.loads((out / "meta.json").read_text())["detector"]["res5_layout"] == layout
+    with FeatureStore(stores["dilated"]) as dilated, FeatureStore(stores["polyphase"]) as polyphase:
+        assert len(dilated) == 3 and dilated.keys() == polyphase.keys()
+        for key in dilated:
+            a, b = dilated[key], polyphase[key]
+            np.testing.assert_array_equal(b["boxes"], a["boxes"])
+            for name in ("features", "image_feature", "masked_features", "masked_image_feature"):
+                assert a[name].dtype == np.float32
+                np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-5, err_msg=f"{key} {name}")
+
+
+@pytest.mark.parametrize("arguments, error", [
+    (["--res5-layout", "polyphase", "--set", "res5_stride=2", "--set", "res5_dilation=1"],
+     "Error: res5 layout polyphase does not apply to detector tiny: res5 has stride 2 and dilation 1; it needs "
+     "stride 1 and dilation 2 or more (the BUTD layout)"),
+    (["--res5-layout", "strided"], "Error: Invalid value for '--res5-layout': 'strided' is not one of "),
+])
+def test_a_res5_layout_that_does_not_apply_is_refused_in_one_line_before_anything_is_written(
+        arguments, error, images, tmp_path):
+    result = CliRunner().invoke(main, ["extract", "--images", str(images), "--out", str(tmp_path / "store"),
+                                       "--detector", "tiny", *arguments])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and errors[0].startswith(error), result.output
+    assert not (tmp_path / "store").exists()
+    with pytest.raises(JobError, match="res5_layout 'strided': expected one of dilated, polyphase"):
+        run_extraction(images, tmp_path / "store", "tiny", res5_layout="strided", progress=False)
+    assert not (tmp_path / "store").exists()
 
 
 def test_a_store_from_before_resnext_groups_resumes_as_one_group(images, reference, tmp_path):
@@ -260,6 +302,9 @@ def test_a_precision_the_device_cannot_run_is_refused_before_anything_is_written
 def test_the_detectron2_backend_refuses_other_precisions_whether_or_not_it_is_installed():
     with pytest.raises(PrecisionError, match="--detector d2:model.yaml: the detectron2 backend runs in fp32 only, not bf16"):
         build_extractor("d2:model.yaml", precision="bf16")
+    with pytest.raises(Res5LayoutError, match=r"--detector d2:model.yaml: the detectron2 backend runs res5 as built "
+                                              r"\(dilated\) only, not polyphase"):
+        build_extractor("d2:model.yaml", res5_layout="polyphase")
 
 
 def test_stored_numbers_do_not_depend_on_the_number_of_compute_lanes(images, reference, tmp_path):

@@ -157,6 +157,18 @@ def test_a_starting_model_that_does_not_fit_the_vocabulary_or_the_store_is_refus
         f"{fitting} takes visual_feature_size {feature_size}")
 
 
+def test_a_res5_layout_the_detector_cannot_run_is_refused_at_load(tmp_path):
+    path = write_pipeline(tmp_path, world_steps())
+    cache = f"{path}: step 'cache' (extract)"
+    assert error_lines(pipeline_run(path, "cache.res5_layout=polyphase", "cache.overrides.pooler_resolution=7")) == [
+        f"{cache}: res5 layout polyphase does not apply to detector tiny: pooler_resolution 7 is not a multiple of "
+        "res5's dilation 2"]
+    assert error_lines(pipeline_run(path, "cache.res5_layout=strided")) == [
+        f"{cache}: res5_layout 'strided': expected one of dilated, polyphase"]
+    assert load_pipeline(path, {"cache.res5_layout": "polyphase"}).steps[1].params["res5_layout"] == "polyphase"
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
 def test_a_loss_name_is_checked_at_load(tmp_path):
     path = write_pipeline(tmp_path, world_steps(model={**TINY_MODEL, "matching_loss": "tripplet"}))
     (line,) = error_lines(pipeline_run(path))

@@ -17,6 +17,7 @@ import torch
 from extract.config import ConfigError
 from extract.detector import Detector, RegionFeatures
 from extract.modeling.precision import PrecisionError, precision as find_precision
+from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, Res5LayoutError
 from extract.preprocess import PreparedImage
 
 
@@ -67,20 +68,24 @@ class RegionExtractor(Protocol):
 @dataclass(frozen=True)
 class Backend:
     prefix: str  # of the --detector value; "" matches anything
-    # (the --detector value without the prefix, weights, device, overrides, precision) → the model
-    build: Callable[[str, str | Path | None, str, Mapping[str, Any], str], RegionExtractor]
+    # (the --detector value without the prefix, weights, device, overrides, precision, res5 layout) → the model
+    build: Callable[[str, str | Path | None, str, Mapping[str, Any], str, str], RegionExtractor]
 
 
 def _build_native(spec: str, weights: str | Path | None, device: str, overrides: Mapping[str, Any],
-                  precision: str) -> Detector:
-    return Detector.build(spec, weights=weights, device=device, precision=precision, **overrides)
+                  precision: str, res5_layout: str) -> Detector:
+    return Detector.build(spec, weights=weights, device=device, precision=precision, res5_layout=res5_layout,
+                          **overrides)
 
 
 def _build_detectron2(spec: str, weights: str | Path | None, device: str, overrides: Mapping[str, Any],
-                      precision: str) -> RegionExtractor:
+                      precision: str, res5_layout: str) -> RegionExtractor:
     find_precision(precision)
     if precision != "fp32":
         raise PrecisionError(f"--detector d2:{spec}: the detectron2 backend runs in fp32 only, not {precision}")
+    if res5_layout != DEFAULT_RES5_LAYOUT:
+        raise Res5LayoutError(f"--detector d2:{spec}: the detectron2 backend runs res5 as built "
+                              f"({DEFAULT_RES5_LAYOUT}) only, not {res5_layout}")
     try:
         from extract.backends.detectron2 import Detectron2Extractor
     except ModuleNotFoundError as exc:
@@ -99,9 +104,12 @@ BACKENDS = (
 
 
 def build_extractor(detector: str, weights: str | Path | None = None, device: str = "cpu",
-                    overrides: Mapping[str, Any] | None = None, precision: str = "fp32") -> RegionExtractor:
+                    overrides: Mapping[str, Any] | None = None, precision: str = "fp32",
+                    res5_layout: str = DEFAULT_RES5_LAYOUT) -> RegionExtractor:
     """The model for a --detector value: `d2:CONFIG.yaml`, a preset name, or our YAML config, whose
     forwards run in `precision` (`extract.modeling.precision.PRECISIONS`; refused, as PrecisionError,
-    where the device or the backend cannot run it)."""
+    where the device or the backend cannot run it) with res5 run in `res5_layout`
+    (`extract.modeling.res5_layouts.RES5_LAYOUTS`; refused, as Res5LayoutError, where the detector's res5
+    cannot run so)."""
     backend = next(b for b in BACKENDS if detector.startswith(b.prefix))
-    return backend.build(detector[len(backend.prefix):], weights, device, dict(overrides or {}), precision)
+    return backend.build(detector[len(backend.prefix):], weights, device, dict(overrides or {}), precision, res5_layout)

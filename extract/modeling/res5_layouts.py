@@ -14,12 +14,13 @@ interleaving them back. Standard 3x3 convs get more fast kernels than dilated on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Callable
 
 from vlbert.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 class Res5LayoutError(UserError):
@@ -28,16 +29,22 @@ class Res5LayoutError(UserError):
 
 def channels_last_on_cuda(x: torch.Tensor) -> torch.Tensor:
     """On CUDA the layout cuDNN's tensor-core convolutions take; elsewhere `x` as it is."""
+    import torch  # here, not at the top: the layouts' names are read by `vlbert extract --help`
+
     return x.contiguous(memory_format=torch.channels_last) if x.is_cuda else x
 
 
 def dilated_mean(res5: nn.Sequential, rois: torch.Tensor, dilation: int) -> torch.Tensor:
     """(N, D) float32 mean over each RoI's grid of res5 run as built."""
+    import torch
+
     return res5(rois).mean(dim=(2, 3), dtype=torch.float32)
 
 
 def polyphase_mean(res5: nn.Sequential, rois: torch.Tensor, dilation: int) -> torch.Tensor:
     """`dilated_mean`'s features, res5 run undilated on each RoI's `dilation`² sub-grids (module doc)."""
+    import torch
+
     n, c, h, w = rois.shape
     d = dilation
     # (N, C, h/d, d, w/d, d) -> (d, d, N, C, h/d, w/d): sub-grid (a, b) holds rows a, a + d, ... and columns b, ...

@@ -34,8 +34,10 @@ from extract.store.schema import (
 DEFAULT_MAP_SIZE = 1 << 30  # grows by doubling when full; LMDB only reserves address space
 # meta.json entries that stores written before the entry existed lack: (path, the value they had).
 # Entries newer code records that older stores lack, with the value the older code used: resuming such
-# a store with that value is no mismatch (the precision option; ResNeXt groups in the detector config).
-ENTRIES_ADDED_LATER = ((("detector", "precision"), "fp32"), (("detector", "config", "num_groups"), 1))
+# a store with that value is no mismatch (the precision and res5 layout options; ResNeXt groups in the
+# detector config).
+ENTRIES_ADDED_LATER = ((("detector", "precision"), "fp32"), (("detector", "res5_layout"), "dilated"),
+                       (("detector", "config", "num_groups"), 1))
 
 
 def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:

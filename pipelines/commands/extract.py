@@ -7,6 +7,7 @@ import click
 from extract.config import parse_override
 from extract.images import DEFAULT_MAX_PIXELS
 from extract.modeling.precision import PRECISIONS
+from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, RES5_LAYOUTS
 from extract.presets import PRESETS
 from extract.jpeg import DEFAULT_JPEG_DECODING, JPEG_DECODING
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
@@ -58,6 +59,10 @@ def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Pat
 @click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32", show_default=True,
               help="Detector arithmetic, recorded in the store's meta.json: fp32 (the reference numbers), tf32 "
                    "(CUDA only) or bf16 (for GPUs; slower on CPUs without bfloat16 instructions).")
+@click.option("--res5-layout", type=click.Choice(list(RES5_LAYOUTS)), default=DEFAULT_RES5_LAYOUT, show_default=True,
+              help="How the RoI head runs res5, recorded in the store's meta.json: dilated (as built: the reference "
+                   "numbers) or polyphase (BUTD's dilated res5 as standard convs on each RoI's sub-grids: the same "
+                   "features up to float rounding; refused where res5 is not stride 1 with dilation 2 or more).")
 @click.option("--feature-dtype", type=click.Choice(list(FEATURE_ENCODINGS)), default="float16", show_default=True,
               help=feature_dtype_help())
 @click.option("--top-k-classes", default="10", show_default=True,
@@ -94,8 +99,8 @@ def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Pat
 @click.option("--strict", is_flag=True, help="Exit with status 1 when any image failed (or a tar shard was damaged).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract_command(images, out, detector, weights, overrides, boxes, image_list, batch_size, device, precision,
-                    feature_dtype, top_k_classes, mask_variants, mask_prob, mask_seed, shard, workers, jpeg_decoding,
-                    threads, streams, max_pixels, strict, quiet) -> None:
+                    res5_layout, feature_dtype, top_k_classes, mask_variants, mask_prob, mask_seed, shard, workers,
+                    jpeg_decoding, threads, streams, max_pixels, strict, quiet) -> None:
     """Extract RoI features for every image under --images into the FeatureStore --out.
 
     Rerunning the same command resumes: stored images are skipped, failed ones retried.
@@ -105,7 +110,7 @@ def extract_command(images, out, detector, weights, overrides, boxes, image_list
     summary = run_extraction(
         images, out, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
         boxes=boxes, image_list=image_list, batch_size=batch_size, device=device, precision=precision,
-        feature_dtype=feature_dtype,
+        res5_layout=res5_layout, feature_dtype=feature_dtype,
         top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
         mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
         progress=not quiet, max_pixels=max_pixels, threads=threads, streams=streams, jpeg_decoding=jpeg_decoding,

@@ -103,9 +103,11 @@ def _close_extract(params: dict[str, Any], folder: Path, log: Log) -> None:
 
 def _verify_extract(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
     """Paths, device and precision, and the detector: a preset or a YAML file of ours (whose feature
-    size the store will have), or another backend's config file (`d2:CONFIG.yaml`)."""
+    size the store will have, and whose res5 runs in the res5 layout), or another backend's config file
+    (`d2:CONFIG.yaml`)."""
     from extract.backends import BACKENDS
     from extract.config import ConfigError
+    from extract.modeling.res5_layouts import Res5LayoutError, res5_layout
     from extract.presets import load_config
     from extract.shards import find_shards, names_shards
 
@@ -126,8 +128,10 @@ def _verify_extract(params: dict[str, Any], folder: Path, known: Foreknown) -> l
         return problems + missing_paths([("detector", detector[len(prefix):])], known)
     if known.checkable(detector):
         try:
-            known.feature_sizes[folder] = load_config(detector, options["overrides"]).feature_dim
-        except ConfigError as exc:
+            cfg = load_config(detector, options["overrides"])
+            known.feature_sizes[folder] = cfg.feature_dim
+            res5_layout(options["res5_layout"], cfg)
+        except (ConfigError, Res5LayoutError) as exc:
             problems.append(str(exc))  # it names the detector
     return problems
 
