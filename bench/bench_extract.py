@@ -514,7 +514,8 @@ def row(detector: str, precision: str, layout: str, mode: str, k: int, measured:
     passes = k + (mode == "given")  # given-box passes an image costs: its clean pass (given mode), its variants
     passes_rate = f"{measured.steady_rate * passes:.4g}" if passes else "-"
     return (f"{detector:9s} {precision:5s} {layout:9s} {mode:7s} {k:2d} {measured.steady[1]:8d} "
-            f"{measured.steady_rate:12.4g} {passes_rate:>8s} {measured.images / measured.run_seconds:10.4g} {measured.data_wait_share():6.1%} "
+            f"{measured.steady_rate:12.4g} {passes_rate:>8s} {measured.images / measured.run_seconds:10.4g} "
+            f"{measured.data_wait_share():6.1%} "
             f"{selection:>10s}")
 
 

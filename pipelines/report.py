@@ -224,8 +224,8 @@ def group_comparisons_tables(grouped: list[GroupComparisons | None]) -> dict[str
     for by_group in grouped:
         if by_group is None:
             continue
-        lines = tables.setdefault(by_group.name, [f"| A | B | {by_group.name} | items | B − A | 95% interval (paired) "
-                                                  "| p | verdict |", "|---|---|---|---|---|---|---|---|"])
+        header = f"| A | B | {by_group.name} | items | B − A | 95% interval (paired) | p | verdict |"
+        lines = tables.setdefault(by_group.name, [header, "|---|---|---|---|---|---|---|---|"])
         lines += [f"| {c.a} | {c.b} | {group} | {_difference_cells(c)}" for group, c in by_group.groups]
     return tables
 
