@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 import lmdb
 import numpy as np
@@ -148,19 +148,21 @@ class FeatureStore:
             record = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in record.items()}
         return record
 
-    def decoded(self, image_id: str, float32: bool = False) -> dict[str, Any]:
+    def decoded(self, image_id: str, float32: bool = False, fields: Collection[str] | None = None) -> dict[str, Any]:
         """The record as NumPy arrays (float32: float16 ones widened), after checking its checksum
-        and, with `check_layout`, that it holds what meta.json says; DamagedRecordError otherwise."""
-        record = self._checksummed(image_id, self.encoded)
-        problems = self.layout.problems(record) if self.check_layout else []
+        and, with `check_layout`, that it holds what meta.json says; DamagedRecordError otherwise.
+        With `fields`, only those (and the scalar fields) are decoded (`decode_record`)."""
+        record = self._checksummed(image_id, self.encoded, fields)
+        problems = self.layout.problems(record, fields) if self.check_layout else []
         if problems:
             raise DamagedRecordError(f"{self.root}: record {image_id!r} disagrees with meta.json: {problems[0]}",
                                      image_id)
         return widened(record) if float32 else record
 
-    def _checksummed(self, image_id: str, encoded: bool = False) -> dict[str, Any]:
+    def _checksummed(self, image_id: str, encoded: bool = False,
+                     fields: Collection[str] | None = None) -> dict[str, Any]:
         try:
-            return decode_record(self.raw(image_id), image_id, checksum=self.checksums, encoded=encoded)
+            return decode_record(self.raw(image_id), image_id, checksum=self.checksums, encoded=encoded, fields=fields)
         except StoreError as exc:
             raise DamagedRecordError(f"{self.root}: record {image_id!r} is damaged: {exc}", image_id) from None
 
