@@ -1,5 +1,6 @@
 """Tokenization helpers, whole-word masking, sequence builders, and every input format through the model."""
 
+import pickle
 import random
 from collections import Counter
 
@@ -24,7 +25,8 @@ from vlbert import (
     pad_text,
     word_pieces,
 )
-from vlbert.tokenization import fit_lengths
+from tests.helpers.models import padded_by_lists
+from vlbert.tokenization import WordPieceMemo, WordPieces, fit_lengths
 
 WORDS = "a the man dog cat is on in with what color of hat red blue wear play sit mat ? . , left right shirt".split()
 PIECES = ["##s", "##ing", "##ed", "##er"]
@@ -72,6 +74,38 @@ def test_whole_word_masking_statistics(tokenizer):
     assert abs(chosen_words / (words * trials) - 0.15) < 0.015
     assert abs(actions["mask"] / chosen_words - 0.8) < 0.04
     assert abs(actions["random"] / chosen_words - 0.1) < 0.03
+
+
+def test_the_word_piece_memo_gives_word_pieces_own_results_that_no_caller_can_change(tokenizer):
+    memo = WordPieceMemo(tokenizer)
+    texts = ["the man wears a red hat", "what color is the hat ?", "the man wears a red hat", ("the", "mats", "red")]
+    for text in texts * 2:
+        assert memo(text) == word_pieces(tokenizer, text)
+    assert len(memo) == 3  # one entry a distinct text
+    words = ["the", "mats", "red"]  # a text split into words, as VCR's tagged tokens give it
+    encoding = tokenizer(words, is_split_into_words=True, add_special_tokens=False)
+    assert memo(tuple(words)) == WordPieces(encoding["input_ids"], encoding.word_ids())
+    assert encoding.word_ids() == [0, 1, 1, 2]
+    # Masking every word, then changing the lists a caller got, leaves what the memo gives as it was.
+    pieces = memo(texts[0])
+    masked = mask_whole_words(tokenizer, pieces, random.Random(0), probability=1.0)
+    assert masked.ids != pieces.ids and pieces == word_pieces(tokenizer, texts[0])
+    pieces.ids[0], pieces.word_index[0] = -1, -1
+    pieces.ids.append(7)
+    assert memo(texts[0]) == word_pieces(tokenizer, texts[0])
+    assert len(pickle.loads(pickle.dumps(memo))) == 0  # a spawned worker fills its own
+
+
+def test_padded_text_is_what_padding_the_lists_gives(tokenizer):
+    sequences = [build_caption_sequence(tokenizer, word_pieces(tokenizer, caption).ids, 3, labels=labels)
+                 for caption, labels in (("a man on the mat", [5, -100, 7, -100, -100]), ("a red hat", None),
+                                         ("the dog sitting with a man wearing a blue shirt", None))]
+    sequences.append(build_vqa_sequence(tokenizer, word_pieces(tokenizer, "what color ?").ids, 2))
+    expected = padded_by_lists(sequences, pad_token_id=9)
+    padded = pad_text(sequences, pad_token_id=9)
+    assert padded.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert padded[name].dtype == tensor.dtype and torch.equal(padded[name], tensor), name
 
 
 def test_masked_regions_never_touch_the_whole_image():
