@@ -102,12 +102,14 @@ def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum:
                   encoded: bool = False, fields: Collection[str] | None = None) -> dict[str, Any]:
     """The record stored under `image_id` from its bytes, after checking its checksum (unless
     `checksum` is False). Arrays are writable views of `data` when it is a bytearray (which the
-    record then owns), else of a copy; fields stored in an encoding come decoded, or with `encoded`
-    as their `Encoded` parts. With `fields`, only those of them that the record holds are decoded
-    (and the scalar fields): a reader skips the arrays it never reads, such as the masked variants,
-    whose rebuilding costs most; the checksum still covers every byte. Raises StoreError saying
-    what is wrong when the bytes are damaged."""
-    buffer = data if isinstance(data, bytearray) else bytearray(data)
+    record then owns), else copies of the bytes of the arrays decoded (a view of LMDB's map is
+    decoded so: a record's arrays are copied out one by one, those skipped never); fields stored in an
+    encoding come decoded, or with `encoded` as their `Encoded` parts. With `fields`, only those of
+    them that the record holds are decoded (and the scalar fields): a reader skips the arrays it never
+    reads, such as the masked variants, whose rebuilding costs most; the checksum still covers every
+    byte. Raises StoreError saying what is wrong when the bytes are damaged."""
+    owned = isinstance(data, bytearray)
+    buffer = data if owned else memoryview(data)
     version = record_version(buffer)
     end = len(buffer)
     if version >= 2:
@@ -118,17 +120,17 @@ def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum:
                 stored_key(image_id), memoryview(buffer)[:end]):
             raise StoreError("checksum mismatch: its bytes changed after it was written")
     try:
-        return _decode_body(buffer, end, version, encoded, fields)
+        return _decode_body(buffer, end, version, encoded, fields, owned)
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError, struct.error) as exc:
         raise StoreError(f"does not decode ({type(exc).__name__}: {exc})") from None
 
 
-def _decode_body(buffer: bytearray, end: int, version: int, keep_encoded: bool,
-                 fields: Collection[str] | None) -> dict[str, Any]:
+def _decode_body(buffer: bytearray | memoryview, end: int, version: int, keep_encoded: bool,
+                 fields: Collection[str] | None, owned: bool) -> dict[str, Any]:
     (head_len,) = HEADER_LENGTH.unpack_from(buffer, 4)
     if PREFIX + head_len > end:
         raise ValueError(f"header of {head_len} bytes in a record of {end}")
-    header = json.loads(buffer[PREFIX : PREFIX + head_len])
+    header = json.loads(bytes(buffer[PREFIX : PREFIX + head_len]))
     if header.get("version") != version:
         raise ValueError(f"header says version {header.get('version')}, the magic bytes {version}")
     start = PREFIX + head_len
@@ -143,7 +145,9 @@ def _decode_body(buffer: bytearray, end: int, version: int, keep_encoded: bool,
         count = math.prod(shape)
         if start + offset + count * dt.itemsize > end:
             raise ValueError(f"array {name} runs past the record")
-        arrays[name] = np.frombuffer(buffer, dtype=dt, count=count, offset=start + offset).reshape(shape)
+        array = np.frombuffer(buffer, dtype=dt, count=count, offset=start + offset).reshape(shape)
+        # Kept only while the variants are rebuilt (into arrays of their own), the masked rows need no copy.
+        arrays[name] = array if owned or field in STORED_FOR else array.copy()
     parts: dict[str, dict[str, np.ndarray]] = {}  # field → part name → array
     for key, array in arrays.items():
         name, _, part = key.partition(".")
