@@ -1,5 +1,6 @@
 """Tokenization helpers, whole-word masking, sequence builders, and every input format through the model."""
 
+import itertools
 import pickle
 import random
 from collections import Counter
@@ -145,6 +146,18 @@ def test_pair_sequence_with_tags(tokenizer):
     sequence = build_sequence(tokenizer, [question, answer], num_regions=8)
     assert sequence.text_box_index == [0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 7, 0]
     assert sequence.token_type_ids == [0] * 8 + [1] * 4
+
+
+def test_one_text_without_rois_to_cut_loses_what_a_piece_at_a_time_would_take():
+    for length, regions, max_length in itertools.product(range(1, 30), (0, 1), range(3, 40)):
+        expected = [length]
+        while expected[0] > 1 and 3 + expected[0] + regions > max_length:
+            expected[0] -= 1
+        if 3 + expected[0] + regions > max_length:
+            with pytest.raises(ValueError, match="cannot fit"):
+                fit_lengths([length], [True], regions, max_length, min_regions=regions)
+            continue
+        assert fit_lengths([length], [True], regions, max_length, min_regions=regions) == (expected, regions)
 
 
 def test_truncation_keeps_total_within_cap(tokenizer):

@@ -213,6 +213,9 @@ def fit_lengths(
     """
     lengths = list(segment_lengths)
     overhead = 1 + len(lengths) + 1  # [CLS], one [SEP] per segment, [END]
+    excess = overhead + sum(lengths) + num_regions - max_length
+    if len(lengths) == 1 and truncatable[0] and num_regions <= min_regions and 0 < excess < lengths[0]:
+        return [lengths[0] - excess], num_regions  # what the loop gives a piece at a time (a long text-only sample)
     while overhead + sum(lengths) + num_regions > max_length:
         can_cut_text = [length > 1 and cut for length, cut in zip(lengths, truncatable)]
         if num_regions > min_regions and (num_regions > sum(lengths) or not any(can_cut_text)):
