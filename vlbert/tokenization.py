@@ -100,8 +100,9 @@ def word_pieces(tokenizer: PreTrainedTokenizerFast, text: str | tuple[str, ...])
 class WordPieceMemo:
     """`word_pieces` of each distinct text tokenized once: a dataset's fixed texts (questions, captions,
     expressions) come back every epoch. Each call returns new lists, so that no caller can change what
-    the memo holds; a text's ids and word indices are kept as one int32 array (8 bytes a piece, not
-    Python ints). A process (a DataLoader worker) fills its own memo: a pickled one travels empty."""
+    the memo holds; a text's ids and word indices (an int for every piece: no special tokens are added)
+    are kept as one int32 array, 8 bytes a piece. A process (a DataLoader worker) fills its own memo:
+    a pickled one travels empty."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerFast) -> None:
         self.tokenizer = tokenizer
