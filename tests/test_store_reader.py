@@ -37,6 +37,18 @@ def test_record_round_trip_is_exact_and_unchanged_variant_rows_are_not_stored_tw
         decode_record(b"XXXX" + encoded[4:], "a")
 
 
+@pytest.mark.parametrize("owned", [False, True], ids=["bytes", "bytearray"])
+def test_variants_whose_every_row_changed_decode_exactly_from_any_buffer(owned):
+    """BUTD's masked variants change every RoI's features: the stored rows are then the variants whole."""
+    record = synthetic_record("a", num_boxes=6, variants=3)
+    record["masked_features"] = np.random.default_rng(1).random(record["masked_features"].shape).astype(np.float16)
+    data = encode_record(record, "a")
+    decoded = decode_record(bytearray(data) if owned else data, "a")
+    masked = decoded["masked_features"]
+    assert masked.tobytes() == record["masked_features"].tobytes()
+    assert masked.shape == record["masked_features"].shape and masked.flags.writeable
+
+
 def test_a_read_of_some_fields_decodes_those_alone_with_the_same_bits(tmp_path):
     record = synthetic_record("a", num_boxes=6, variants=3)
     encoded = encode_record(record, "a")

@@ -146,7 +146,7 @@ def _decode_body(buffer: bytearray | memoryview, end: int, version: int, keep_en
         if start + offset + count * dt.itemsize > end:
             raise ValueError(f"array {name} runs past the record")
         array = np.frombuffer(buffer, dtype=dt, count=count, offset=start + offset).reshape(shape)
-        # Kept only while the variants are rebuilt (into arrays of their own), the masked rows need no copy.
+        # The masked rows are read only to rebuild the variants, which copies them where it must.
         arrays[name] = array if owned or field in STORED_FOR else array.copy()
     parts: dict[str, dict[str, np.ndarray]] = {}  # field → part name → array
     for key, array in arrays.items():
@@ -157,8 +157,12 @@ def _decode_body(buffer: bytearray | memoryview, end: int, version: int, keep_en
         rows = parts.pop("masked_row_features")
         parts["masked_features"] = {}
         for part, base in parts["features"].items():
-            masked = np.repeat(base[None], len(changed), axis=0)
-            masked[changed] = rows[part]
+            if changed.all():  # every row differs (BUTD's variants): the stored rows, in order, are the variants
+                masked = rows[part].reshape(*changed.shape, *base.shape[1:])
+                masked = masked if owned else masked.copy()
+            else:
+                masked = np.repeat(base[None], len(changed), axis=0)
+                masked[changed] = rows[part]
             parts["masked_features"][part] = masked
     encoded = header.get("encoded", {})
     record = {name: _decoded(parts[name], encoded.get(name), keep_encoded) for name in FIELDS
