@@ -95,6 +95,9 @@ def test_the_word_piece_memo_gives_word_pieces_own_results_that_no_caller_can_ch
     pieces.ids.append(7)
     assert memo(texts[0]) == word_pieces(tokenizer, texts[0])
     assert len(pickle.loads(pickle.dumps(memo))) == 0  # a spawned worker fills its own
+    full = WordPieceMemo(tokenizer, limit=2)  # past its limit, texts are tokenized at each use
+    assert [full(text) for text in texts * 2] == [word_pieces(tokenizer, text) for text in texts * 2]
+    assert len(full) == 2
 
 
 def test_padded_text_is_what_padding_the_lists_gives(tokenizer):

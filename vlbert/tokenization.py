@@ -21,6 +21,7 @@ from vlbert.errors import UserError
 from vlbert.losses import IGNORE_INDEX
 
 MASK_PROBABILITY = 0.15
+MEMO_TEXTS = 1 << 18  # texts a WordPieceMemo keeps: ~70 MB a process
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt")  # what load_tokenizer reads from a folder (tokenizer.json first)
 
 
@@ -101,17 +102,21 @@ class WordPieceMemo:
     """`word_pieces` of each distinct text tokenized once: a dataset's fixed texts (questions, captions,
     expressions) come back every epoch. Each call returns new lists, so that no caller can change what
     the memo holds; a text's ids and word indices (an int for every piece: no special tokens are added)
-    are kept as one int32 array, 8 bytes a piece. A process (a DataLoader worker) fills its own memo:
-    a pickled one travels empty."""
+    are kept as one int32 array, 8 bytes a piece, ~280 bytes a question with its key and entry. The
+    first `limit` texts are kept, the others tokenized at each use: a caption corpus of millions
+    (Conceptual Captions), met once or twice in a pre-training, would hold a gigabyte in every worker.
+    A process (a DataLoader worker) fills its own memo: a pickled one travels empty."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerFast) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, limit: int = MEMO_TEXTS) -> None:
+        self.tokenizer, self.limit = tokenizer, limit
         self._pieces: dict[str | tuple[str, ...], array] = {}
 
     def __call__(self, text: str | tuple[str, ...]) -> WordPieces:
         stored = self._pieces.get(text)
         if stored is None:
             pieces = word_pieces(self.tokenizer, text)
+            if len(self._pieces) >= self.limit:
+                return pieces
             stored = self._pieces[text] = array("i", pieces.ids + pieces.word_index)
         count = len(stored) // 2
         return WordPieces(stored[:count].tolist(), stored[count:].tolist())
@@ -120,7 +125,7 @@ class WordPieceMemo:
         return len(self._pieces)
 
     def __getstate__(self) -> dict:
-        return {"tokenizer": self.tokenizer, "_pieces": {}}
+        return {**self.__dict__, "_pieces": {}}
 
 
 @dataclass
