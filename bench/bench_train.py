@@ -30,6 +30,15 @@ is 6 × parameters (embedding tables left out) × real tokens/s over the device'
 (PEAK_BF16; unknown for other devices and the CPU). Configurations alternate over --repeats and
 the best of each is kept, so a change of load on a shared machine falls on all of them.
 
+--loader measures the data loader alone, without training: the CPU time per sample to make and collate
+a stage's batches in one process on one thread (`num_workers: 0`), VQA and pre-training (captions with
+the cached pixel-masked variants, as many text-only samples beside them: a sample is either), from a
+BUTD-size store (100 RoIs, 2048-d) and a demo-size one (20 RoIs, 256-d), each with 2 masked variants
+per image (and top-10 of 1601 class probabilities); the best of --loader-epochs epochs after a first,
+whose figure (caches filling) is printed beside it, under fixed malloc thresholds (LOADER_MALLOC):
+
+    .venv/bin/python bench/bench_train.py --loader --baseline /tmp/base --repeats 3
+
 --profile DIR saves a torch.profiler trace of the warm-up's last steps of the first configuration (trace.json.gz,
 for chrome://tracing or Perfetto) and prints where a step's time goes: the trainer's ranges (data
 wait, host to device, forward, backward, optimiser, losses to host), on the host and on the device,
@@ -41,9 +50,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import resource
 import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +68,16 @@ MODELS = {
     "base": {},  # VLBertConfig's defaults: VL-BERT-base
 }
 BOXES, DIM = 100, 2048
+# --loader's stores, name → (boxes, feature dimension), each with LOADER_VARIANTS masked-pixel variants
+# per image (every row changed, as BUTD's receptive fields make them), and its tasks' stage options
+LOADER_STORES = {"butd": (BOXES, DIM), "demo": (20, 256)}
+LOADER_VARIANTS = 2
+LOADER_TASKS = ("vqa", "pretrain")
+LOADER_OPTIONS = {"pretrain": {"roi_masking": "pixel"}}  # the cached variants; text-only samples beside captions
+# glibc's malloc settings for --loader's children: a BUTD-size sample's arrays (0.4-1.2 MB) and batches
+# (6.6 MB) are otherwise given back to the system and faulted in again, or not, as the heap's layout
+# falls (by the hash seed): ~140 page faults and +0.35 ms a sample in either checkout, at random.
+LOADER_MALLOC = "glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=134217728"
 FEWEST_BOXES = 10  # BUTD keeps 10 to 100 boxes per image
 EVAL_IMAGES = 8
 # Dense bf16 peaks (TFLOP/s, without sparsity) by a part of the device's name, most specific first.
@@ -72,15 +94,9 @@ def peak_bf16(device_name: str) -> float | None:
     return next((tflops * 1e12 for part, tflops in PEAK_BF16 if part in device_name), None)
 
 
-def make_data(work: Path, images: int, end2end: bool) -> Path:
-    """The demo world (annotations, vocabulary), a store of its images with 100 boxes each
-    (`store`), the same of q8 features (`store-q8`), one with BUTD's 10–100 (`store-variable`), and with
-    `end2end` one of 100 boxes that names the butd-vg detector (random weights) and the world's images
-    (`store-e2e`)."""
+def make_world(work: Path, images: int) -> list[str]:
+    """The demo world (annotations, vocabulary) in `work`; its image ids."""
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-    from bench_store import synthetic_record
-    from extract.presets import PRESETS
-    from extract.store import FeatureStoreWriter, build_meta
     from pipelines.world.generate import generate_world
     from train.data.annotations import read_annotations
     from train.data.vocabulary import write_world_vocabulary
@@ -91,18 +107,39 @@ def make_data(work: Path, images: int, end2end: bool) -> Path:
     lines = (world / "val.jsonl").read_text().splitlines(keepends=True)
     (world / "val-few.jsonl").write_text("".join(lines[:EVAL_IMAGES]))
     write_world_vocabulary(world, work / "vocab")
-    ids = sorted({a.image_id for split in ("train", "val") for a in read_annotations(world / f"{split}.jsonl")})
+    return sorted({a.image_id for split in ("train", "val") for a in read_annotations(world / f"{split}.jsonl")})
+
+
+def write_store(root: Path, ids: list[str], boxes, rng: np.random.Generator, dim: int = DIM, variants: int = 0,
+                **settings) -> None:
+    """A store of synthetic BUTD-like records (`bench_store.synthetic_record`, top-10 of 1601 classes) for
+    `ids`, `boxes()` boxes each, with `variants` masked-pixel variants whose every row changed."""
+    from bench_store import synthetic_record
+    from extract.store import FeatureStoreWriter, build_meta
+
+    meta = build_meta(feature_dim=dim, mode="imported", num_classes=1601, top_k_classes=10, mask_variants=variants,
+                      **settings)
+    with FeatureStoreWriter(root, meta) as writer:
+        for start in range(0, len(ids), 50):
+            writer.commit({i: synthetic_record(rng, boxes(), dim, variants) for i in ids[start:start + 50]})
+
+
+def make_data(work: Path, images: int, end2end: bool) -> Path:
+    """The demo world (annotations, vocabulary), a store of its images with 100 boxes each
+    (`store`), the same of q8 features (`store-q8`), one with BUTD's 10–100 (`store-variable`), and with
+    `end2end` one of 100 boxes that names the butd-vg detector (random weights) and the world's images
+    (`store-e2e`)."""
+    ids = make_world(work, images)
+    from extract.presets import PRESETS
+
     rng = np.random.default_rng(0)
     stores = [("store", lambda: BOXES, {}), ("store-q8", lambda: BOXES, dict(feature_dtype="q8")),
               ("store-variable", lambda: int(rng.integers(FEWEST_BOXES, BOXES + 1)), {})]
     if end2end:
-        stores.append(("store-e2e", lambda: BOXES, dict(images_root=str(world), detector={
+        stores.append(("store-e2e", lambda: BOXES, dict(images_root=str(work / "world"), detector={
             "source": "preset:butd-vg", "config": PRESETS["butd-vg"].to_dict(), "checkpoint": None})))
     for store, boxes, settings in stores:
-        meta = build_meta(feature_dim=DIM, mode="imported", num_classes=1601, top_k_classes=10, **settings)
-        with FeatureStoreWriter(work / store, meta) as writer:
-            for start in range(0, len(ids), 50):
-                writer.commit({i: synthetic_record(rng, boxes(), DIM, 0) for i in ids[start:start + 50]})
+        write_store(work / store, ids, boxes, rng, **settings)
     return work
 
 
@@ -132,6 +169,95 @@ def transfer_lines(work: Path, batch_sizes: list[int], max_length: int) -> list[
                      + ", ".join(f"{name} {count / 2**20:.2f} MiB ({count / sent['float16']:.2f}x)"
                                  for name, count in sent.items()))
     return lines
+
+
+def make_loader_data(work: Path, images: int) -> list[str]:
+    """The demo world and a store of each LOADER_STORES size for its images; the stores' names."""
+    ids = make_world(work, images)
+    rng = np.random.default_rng(0)
+    for name, (boxes, dim) in LOADER_STORES.items():
+        write_store(work / name, ids, lambda: boxes, rng, dim=dim, variants=LOADER_VARIANTS)
+    return list(LOADER_STORES)
+
+
+def loader_times(spec: dict) -> None:
+    """In the child process: for each store and task, the process's CPU time per sample to make and
+    collate a stage's batches (as `num_workers: 0` makes them, on one thread, without training), best
+    of the epochs after a first (which fills caches); a JSON line each."""
+    sys.path.insert(0, str(checkout()))
+    import torch
+
+    from train.data.annotations import AnnotationFile
+    from train.data.regions import RegionBank
+    from train.engine.batches import Collate
+    from train.tasks import TASKS
+    from train.tasks.base import TaskData
+    from vlbert.tokenization import load_tokenizer
+
+    torch.set_num_threads(1)
+    work = Path(spec["work"])
+    tokenizer = load_tokenizer(work / "vocab")
+    collate = Collate(tokenizer.pad_token_id)
+    for store in spec["stores"]:
+        for task in spec["tasks"]:
+            data = TaskData(RegionBank(str(work / store)), tokenizer, spec["max_length"],
+                            AnnotationFile(work / "world" / "train.jsonl"))
+            options = TASKS[task].options(**LOADER_OPTIONS.get(task, {}), **(
+                {"corpus": str(work / "world" / "corpus.txt")} if task == "pretrain" else {}))
+            dataset = TASKS[task].dataset(data, options, data.train, 0, True)
+            streams = [dataset, *TASKS[task].extra_streams(data, options, 0)]
+            order = np.random.default_rng(0).permutation(len(dataset)).tolist()
+            size, seconds, faults = spec["batch_size"], [], []
+            for epoch in range(spec["epochs"] + 1):
+                for stream in streams:
+                    stream.set_epoch(epoch)
+                start, faulted = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                for first in range(0, len(order), size):
+                    indices = order[first : first + size]
+                    collate([stream[index % len(stream)] for stream in streams for index in indices])
+                seconds.append(time.process_time() - start)
+                faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted)
+            samples, best = len(order) * len(streams), 1 + int(np.argmin(seconds[1:]))
+            print(json.dumps({"store": store, "task": task, "samples": samples, "first_epoch": seconds[0] / samples,
+                              "per_sample": seconds[best] / samples, "faults": faults[best] / samples}), flush=True)
+
+
+def show_loader(code: str, result: dict) -> str:
+    return (f"  {code:9s} {loader_label(result)}: {result['per_sample'] * 1e6:7.1f} us a sample, "
+            f"{result['faults']:5.1f} page faults (first epoch {result['first_epoch'] * 1e6:7.1f} us)")
+
+
+def loader_label(result: dict) -> str:
+    boxes, dim = LOADER_STORES[result["store"]]
+    return f"{result['task']:8s} {result['store']}-size store ({boxes} RoIs, {dim}-d, {LOADER_VARIANTS} variants)"
+
+
+def measure_loader(args, codes: dict[str, Path]) -> None:
+    """--loader: each checkout's CPU time per sample made and collated, the best of --repeats, and the ratios."""
+    os.environ.setdefault("GLIBC_TUNABLES", LOADER_MALLOC)  # for the children
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = {"loader": dict(work=tmp, stores=make_loader_data(Path(tmp), args.images), tasks=LOADER_TASKS,
+                               epochs=args.loader_epochs, batch_size=int(args.batch_sizes.split(",")[0]),
+                               max_length=args.max_length)}
+        print(f"loader CPU time per sample (made and collated, one thread, no training), batch "
+              f"{spec['loader']['batch_size']}, best of {args.loader_epochs} epochs after a first, GLIBC_TUNABLES="
+              f"{os.environ['GLIBC_TUNABLES']}; as each ends:", flush=True)
+        best: dict[tuple[str, str, str], dict] = {}
+        for _ in range(args.repeats):
+            for code, path in codes.items():
+                for result in run_child(__file__, path, spec, each=lambda result, code=code: print(
+                        show_loader(code, result), flush=True)):
+                    key = (code, result["store"], result["task"])
+                    if key not in best or result["per_sample"] < best[key]["per_sample"]:
+                        best[key] = result
+    print(f"best of {args.repeats}:")
+    for (code, *_), result in best.items():
+        print(show_loader(code, result))
+    if args.baseline:
+        for (code, store, task), result in best.items():
+            if code == "baseline":
+                ratio = result["per_sample"] / best[("this tree", store, task)]["per_sample"]
+                print(f"  {loader_label(result)}: baseline / this tree {ratio:.2f}x the CPU time")
 
 
 def run_spec(work: Path, out: str, args, config: dict) -> dict:
@@ -317,13 +443,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="a folder for the trace of the first configuration")
     parser.add_argument("--baseline", type=Path, help="another checkout of the project to time beside this one")
+    parser.add_argument("--loader", action="store_true", help="measure the loader alone instead: CPU time per sample "
+                        "made and collated (VQA and pre-training, stores with masked variants), no training")
+    parser.add_argument("--loader-epochs", type=int, default=3, help="--loader's measured epochs (after a first)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        return train(spec["runs"], spec.get("profile"))
+        return loader_times(spec["loader"]) if "loader" in spec else train(spec["runs"], spec.get("profile"))
     print("command:", shlex.join(["python", "bench/bench_train.py", *sys.argv[1:]]), flush=True)
     codes = {"this tree": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    if args.loader:
+        return measure_loader(args, codes)
     configs = configurations(args)
     with tempfile.TemporaryDirectory() as tmp:
         work = make_data(Path(tmp), args.images, args.end2end)

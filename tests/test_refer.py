@@ -12,15 +12,18 @@ import struct
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from PIL import Image
+from torchvision.ops import box_iou
 
 from extract.pickles import load_pickle
 from train.data.annotations import AnnotationFile
 from train.data.files import DataError
 from train.data.prepare import prepare_dataset
 from train.data.sources.refer import SOURCES, Ref, Sentence, published_files, read_refs
-from train.evaluation.refer import evaluate_refer, score_refer, write_refer_predictions
+from train.evaluation.refer import box_ious, evaluate_refer, score_refer, write_refer_predictions
 
 REFCOCO_PLUS = SOURCES[0]
 IMAGE = "COCO_train2014_{:012d}.jpg"
@@ -283,6 +286,20 @@ def test_score_counts_iou_of_at_least_one_half():
     assert score_refer(truth, predictions) == {"accuracy": 40.0, "count": 5}
     assert score_refer({k: truth[k] for k in (1, 2, 4)}, predictions) == {"accuracy": 66.67, "count": 3}
     assert score_refer({}, {}) == {"accuracy": 0.0, "count": 0}
+
+
+def test_box_ious_are_torchvisions_bit_for_bit_signed_zeros_and_non_finite_boxes_included():
+    """Training's IoU targets (referring expressions, grounding) were torchvision's: the same bits."""
+    rng = np.random.default_rng(0)
+    values = np.array([0.0, -0.0, 1.0, 2.0, -1.0, 3.5, np.nan, np.inf, -np.inf, 3e38], np.float32)
+    for trial in range(300):
+        count = int(rng.integers(1, 110))
+        boxes = (rng.random((count, 4)) * 300 - 50).astype(np.float32)
+        if trial % 2:  # few distinct values: many ties, equal and inverted boxes, +0 against -0
+            boxes = rng.choice(values[:6] if trial % 4 == 1 else values, (count, 4))
+        targets = rng.choice(values[:6], (int(rng.integers(1, 4)), 4)).tolist()
+        expected = box_iou(torch.from_numpy(boxes), torch.tensor(targets, dtype=torch.float32)).numpy()
+        assert box_ious(boxes, targets).tobytes() == expected.tobytes(), trial
 
 
 def test_evaluate_reads_the_truth_from_the_published_files(tmp_path):

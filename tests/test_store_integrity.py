@@ -17,6 +17,7 @@ from extract.store.audit import verify_store
 from extract.store.lmdb_file import P_BRANCH, P_LEAF
 from pipelines.cli import main
 from tests.helpers.stores import data_file, flip_bit_in, meta, synthetic_record
+from train.data.regions import RegionBank
 
 TESTS = Path(__file__).parent
 PAGE = 4096
@@ -59,6 +60,18 @@ def test_a_flipped_bit_in_a_stored_feature_is_caught_and_named(tmp_path):
     exported = cli("cache", "export", str(tmp_path / "store"), "--format", "tsv", "--out", str(tmp_path / "x.tsv"))
     assert exported.exit_code == 1 and len(error_lines(exported)) == 1 and "'img005' is damaged" in exported.output
     assert not (tmp_path / "x.tsv").exists() and list(tmp_path.glob(".x.tsv*")) == []  # nothing half-written
+
+
+def test_a_damaged_record_read_without_its_variants_is_still_refused(tmp_path):
+    """Fine-tuning does not decode the masked variants; the checksum over every byte still guards them."""
+    records = write_store(tmp_path / "store")
+    flip_bit_in(data_file(tmp_path / "store"), records["img005"]["masked_features"][0, 1].tobytes())  # a stored row
+    bank = RegionBank(str(tmp_path / "store"))
+    assert np.array_equal(bank.get("img004").appearance[1:], records["img004"]["features"])
+    with pytest.raises(DamagedRecordError, match="record 'img005' is damaged: checksum mismatch"):
+        bank.get("img005")
+    with pytest.raises(DamagedRecordError, match="checksum mismatch"):
+        bank.store.decoded("img005", fields=("boxes",))
 
 
 def test_a_record_read_under_a_damaged_key_is_caught(tmp_path):

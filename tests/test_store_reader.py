@@ -13,6 +13,7 @@ import extract.store.writer
 from extract.store import FeatureStore, FeatureStoreWriter, StoreError, decode_record, encode_record
 from extract.store.audit import verify_store
 from extract.store.records import widened
+from extract.store.schema import REQUIRED_FIELDS, SCALAR_FIELDS, VARIANT_FIELDS
 from extract.store.layout import writer_active
 from tests.helpers.stores import DIM, meta, synthetic_record
 
@@ -34,6 +35,36 @@ def test_record_round_trip_is_exact_and_unchanged_variant_rows_are_not_stored_tw
     assert wide["features"].dtype == np.float32 and wide["objects_id"].dtype == np.int64
     with pytest.raises(StoreError, match="magic"):
         decode_record(b"XXXX" + encoded[4:], "a")
+
+
+@pytest.mark.parametrize("owned", [False, True], ids=["bytes", "bytearray"])
+def test_variants_whose_every_row_changed_decode_exactly_from_any_buffer(owned):
+    """BUTD's masked variants change every RoI's features: the stored rows are then the variants whole."""
+    record = synthetic_record("a", num_boxes=6, variants=3)
+    record["masked_features"] = np.random.default_rng(1).random(record["masked_features"].shape).astype(np.float16)
+    data = encode_record(record, "a")
+    decoded = decode_record(bytearray(data) if owned else data, "a")
+    masked = decoded["masked_features"]
+    assert masked.tobytes() == record["masked_features"].tobytes()
+    assert masked.shape == record["masked_features"].shape and masked.flags.writeable
+
+
+def test_a_read_of_some_fields_decodes_those_alone_with_the_same_bits(tmp_path):
+    record = synthetic_record("a", num_boxes=6, variants=3)
+    encoded = encode_record(record, "a")
+    full = decode_record(encoded, "a")
+    for fields in (REQUIRED_FIELDS, ("boxes", "class_probs", "class_topk_id"), ("masked_features",), VARIANT_FIELDS):
+        part = decode_record(encoded, "a", fields=fields)
+        assert part.keys() == {*fields, *SCALAR_FIELDS} & full.keys()
+        for name, value in part.items():
+            if isinstance(value, np.ndarray):
+                assert value.dtype == full[name].dtype and value.tobytes() == full[name].tobytes(), name
+            else:
+                assert value == full[name], name
+    with FeatureStoreWriter(tmp_path, meta(variants=3)) as writer:
+        writer.commit({"a": record})
+    with FeatureStore(tmp_path, check_layout=True) as store:  # fields left out are not missing ones
+        assert store.decoded("a", fields=REQUIRED_FIELDS).keys() == {*REQUIRED_FIELDS, *SCALAR_FIELDS}
 
 
 def test_map_grows_and_shards_read_as_one_store(tmp_path):

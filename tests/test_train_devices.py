@@ -310,14 +310,14 @@ def test_a_resumed_stage_with_gradient_accumulation_continues_the_same_batches(w
 
 def test_damaged_records_are_counted_the_same_when_workers_collate(world, monkeypatch):
     damaged = AnnotationFile(world / "world" / "train.jsonl")[0].image_id
-    original = FeatureStore.__getitem__
+    original = FeatureStore.decoded
 
-    def read(self, image_id):
+    def read(self, image_id, *args, **kwargs):  # every read of a record, whole or some fields
         if image_id == damaged:
             raise DamagedRecordError(f"{self.root}: record {image_id!r}: checksum mismatch", image_id)
-        return original(self, image_id)
+        return original(self, image_id, *args, **kwargs)
 
-    monkeypatch.setattr(FeatureStore, "__getitem__", read)  # forked workers inherit it
+    monkeypatch.setattr(FeatureStore, "decoded", read)  # forked workers inherit it
     results = [Trainer(run_config(world, f"damaged-{workers}", [replace(VQA, steps=8, batch_size=4, num_workers=workers)],
                                   damaged_records="skip")).fit()[0] for workers in (0, 2)]
     assert results[0]["damaged_skipped"] == results[1]["damaged_skipped"] > 0

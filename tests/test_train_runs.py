@@ -278,15 +278,15 @@ def test_checkpoints_come_by_wall_time_and_only_the_newest_are_kept(world, monke
 
 def damage(monkeypatch, image_ids: set[str]) -> Counter:
     """Makes the store's records of `image_ids` fail as a damaged record does when read; counts the failures."""
-    original, failures = FeatureStore.__getitem__, Counter()
+    original, failures = FeatureStore.decoded, Counter()
 
-    def read(self, image_id):
+    def read(self, image_id, *args, **kwargs):  # every read of a record, whole or some fields
         if image_id in image_ids:
             failures[image_id] += 1
             raise DamagedRecordError(f"{self.root}: record {image_id!r}: checksum mismatch", image_id)
-        return original(self, image_id)
+        return original(self, image_id, *args, **kwargs)
 
-    monkeypatch.setattr(FeatureStore, "__getitem__", read)
+    monkeypatch.setattr(FeatureStore, "decoded", read)
     return failures
 
 

@@ -1,5 +1,7 @@
 """Tokenization helpers, whole-word masking, sequence builders, and every input format through the model."""
 
+import itertools
+import pickle
 import random
 from collections import Counter
 
@@ -24,7 +26,8 @@ from vlbert import (
     pad_text,
     word_pieces,
 )
-from vlbert.tokenization import fit_lengths
+from tests.helpers.models import padded_by_lists
+from vlbert.tokenization import WordPieceMemo, WordPieces, fit_lengths
 
 WORDS = "a the man dog cat is on in with what color of hat red blue wear play sit mat ? . , left right shirt".split()
 PIECES = ["##s", "##ing", "##ed", "##er"]
@@ -74,6 +77,41 @@ def test_whole_word_masking_statistics(tokenizer):
     assert abs(actions["random"] / chosen_words - 0.1) < 0.03
 
 
+def test_the_word_piece_memo_gives_word_pieces_own_results_that_no_caller_can_change(tokenizer):
+    memo = WordPieceMemo(tokenizer)
+    texts = ["the man wears a red hat", "what color is the hat ?", "the man wears a red hat", ("the", "mats", "red")]
+    for text in texts * 2:
+        assert memo(text) == word_pieces(tokenizer, text)
+    assert len(memo) == 3  # one entry a distinct text
+    words = ["the", "mats", "red"]  # a text split into words, as VCR's tagged tokens give it
+    encoding = tokenizer(words, is_split_into_words=True, add_special_tokens=False)
+    assert memo(tuple(words)) == WordPieces(encoding["input_ids"], encoding.word_ids())
+    assert encoding.word_ids() == [0, 1, 1, 2]
+    # Masking every word, then changing the lists a caller got, leaves what the memo gives as it was.
+    pieces = memo(texts[0])
+    masked = mask_whole_words(tokenizer, pieces, random.Random(0), probability=1.0)
+    assert masked.ids != pieces.ids and pieces == word_pieces(tokenizer, texts[0])
+    pieces.ids[0], pieces.word_index[0] = -1, -1
+    pieces.ids.append(7)
+    assert memo(texts[0]) == word_pieces(tokenizer, texts[0])
+    assert len(pickle.loads(pickle.dumps(memo))) == 0  # a spawned worker fills its own
+    full = WordPieceMemo(tokenizer, limit=2)  # past its limit, texts are tokenized at each use
+    assert [full(text) for text in texts * 2] == [word_pieces(tokenizer, text) for text in texts * 2]
+    assert len(full) == 2
+
+
+def test_padded_text_is_what_padding_the_lists_gives(tokenizer):
+    sequences = [build_caption_sequence(tokenizer, word_pieces(tokenizer, caption).ids, 3, labels=labels)
+                 for caption, labels in (("a man on the mat", [5, -100, 7, -100, -100]), ("a red hat", None),
+                                         ("the dog sitting with a man wearing a blue shirt", None))]
+    sequences.append(build_vqa_sequence(tokenizer, word_pieces(tokenizer, "what color ?").ids, 2))
+    expected = padded_by_lists(sequences, pad_token_id=9)
+    padded = pad_text(sequences, pad_token_id=9)
+    assert padded.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert padded[name].dtype == tensor.dtype and torch.equal(padded[name], tensor), name
+
+
 def test_masked_regions_never_touch_the_whole_image():
     rng = random.Random(0)
     predicted_count = replaced_count = 0
@@ -111,6 +149,18 @@ def test_pair_sequence_with_tags(tokenizer):
     sequence = build_sequence(tokenizer, [question, answer], num_regions=8)
     assert sequence.text_box_index == [0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 7, 0]
     assert sequence.token_type_ids == [0] * 8 + [1] * 4
+
+
+def test_one_text_without_rois_to_cut_loses_what_a_piece_at_a_time_would_take():
+    for length, regions, max_length in itertools.product(range(1, 30), (0, 1), range(3, 40)):
+        expected = [length]
+        while expected[0] > 1 and 3 + expected[0] + regions > max_length:
+            expected[0] -= 1
+        if 3 + expected[0] + regions > max_length:
+            with pytest.raises(ValueError, match="cannot fit"):
+                fit_lengths([length], [True], regions, max_length, min_regions=regions)
+            continue
+        assert fit_lengths([length], [True], regions, max_length, min_regions=regions) == (expected, regions)
 
 
 def test_truncation_keeps_total_within_cap(tokenizer):

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 from transformers import BertTokenizerFast, PreTrainedTokenizerFast
 
@@ -18,6 +21,7 @@ from vlbert.errors import UserError
 from vlbert.losses import IGNORE_INDEX
 
 MASK_PROBABILITY = 0.15
+MEMO_TEXTS = 1 << 18  # texts a WordPieceMemo keeps: ~70 MB a process
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt")  # what load_tokenizer reads from a folder (tokenizer.json first)
 
 
@@ -87,9 +91,41 @@ class WordPieces:
         return WordPieces(self.ids[:length], self.word_index[:length])
 
 
-def word_pieces(tokenizer: PreTrainedTokenizerFast, text: str) -> WordPieces:
-    encoding = tokenizer(text, add_special_tokens=False)
+def word_pieces(tokenizer: PreTrainedTokenizerFast, text: str | tuple[str, ...]) -> WordPieces:
+    """`text` as word pieces; a tuple is a text already split into words (VCR's tagged tokens)."""
+    split = isinstance(text, tuple)
+    encoding = tokenizer(list(text) if split else text, is_split_into_words=split, add_special_tokens=False)
     return WordPieces(list(encoding["input_ids"]), list(encoding.word_ids()))
+
+
+class WordPieceMemo:
+    """`word_pieces` of each distinct text tokenized once: a dataset's fixed texts (questions, captions,
+    expressions) come back every epoch. Each call returns new lists, so that no caller can change what
+    the memo holds; a text's ids and word indices (an int for every piece: no special tokens are added)
+    are kept as one int32 array, 8 bytes a piece, ~280 bytes a question with its key and entry. The
+    first `limit` texts are kept, the others tokenized at each use: a caption corpus of millions
+    (Conceptual Captions), met once or twice in a pre-training, would hold a gigabyte in every worker.
+    A process (a DataLoader worker) fills its own memo: a pickled one travels empty."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, limit: int = MEMO_TEXTS) -> None:
+        self.tokenizer, self.limit = tokenizer, limit
+        self._pieces: dict[str | tuple[str, ...], array] = {}
+
+    def __call__(self, text: str | tuple[str, ...]) -> WordPieces:
+        stored = self._pieces.get(text)
+        if stored is None:
+            pieces = word_pieces(self.tokenizer, text)
+            if len(self._pieces) >= self.limit:
+                return pieces
+            stored = self._pieces[text] = array("i", pieces.ids + pieces.word_index)
+        count = len(stored) // 2
+        return WordPieces(stored[:count].tolist(), stored[count:].tolist())
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pieces": {}}
 
 
 @dataclass
@@ -106,7 +142,7 @@ def mask_whole_words(
 ) -> MaskedText:
     """BERT masking over whole words: each word is chosen with `probability`; all its pieces then
     become [MASK] (80%), random tokens (10%) or stay (10%), and all are predicted."""
-    special = set(tokenizer.all_special_ids)
+    special, mask, vocab_size = set(tokenizer.all_special_ids), tokenizer.mask_token_id, len(tokenizer)
     ids, labels = list(pieces.ids), [IGNORE_INDEX] * len(pieces)
     words: dict[int, list[int]] = {}
     for position, word in enumerate(pieces.word_index):
@@ -118,9 +154,9 @@ def mask_whole_words(
         for position in positions:
             labels[position] = pieces.ids[position]
             if action < 0.8:
-                ids[position] = tokenizer.mask_token_id
+                ids[position] = mask
             elif action < 0.9:
-                ids[position] = _random_token(len(tokenizer), special, rng)
+                ids[position] = _random_token(vocab_size, special, rng)
     return MaskedText(ids, labels)
 
 
@@ -183,6 +219,9 @@ def fit_lengths(
     """
     lengths = list(segment_lengths)
     overhead = 1 + len(lengths) + 1  # [CLS], one [SEP] per segment, [END]
+    excess = overhead + sum(lengths) + num_regions - max_length
+    if len(lengths) == 1 and truncatable[0] and num_regions <= min_regions and 0 < excess < lengths[0]:
+        return [lengths[0] - excess], num_regions  # what the loop gives a piece at a time (a long text-only sample)
     while overhead + sum(lengths) + num_regions > max_length:
         can_cut_text = [length > 1 and cut for length, cut in zip(lengths, truncatable)]
         if num_regions > min_regions and (num_regions > sum(lengths) or not any(can_cut_text)):
@@ -213,10 +252,10 @@ def build_sequence(
         max_length,
         min_regions=min(num_regions, 1),
     )
-    input_ids = [tokenizer.cls_token_id]
+    input_ids, sep = [tokenizer.cls_token_id], tokenizer.sep_token_id  # each a lookup in the tokenizer
     token_type_ids, labels, box_index = [0], [IGNORE_INDEX], [0]
     for segment_id, (segment, length) in enumerate(zip(segments, lengths)):
-        input_ids += segment.ids[:length] + [tokenizer.sep_token_id]
+        input_ids += segment.ids[:length] + [sep]
         token_type_ids += [segment_id] * (length + 1)
         labels += (segment.labels or [IGNORE_INDEX] * length)[:length] + [IGNORE_INDEX]
         # A tag pointing at a RoI cut by the cap falls back to the whole image.
@@ -266,16 +305,22 @@ def build_choice_sequences(
 
 
 def pad_text(sequences: list[TextSequence], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
-    """Batch tensors for the model: input_ids, token_type_ids, text_mask, text_box_index, mlm_labels."""
-    length = max(len(sequence) for sequence in sequences)
+    """Batch tensors for the model: input_ids, token_type_ids, text_mask, text_box_index, mlm_labels
+    (int64, text_mask bool). Filled row by row through NumPy: torch.tensor of nested lists costs
+    several times as much."""
+    lengths = np.array([len(sequence) for sequence in sequences])
+    length = int(lengths.max())
 
-    def padded(values: list[int], fill: int) -> list[int]:
-        return values + [fill] * (length - len(values))
+    def padded(values: Callable[[TextSequence], list[int]], fill: int) -> torch.Tensor:
+        out = np.full((len(sequences), length), fill, np.int64)
+        for row, sequence in zip(out, sequences):
+            row[: len(sequence)] = values(sequence)
+        return torch.from_numpy(out)
 
     return {
-        "input_ids": torch.tensor([padded(s.input_ids, pad_token_id) for s in sequences]),
-        "token_type_ids": torch.tensor([padded(s.token_type_ids, 0) for s in sequences]),
-        "text_mask": torch.tensor([padded([1] * len(s), 0) for s in sequences], dtype=torch.bool),
-        "text_box_index": torch.tensor([padded(s.text_box_index, 0) for s in sequences]),
-        "mlm_labels": torch.tensor([padded(s.labels, IGNORE_INDEX) for s in sequences]),
+        "input_ids": padded(lambda s: s.input_ids, pad_token_id),
+        "token_type_ids": padded(lambda s: s.token_type_ids, 0),
+        "text_mask": torch.from_numpy(np.arange(length) < lengths[:, None]),
+        "text_box_index": padded(lambda s: s.text_box_index, 0),
+        "mlm_labels": padded(lambda s: s.labels, IGNORE_INDEX),
     }

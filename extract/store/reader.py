@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 import lmdb
 import numpy as np
@@ -27,6 +27,7 @@ from extract.store.schema import DamagedRecordError, RecordLayout, StoreError, s
 
 
 AGREEMENT_TRIES = 100  # records of a shard `check_agreement` reads at most, looking for an intact one
+_NOT_FOUND = object()  # a key the index lists and LMDB does not find
 
 
 class FeatureStore:
@@ -123,12 +124,22 @@ class FeatureStore:
 
     def raw(self, image_id: str) -> bytearray:
         """The encoded record (copied out of the map once, so it outlives the transaction)."""
+        return self._in_map(image_id, bytearray)
+
+    def _in_map(self, image_id: str, use: Callable[[memoryview], Any]) -> Any:
+        """`use(the record's bytes)`, called in the read transaction, where they are a view of the map
+        (what it returns must not keep that view)."""
         i = self._position(image_id)
-        value = self._read(int(self._owners[i]), lambda txn: _copy(txn.get(self._keys[i])))
-        if value is None:
+
+        def used(txn: lmdb.Transaction) -> Any:
+            value = txn.get(self._keys[i])
+            return _NOT_FOUND if value is None else use(value)
+
+        result = self._read(int(self._owners[i]), used)
+        if result is _NOT_FOUND:
             raise StoreError(f"listed in {data_file(self.shards[self._owners[i]])} but not found by key lookup "
                              "(a damaged key or page)")
-        return value
+        return result
 
     def box_count(self, image_id: str) -> int:
         """The record's number of boxes, from its header alone: no array is read or checksummed (a
@@ -148,19 +159,23 @@ class FeatureStore:
             record = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in record.items()}
         return record
 
-    def decoded(self, image_id: str, float32: bool = False) -> dict[str, Any]:
+    def decoded(self, image_id: str, float32: bool = False, fields: Collection[str] | None = None) -> dict[str, Any]:
         """The record as NumPy arrays (float32: float16 ones widened), after checking its checksum
-        and, with `check_layout`, that it holds what meta.json says; DamagedRecordError otherwise."""
-        record = self._checksummed(image_id, self.encoded)
-        problems = self.layout.problems(record) if self.check_layout else []
+        and, with `check_layout`, that it holds what meta.json says; DamagedRecordError otherwise.
+        With `fields`, only those (and the scalar fields) are decoded (`decode_record`)."""
+        record = self._checksummed(image_id, self.encoded, fields)
+        problems = self.layout.problems(record, fields) if self.check_layout else []
         if problems:
             raise DamagedRecordError(f"{self.root}: record {image_id!r} disagrees with meta.json: {problems[0]}",
                                      image_id)
         return widened(record) if float32 else record
 
-    def _checksummed(self, image_id: str, encoded: bool = False) -> dict[str, Any]:
+    def _checksummed(self, image_id: str, encoded: bool = False,
+                     fields: Collection[str] | None = None) -> dict[str, Any]:
         try:
-            return decode_record(self.raw(image_id), image_id, checksum=self.checksums, encoded=encoded)
+            # Decoded in the map: only the arrays asked for are copied out of it.
+            return self._in_map(image_id, lambda data: decode_record(data, image_id, checksum=self.checksums,
+                                                                     encoded=encoded, fields=fields))
         except StoreError as exc:
             raise DamagedRecordError(f"{self.root}: record {image_id!r} is damaged: {exc}", image_id) from None
 
@@ -230,6 +245,3 @@ class FeatureStore:
         self.__dict__.update(state)
         self._pid = os.getpid()
 
-
-def _copy(value: memoryview | None) -> bytearray | None:
-    return None if value is None else bytearray(value)

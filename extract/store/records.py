@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import numpy as np
 import xxhash
@@ -32,6 +32,9 @@ MAGIC = {version: magic for magic, version in MAGICS.items()}
 HEADER_LENGTH = struct.Struct("<I")
 CHECKSUM = struct.Struct("<Q")
 PREFIX = 4 + HEADER_LENGTH.size
+# Stored arrays that are no field's own: `masked_features` is stored as the rows that differ from
+# `features` (`masked_rows` marks them, `masked_row_features` holds them).
+STORED_FOR = {"masked_rows": "masked_features", "masked_row_features": "masked_features"}
 
 
 def record_checksum(key: bytes, body: bytes | bytearray | memoryview) -> int:
@@ -96,12 +99,17 @@ def record_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
 
 
 def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum: bool = True,
-                  encoded: bool = False) -> dict[str, Any]:
+                  encoded: bool = False, fields: Collection[str] | None = None) -> dict[str, Any]:
     """The record stored under `image_id` from its bytes, after checking its checksum (unless
     `checksum` is False). Arrays are writable views of `data` when it is a bytearray (which the
-    record then owns), else of a copy; fields stored in an encoding come decoded, or with `encoded`
-    as their `Encoded` parts. Raises StoreError saying what is wrong when the bytes are damaged."""
-    buffer = data if isinstance(data, bytearray) else bytearray(data)
+    record then owns), else copies of the bytes of the arrays decoded (a view of LMDB's map is
+    decoded so: a record's arrays are copied out one by one, those skipped never); fields stored in an
+    encoding come decoded, or with `encoded` as their `Encoded` parts. With `fields`, only those of
+    them that the record holds are decoded (and the scalar fields): a reader skips the arrays it never
+    reads, such as the masked variants, whose rebuilding costs most; the checksum still covers every
+    byte. Raises StoreError saying what is wrong when the bytes are damaged."""
+    owned = isinstance(data, bytearray)
+    buffer = data if owned else memoryview(data)
     version = record_version(buffer)
     end = len(buffer)
     if version >= 2:
@@ -112,26 +120,34 @@ def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum:
                 stored_key(image_id), memoryview(buffer)[:end]):
             raise StoreError("checksum mismatch: its bytes changed after it was written")
     try:
-        return _decode_body(buffer, end, version, encoded)
+        return _decode_body(buffer, end, version, encoded, fields, owned)
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError, struct.error) as exc:
         raise StoreError(f"does not decode ({type(exc).__name__}: {exc})") from None
 
 
-def _decode_body(buffer: bytearray, end: int, version: int, keep_encoded: bool) -> dict[str, Any]:
+def _decode_body(buffer: bytearray | memoryview, end: int, version: int, keep_encoded: bool,
+                 fields: Collection[str] | None, owned: bool) -> dict[str, Any]:
     (head_len,) = HEADER_LENGTH.unpack_from(buffer, 4)
     if PREFIX + head_len > end:
         raise ValueError(f"header of {head_len} bytes in a record of {end}")
-    header = json.loads(buffer[PREFIX : PREFIX + head_len])
+    header = json.loads(bytes(buffer[PREFIX : PREFIX + head_len]))
     if header.get("version") != version:
         raise ValueError(f"header says version {header.get('version')}, the magic bytes {version}")
     start = PREFIX + head_len
+    # The arrays to read: masked variants are rebuilt from `features`.
+    wanted = None if fields is None else {*fields, *(["features"] if "masked_features" in fields else [])}
     arrays = {}
     for name, (dtype, shape, offset) in header["arrays"].items():
+        field = name.partition(".")[0]
+        if wanted is not None and STORED_FOR.get(field, field) not in wanted:
+            continue
         dt = np.dtype("<" + dtype) if dtype[0] in "fiu" else np.dtype(dtype)
         count = math.prod(shape)
         if start + offset + count * dt.itemsize > end:
             raise ValueError(f"array {name} runs past the record")
-        arrays[name] = np.frombuffer(buffer, dtype=dt, count=count, offset=start + offset).reshape(shape)
+        array = np.frombuffer(buffer, dtype=dt, count=count, offset=start + offset).reshape(shape)
+        # The masked rows are read only to rebuild the variants, which copies them where it must.
+        arrays[name] = array if owned or field in STORED_FOR else array.copy()
     parts: dict[str, dict[str, np.ndarray]] = {}  # field → part name → array
     for key, array in arrays.items():
         name, _, part = key.partition(".")
@@ -141,11 +157,16 @@ def _decode_body(buffer: bytearray, end: int, version: int, keep_encoded: bool) 
         rows = parts.pop("masked_row_features")
         parts["masked_features"] = {}
         for part, base in parts["features"].items():
-            masked = np.repeat(base[None], len(changed), axis=0)
-            masked[changed] = rows[part]
+            if changed.all():  # every row differs (BUTD's variants): the stored rows, in order, are the variants
+                masked = rows[part].reshape(*changed.shape, *base.shape[1:])
+                masked = masked if owned else masked.copy()
+            else:
+                masked = np.repeat(base[None], len(changed), axis=0)
+                masked[changed] = rows[part]
             parts["masked_features"][part] = masked
     encoded = header.get("encoded", {})
-    record = {name: _decoded(parts[name], encoded.get(name), keep_encoded) for name in FIELDS if name in parts}
+    record = {name: _decoded(parts[name], encoded.get(name), keep_encoded) for name in FIELDS
+              if name in parts and (fields is None or name in fields)}
     record.update({k: header[k] for k in SCALAR_FIELDS})
     return record
 

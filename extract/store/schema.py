@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -47,6 +47,7 @@ REQUIRED_FIELDS = ("boxes", "features", "image_feature")
 OBJECT_FIELDS = ("objects_id", "objects_conf")
 ATTRIBUTE_FIELDS = ("attrs_id", "attrs_conf")
 VARIANT_FIELDS = ("mask_boxes", "masked_features", "masked_image_feature")
+CLASS_FIELDS = ("class_probs", "class_topk_id", "class_topk_prob")  # a record holds these in full or as top-k
 SCALAR_FIELDS = ("image_h", "image_w", "box_source")
 BOX_SOURCES = ("proposals", "regressed", "given", "imported")
 
@@ -308,11 +309,12 @@ class RecordLayout:
         self.fields = {name: (np.dtype(dtypes.get(FIELDS[name][0], FIELDS[name][0])), FIELDS[name][0] in dtypes,
                               FIELDS[name][1]) for name in names}
 
-    def problems(self, record: Mapping[str, Any]) -> list[str]:
+    def problems(self, record: Mapping[str, Any], fields: Collection[str] | None = None) -> list[str]:
         """What in `record` disagrees with meta.json and the schema, one message each; the
         messages do not depend on the record's box count, so a systematic problem reads the same
-        in every record."""
-        problems = [f"missing field {name}" for name in self.fields if name not in record]
+        in every record. `fields`: the record was read with only these (`decode_record`)."""
+        problems = [f"missing field {name}" for name in self.fields
+                    if name not in record and (fields is None or name in fields)]
         problems += [f"unexpected field {name}" for name in record
                      if name not in self.fields and name not in SCALAR_FIELDS]
         boxes = record.get("boxes")

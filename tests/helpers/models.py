@@ -2,7 +2,7 @@
 
 import torch
 
-from vlbert import VLBertConfig
+from vlbert import IGNORE_INDEX, VLBertConfig
 
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, visual_dropout_prob=0.0, classifier_dropout=0.0)
 
@@ -34,3 +34,15 @@ def make_batch(config, text_lengths=(7, 5, 6, 4), region_counts=(5, 3, 4, 5), se
 def tiny(**overrides):
     # A visual gain of 1 so the tests see the visual features (0, the default, hides them at init).
     return VLBertConfig.tiny(**{**NO_DROPOUT, "visual_gain_init": 1.0, **overrides})
+
+
+def padded_by_lists(sequences, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """`vlbert.pad_text`'s tensors made the plain way (each row a padded list), for comparisons."""
+    length = max(len(s) for s in sequences)
+    rows = {"input_ids": (lambda s: s.input_ids, pad_token_id, torch.int64),
+            "token_type_ids": (lambda s: s.token_type_ids, 0, torch.int64),
+            "text_mask": (lambda s: [1] * len(s), 0, torch.bool),
+            "text_box_index": (lambda s: s.text_box_index, 0, torch.int64),
+            "mlm_labels": (lambda s: s.labels, IGNORE_INDEX, torch.int64)}
+    return {name: torch.tensor([values(s) + [fill] * (length - len(s)) for s in sequences], dtype=dtype)
+            for name, (values, fill, dtype) in rows.items()}

@@ -27,7 +27,6 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from torchvision.ops import box_iou
 from transformers import PreTrainedTokenizerFast
 
 from extract.atomic import write_atomically
@@ -41,6 +40,7 @@ from train.data.datasets import Sample
 from train.data.files import DataError, read_json
 from train.data.regions import RegionBank
 from train.engine.config import model_settings
+from train.evaluation.refer import box_ious
 from train.evaluation.statistics import LEVEL, bootstrap_interval, paired_comparison
 from vlbert.modeling import CONFIG_NAME, WEIGHTS_NAME, VLBertModel
 from vlbert.tokenization import build_caption_sequence, check_vocabulary_size, load_tokenizer
@@ -262,11 +262,6 @@ def span_pieces(offsets: list[tuple[int, int]], span: tuple[int, int], length: i
     inside = np.zeros(length, bool)
     inside[1:1 + len(offsets)] = [start < span[1] and end > span[0] for start, end in offsets]
     return inside
-
-
-def box_ious(boxes: np.ndarray, targets: list[list[float]]) -> np.ndarray:
-    """(N, len(targets)): each of the N `boxes`' IoU with each target box."""
-    return box_iou(torch.as_tensor(boxes, dtype=torch.float32), torch.tensor(targets, dtype=torch.float32)).numpy()
 
 
 def phrase_sample(phrase: Phrase, regions: RegionBank, tokenizer, max_length: int) -> tuple[Sample, np.ndarray]:

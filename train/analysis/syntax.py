@@ -34,7 +34,7 @@ from extract.atomic import write_atomically
 from extract.device import check_device
 from extract.paths import path_inside
 from train.analysis.figures import draw_layer_plot, draw_relation_heat_map
-from train.analysis.grounding import (IOU_THRESHOLD, GroundingTally, batch_text_attention, box_ious, box_problem,
+from train.analysis.grounding import (IOU_THRESHOLD, GroundingTally, batch_text_attention, box_problem,
                                       caption_sample, could_not_start, left_out, open_model, piece_masks,
                                       pieces_mean, span_pieces)
 from train.analysis.parses import PARSERS, ParsedSentence, Word, align
@@ -43,6 +43,7 @@ from train.analysis.relations import LABEL_SETS, PAPER_FIGURE_4, PAPER_TABLE_2, 
 from train.analysis.verdicts import syntax_verdicts
 from train.data.collate import collate
 from train.data.files import DataError
+from train.evaluation.refer import box_ious
 
 TOP_RELATIONS = 10  # the paper's table shows the 10 most common
 

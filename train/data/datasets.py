@@ -26,7 +26,7 @@ from extract.store.schema import DamagedRecordError
 from train.data.annotations import ITEM_KINDS, AnnotationFile, ImageAnnotation
 from train.data.files import DataError
 from train.data.regions import RegionBank, Regions
-from vlbert.tokenization import TextSequence, build_caption_sequence, word_pieces
+from vlbert.tokenization import TextSequence, WordPieceMemo, build_caption_sequence
 
 
 @dataclass
@@ -80,7 +80,8 @@ class SeededDataset(Dataset):
 
 
 class AnnotatedDataset(SeededDataset):
-    """Samples from the items of one kind (`KIND`) of an annotation file, whose images the store holds."""
+    """Samples from the items of one kind (`KIND`) of an annotation file, whose images the store holds.
+    Its texts are tokenized by `word_pieces`, once each per process."""
 
     KIND = ""
     MAX_DRAWS = 100  # redraws of a negative candidate that turns out to be a positive
@@ -90,6 +91,7 @@ class AnnotatedDataset(SeededDataset):
         super().__init__(seed)
         self.annotations, self.regions, self.tokenizer, self.max_length = annotations, regions, tokenizer, max_length
         self.items = annotations.items(self.KIND)
+        self.word_pieces = WordPieceMemo(tokenizer)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -133,9 +135,8 @@ def published_id(published: int | None, index: int) -> int:
     return index if published is None else published
 
 
-def pair_sample(tokenizer, max_length: int, regions: Regions, file: str, caption: str | list[int],
+def pair_sample(tokenizer, max_length: int, regions: Regions, file: str, caption: list[int],
                 targets: dict[str, int], item_id: Any) -> Sample:
-    """`[CLS] caption [SEP] [IMG]… [END]` for an image–text pair; `caption` as text or word pieces."""
-    ids = word_pieces(tokenizer, caption).ids if isinstance(caption, str) else caption
-    sequence = build_caption_sequence(tokenizer, ids, len(regions), max_length)
+    """`[CLS] caption [SEP] [IMG]… [END]` for an image–text pair; `caption` as word pieces."""
+    sequence = build_caption_sequence(tokenizer, caption, len(regions), max_length)
     return Sample(sequence, regions.truncated(sequence.num_regions), file, targets=targets, item_id=item_id)

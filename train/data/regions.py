@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from extract.store.reader import FeatureStore
-from extract.store.schema import Encoded, dense_class_probs, joined
+from extract.store.schema import CLASS_FIELDS, REQUIRED_FIELDS, VARIANT_FIELDS, Encoded, dense_class_probs, joined
 
 MAX_REGIONS = 100  # RoIs per image, the whole-image box not counted
 
@@ -80,8 +80,10 @@ class RegionBank:
 
     def get(self, image_id: str, class_probs: bool = False, variants: bool = False) -> Regions:
         """The image's regions; pre-training asks for the class distributions (masked-RoI targets)
-        and, when pixel-masked, the variants, so fine-tuning never widens or copies those arrays."""
-        record = self.store[image_id]
+        and, when pixel-masked, the variants: only the fields asked for are decoded (the boxes and
+        features, which every record holds, and those), so fine-tuning never decodes the variants."""
+        record = self.store.decoded(image_id, fields=REQUIRED_FIELDS + (CLASS_FIELDS if class_probs else ())
+                                    + (VARIANT_FIELDS if variants else ()))
         n = min(len(record["boxes"]), self.max_regions)
         height, width = int(record["image_h"]), int(record["image_w"])
         whole_box = np.array([[0, 0, width, height]], dtype=np.float32)
@@ -95,7 +97,7 @@ class RegionBank:
             appearance = joined([record["masked_image_feature"][:, None], record["masked_features"][:, :n]], 1)
         return Regions(
             appearance=joined([record["image_feature"][None], record["features"][:n]]),
-            boxes=np.concatenate([whole_box, record["boxes"][:n]]).astype(np.float32),
+            boxes=np.concatenate([whole_box, record["boxes"][:n]]).astype(np.float32, copy=False),
             image_size=(width, height),
             class_probs=targets,
             variant_masks=masks,

@@ -42,6 +42,21 @@ def pairwise_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.divide(overlap, union, out=np.zeros_like(overlap), where=union > 0)
 
 
+def box_ious(boxes: np.ndarray, targets: list[list[float]]) -> np.ndarray:
+    """(N, len(targets)) float32: each of the N xyxy `boxes`' IoU with each target box, bit for bit as
+    torchvision's `box_iou` gives it (training's targets were computed so: an inverted box has a
+    negative area, an empty union gives NaN), at a fifth of its cost on the few boxes of a sample."""
+    a = np.asarray(boxes, np.float32).reshape(-1, 4)[:, None]
+    b = np.asarray(targets, np.float32).reshape(-1, 4)[None]
+    with np.errstate(all="ignore"):  # as torch: non-finite boxes give non-finite values, without warnings
+        # Targets first: where +0 meets -0, torch's max and min give their first argument, NumPy's their second.
+        sides = np.minimum(b[..., 2:], a[..., 2:]) - np.maximum(b[..., :2], a[..., :2])
+        sides = np.where(sides < 0, np.float32(0), sides)  # torch's clamp(min=0): -0 and NaN kept
+        inter = sides[..., 0] * sides[..., 1]
+        areas = [(x[..., 2] - x[..., 0]) * (x[..., 3] - x[..., 1]) for x in (a, b)]
+        return inter / (areas[0] + areas[1] - inter)
+
+
 def _area(boxes: np.ndarray) -> np.ndarray:
     return np.clip(boxes[:, 2:] - boxes[:, :2], 0, None).prod(axis=1)
 

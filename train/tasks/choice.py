@@ -16,7 +16,7 @@ from train.data.datasets import AnnotatedDataset, Sample, published_id
 from train.data.regions import RegionBank
 from train.tasks.base import Evaluator, Task, TaskData, scored, union, unscored
 from vlbert.modeling import VLBertForMultipleChoice
-from vlbert.tokenization import Segment, build_choice_sequences, word_pieces
+from vlbert.tokenization import Segment, build_choice_sequences
 
 
 @dataclass
@@ -58,8 +58,8 @@ class MultipleChoice(AnnotatedDataset):
         annotation, question = self.item(index)
         candidates, label = self.candidates(index)
         regions = self.regions[annotation.image_id]
-        pieces = [word_pieces(self.tokenizer, text).ids for text in candidates]
-        sequences = build_choice_sequences(self.tokenizer, Segment(word_pieces(self.tokenizer, question.question).ids),
+        pieces = [self.word_pieces(text).ids for text in candidates]
+        sequences = build_choice_sequences(self.tokenizer, Segment(self.word_pieces(question.question).ids),
                                            [Segment(ids) for ids in pieces], len(regions), self.max_length)
         return Sample(sequences[0], regions.truncated(sequences[0].num_regions), annotation.file,
                       targets={"labels": label}, choices=sequences, item_id=published_id(question.question_id, index))

@@ -23,7 +23,6 @@ from train.evaluation.nlvr2 import score_nlvr2, statement_scores, write_nlvr2_pr
 from train.tasks.base import Evaluator, Task, TaskData, scored, union, unscored
 from vlbert.losses import IGNORE_INDEX
 from vlbert.modeling import VLBertForPairClassification
-from vlbert.tokenization import word_pieces
 
 
 class VisualReasoning(AnnotatedDataset):
@@ -44,7 +43,7 @@ class VisualReasoning(AnnotatedDataset):
     def sample(self, index: int) -> SampleGroup:
         annotation, statement = self.item(index)
         label = IGNORE_INDEX if statement.label is None else int(statement.label)
-        pieces = word_pieces(self.tokenizer, statement.sentence).ids
+        pieces = self.word_pieces(statement.sentence).ids
         images = ((annotation.image_id, annotation.file), (statement.right_image_id, statement.right))
         return SampleGroup([pair_sample(self.tokenizer, self.max_length, self.regions[image_id], file, pieces,
                                         {"labels": label}, statement.identifier) for image_id, file in images])

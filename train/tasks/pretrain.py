@@ -91,7 +91,7 @@ class CaptionPretraining(AnnotatedDataset):
         matched = 1
         if self.relationship and rng.random() < 0.5:
             caption, matched = self.other_caption(rng, annotation), 0
-        pieces = word_pieces(self.tokenizer, caption)
+        pieces = self.word_pieces(caption)
         # Another image's caption is masked as a matching one is, so that [MASK]s do not tell the
         # relationship head which it is (unmasked, they did: it learnt that instead of matching, and
         # ranked unmasked retrieval pairs at chance); its words are not predicted.
@@ -120,7 +120,8 @@ class CaptionPretraining(AnnotatedDataset):
 
 class TextOnlyCorpus(SeededDataset):
     """Masked language modelling on text without an image: the paper's text-only corpus. Each
-    sample is a line of the corpus and the lines after it in its document, up to `max_length` words."""
+    sample is a line of the corpus and the lines after it in its document, up to `max_length` words.
+    Its texts are tokenized at every use: a memo of a corpus (BookCorpus, Wikipedia) would hold gigabytes."""
 
     def __init__(self, corpus: TextCorpus, tokenizer, max_length: int, seed: int = 0) -> None:
         super().__init__(seed)

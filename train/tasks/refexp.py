@@ -8,14 +8,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torchvision.ops import box_iou
 
 from train.data.annotations import AnnotationFile
 from train.data.datasets import AnnotatedDataset, Sample, published_id
-from train.evaluation.refer import pairwise_iou, score_refer, write_refer_predictions
+from train.evaluation.refer import box_ious, pairwise_iou, score_refer, write_refer_predictions
 from train.tasks.base import Evaluator, Task, TaskData, union
 from vlbert.modeling import VLBertForReferringExpressions
-from vlbert.tokenization import build_caption_sequence, word_pieces
+from vlbert.tokenization import build_caption_sequence
 
 
 class ReferringExpressions(AnnotatedDataset):
@@ -26,10 +25,10 @@ class ReferringExpressions(AnnotatedDataset):
     def sample(self, index: int) -> Sample:
         annotation, ref = self.item(index)
         regions = self.regions[annotation.image_id]
-        sequence = build_caption_sequence(self.tokenizer, word_pieces(self.tokenizer, ref.text).ids, len(regions),
+        sequence = build_caption_sequence(self.tokenizer, self.word_pieces(ref.text).ids, len(regions),
                                           self.max_length)
         regions = regions.truncated(sequence.num_regions)
-        iou = box_iou(torch.from_numpy(regions.boxes), torch.tensor([ref.box], dtype=torch.float32))[:, 0].numpy()
+        iou = box_ious(regions.boxes, [ref.box])[:, 0]
         iou[0] = 0.0  # the whole-image box is never the answer
         return Sample(sequence, regions, annotation.file,
                       region_targets={"labels": (iou >= 0.5).astype(np.float32), "iou": iou},

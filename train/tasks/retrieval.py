@@ -112,7 +112,7 @@ class RetrievalPairs(AnnotatedDataset):
                                          lambda other: caption_similarity(caption, other)), caption))
         return SampleGroup([
             pair_sample(self.tokenizer, self.max_length, self.regions[pair_image.image_id], pair_image.file,
-                        pair_caption, {"labels": int(slot == 0)}, (index, slot))
+                        self.word_pieces(pair_caption).ids, {"labels": int(slot == 0)}, (index, slot))
             for slot, (pair_image, pair_caption) in enumerate(pairs)])
 
     def _negative(self, draws: int, draw, similarity):

@@ -30,7 +30,7 @@ class VisualEntailment(AnnotatedDataset):
         annotation, pair = self.item(index)
         label = IGNORE_INDEX if pair.label is None else ENTAILMENT_LABELS.index(pair.label)
         return pair_sample(self.tokenizer, self.max_length, self.regions[annotation.image_id], annotation.file,
-                           pair.hypothesis, {"labels": label}, pair.pair_id)
+                           self.word_pieces(pair.hypothesis).ids, {"labels": label}, pair.pair_id)
 
 
 class EntailmentAccuracy(Evaluator):

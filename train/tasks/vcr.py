@@ -13,7 +13,7 @@ from train.evaluation.vcr import VcrPrediction, write_vcr_csv
 from train.tasks.base import Task, TaskData
 from train.tasks.choice import ChoiceAccuracy
 from vlbert.modeling import VLBertForMultipleChoice
-from vlbert.tokenization import Segment, build_choice_sequences
+from vlbert.tokenization import Segment, WordPieceMemo, build_choice_sequences
 
 
 class VisualCommonsense(AnnotatedDataset):
@@ -43,28 +43,27 @@ class VisualCommonsense(AnnotatedDataset):
     def sample(self, index: int) -> Sample:
         annotation, item = self.item(index // self.answers_per_item)
         regions = self.regions[annotation.image_id]
-        context = _tagged_pieces(self.tokenizer, item.question)
+        context = _tagged_pieces(self.word_pieces, item.question)
         if self.step == "q2a":
             conditioned, candidates, label = None, item.answer_choices, item.answer_label
         else:
             conditioned = index % 4 if self.every_answer else item.answer_label
-            context = _joined(context, _tagged_pieces(self.tokenizer, item.answer_choices[conditioned]))
+            context = _joined(context, _tagged_pieces(self.word_pieces, item.answer_choices[conditioned]))
             candidates, label = item.rationale_choices, item.rationale_label
         sequences = build_choice_sequences(self.tokenizer, context,
-                                           [_tagged_pieces(self.tokenizer, c) for c in candidates], len(regions),
+                                           [_tagged_pieces(self.word_pieces, c) for c in candidates], len(regions),
                                            self.max_length)
         return Sample(sequences[0], regions.truncated(sequences[0].num_regions), annotation.file,
                       targets={"labels": -100 if label is None else label}, choices=sequences,
                       item_id=(item.annot_id, conditioned))
 
 
-def _tagged_pieces(tokenizer, tokens: list[Token]) -> Segment:
+def _tagged_pieces(word_pieces: WordPieceMemo, tokens: list[Token]) -> Segment:
     """Word pieces of tagged tokens; a tagged word's pieces point at its object's RoI (index + 1:
     the whole-image box comes first), other words at the whole image."""
-    words = [token if isinstance(token, str) else token[0] for token in tokens]
+    pieces = word_pieces(tuple(token if isinstance(token, str) else token[0] for token in tokens))
     boxes = [0 if isinstance(token, str) else token[1] + 1 for token in tokens]
-    encoding = tokenizer(words, is_split_into_words=True, add_special_tokens=False)
-    return Segment(list(encoding["input_ids"]), box_index=[boxes[w] for w in encoding.word_ids()])
+    return Segment(pieces.ids, box_index=[boxes[w] for w in pieces.word_index])
 
 
 def _joined(first: Segment, second: Segment) -> Segment:

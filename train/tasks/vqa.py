@@ -15,7 +15,7 @@ from train.evaluation.item_scores import ItemGroups
 from train.evaluation.vqa2 import VqaTruth, question_accuracy, score_vqa, write_vqa_predictions
 from train.tasks.base import Evaluator, Task, TaskData, union, unscored
 from vlbert.modeling import VLBertForQuestionAnswering
-from vlbert.tokenization import build_vqa_sequence, word_pieces
+from vlbert.tokenization import build_vqa_sequence
 from vlbert.typed_config import EXISTING_PATH
 
 
@@ -48,7 +48,7 @@ class QuestionAnswering(AnnotatedDataset):
     def sample(self, index: int) -> Sample:
         annotation, question = self.item(index)
         regions = self.regions[annotation.image_id]
-        sequence = build_vqa_sequence(self.tokenizer, word_pieces(self.tokenizer, question.question).ids,
+        sequence = build_vqa_sequence(self.tokenizer, self.word_pieces(question.question).ids,
                                       len(regions), self.max_length)
         return Sample(sequence, regions.truncated(sequence.num_regions), annotation.file,
                       targets={"labels": self.answers.scores(question.answers)},
