@@ -435,10 +435,11 @@ def sparse_class_probs(record: Mapping[str, Any], num_classes: int) -> Encoded:
         raise ValueError(f"class_topk_id holds {ids.min() if ids.min() < 0 else ids.max()}, "
                          f"outside the {num_classes} classes (meta.json class_probs.num_classes)")
     ordered = np.sort(ids, axis=1)
-    for row in np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1)):
-        probs = probs if probs.flags.writeable else probs.copy()
-        for column, name in enumerate(ids[row]):
-            probs[row, column] = probs[row, np.flatnonzero(ids[row] == name)[-1]]
+    rows = np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))  # rows naming an id twice
+    if rows.size:  # there, each entry takes the value of its id's last entry in the row
+        named, probs = ids[rows], probs.copy()
+        last = ids.shape[1] - 1 - np.argmax((named[:, :, None] == named[:, None, :])[:, :, ::-1], axis=2)
+        probs[rows] = np.take_along_axis(probs[rows], last, axis=1)
     return Encoded(TOP_CLASSES, {"ids": ids, "probs": probs}, width=num_classes)
 
 
