@@ -34,7 +34,8 @@ the best of each is kept, so a change of load on a shared machine falls on all o
 a stage's batches in one process on one thread (`num_workers: 0`), VQA and pre-training (captions with
 the cached pixel-masked variants, as many text-only samples beside them: a sample is either), from a
 BUTD-size store (100 RoIs, 2048-d) and a demo-size one (20 RoIs, 256-d), each with 2 masked variants
-per image (and top-10 of 1601 class probabilities); the best of --loader-epochs epochs after a first,
+per image (and top-10 of 1601 class probabilities), read as the trainer reads them (`encoded`), with the
+bytes a sample's batch entries copy to the device; the best of --loader-epochs epochs after a first,
 whose figure (caches filling) is printed beside it, under fixed malloc thresholds (LOADER_MALLOC):
 
     .venv/bin/python bench/bench_train.py --loader --baseline /tmp/base --repeats 3
@@ -188,6 +189,7 @@ def loader_times(spec: dict) -> None:
     import torch
 
     from train.data.annotations import AnnotationFile
+    from train.data.collate import transfer_bytes
     from train.data.regions import RegionBank
     from train.engine.batches import Collate
     from train.tasks import TASKS
@@ -200,31 +202,34 @@ def loader_times(spec: dict) -> None:
     collate = Collate(tokenizer.pad_token_id)
     for store in spec["stores"]:
         for task in spec["tasks"]:
-            data = TaskData(RegionBank(str(work / store)), tokenizer, spec["max_length"],
+            data = TaskData(RegionBank(str(work / store), encoded=True), tokenizer, spec["max_length"],
                             AnnotationFile(work / "world" / "train.jsonl"))
             options = TASKS[task].options(**LOADER_OPTIONS.get(task, {}), **(
                 {"corpus": str(work / "world" / "corpus.txt")} if task == "pretrain" else {}))
             dataset = TASKS[task].dataset(data, options, data.train, 0, True)
             streams = [dataset, *TASKS[task].extra_streams(data, options, 0)]
             order = np.random.default_rng(0).permutation(len(dataset)).tolist()
-            size, seconds, faults = spec["batch_size"], [], []
+            size, seconds, faults, copied = spec["batch_size"], [], [], 0
             for epoch in range(spec["epochs"] + 1):
                 for stream in streams:
                     stream.set_epoch(epoch)
                 start, faulted = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 for first in range(0, len(order), size):
                     indices = order[first : first + size]
-                    collate([stream[index % len(stream)] for stream in streams for index in indices])
+                    batch = collate([stream[index % len(stream)] for stream in streams for index in indices])
+                    copied += transfer_bytes(batch.inputs) if epoch == 0 else 0
                 seconds.append(time.process_time() - start)
                 faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted)
             samples, best = len(order) * len(streams), 1 + int(np.argmin(seconds[1:]))
             print(json.dumps({"store": store, "task": task, "samples": samples, "first_epoch": seconds[0] / samples,
-                              "per_sample": seconds[best] / samples, "faults": faults[best] / samples}), flush=True)
+                              "per_sample": seconds[best] / samples, "faults": faults[best] / samples,
+                              "copied": copied / samples}), flush=True)
 
 
 def show_loader(code: str, result: dict) -> str:
     return (f"  {code:9s} {loader_label(result)}: {result['per_sample'] * 1e6:7.1f} us a sample, "
-            f"{result['faults']:5.1f} page faults (first epoch {result['first_epoch'] * 1e6:7.1f} us)")
+            f"{result['faults']:5.1f} page faults, {result['copied'] / 1024:6.1f} KiB to the device "
+            f"(first epoch {result['first_epoch'] * 1e6:7.1f} us)")
 
 
 def loader_label(result: dict) -> str:

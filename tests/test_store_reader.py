@@ -13,9 +13,11 @@ import extract.store.writer
 from extract.store import FeatureStore, FeatureStoreWriter, StoreError, decode_record, encode_record
 from extract.store.audit import verify_store
 from extract.store.records import widened
-from extract.store.schema import REQUIRED_FIELDS, SCALAR_FIELDS, VARIANT_FIELDS
+from extract.store.schema import (
+    REQUIRED_FIELDS, SCALAR_FIELDS, VARIANT_FIELDS, DamagedRecordError, dense_class_probs, sparse_class_probs,
+)
 from extract.store.layout import writer_active
-from tests.helpers.stores import DIM, meta, synthetic_record
+from tests.helpers.stores import DIM, data_file, flip_bit_in, meta, synthetic_record
 
 
 def test_record_round_trip_is_exact_and_unchanged_variant_rows_are_not_stored_twice():
@@ -65,6 +67,65 @@ def test_a_read_of_some_fields_decodes_those_alone_with_the_same_bits(tmp_path):
         writer.commit({"a": record})
     with FeatureStore(tmp_path, check_layout=True) as store:  # fields left out are not missing ones
         assert store.decoded("a", fields=REQUIRED_FIELDS).keys() == {*REQUIRED_FIELDS, *SCALAR_FIELDS}
+
+
+@pytest.mark.parametrize("every_row_changed", [False, True], ids=["some-rows", "every-row"])
+@pytest.mark.parametrize("owned", [False, True], ids=["bytes", "bytearray"])
+def test_a_read_of_one_masked_variant_gives_the_bits_of_the_full_decodes_slice(every_row_changed, owned):
+    """Pre-training reads one variant a sample: its mask row, whole-image feature and rows alone, rebuilt
+    from the features where only the changed rows are stored, and checked as a whole record still."""
+    record = synthetic_record("a", num_boxes=6, variants=3)
+    if every_row_changed:
+        record["masked_features"] = np.random.default_rng(1).random(record["masked_features"].shape).astype(np.float16)
+    data = encode_record(record, "a")
+    full = decode_record(data, "a")
+    for variant in range(3):
+        one = decode_record(bytearray(data) if owned else data, "a", fields=REQUIRED_FIELDS + VARIANT_FIELDS,
+                            variant=variant, variant_count=3)
+        assert one.keys() == {*REQUIRED_FIELDS, *VARIANT_FIELDS, *SCALAR_FIELDS}
+        for name in REQUIRED_FIELDS + VARIANT_FIELDS:
+            expected = full[name][variant : variant + 1] if name in VARIANT_FIELDS else full[name]
+            assert one[name].dtype == expected.dtype and one[name].shape == expected.shape, (variant, name)
+            assert one[name].tobytes() == expected.tobytes(), (variant, name)
+    with pytest.raises(StoreError, match="holds 3 masked-pixel variants, the store 2"):
+        decode_record(data, "a", variant=0, variant_count=2)
+    with pytest.raises(StoreError, match="variant 3 asked for, of the 3 it holds"):
+        decode_record(data, "a", variant=3)
+
+
+def test_a_one_variant_read_refuses_damage_in_another_variants_bytes_and_a_variant_count_off_meta(tmp_path):
+    record = synthetic_record("a", num_boxes=6, variants=3)
+    with FeatureStoreWriter(tmp_path / "store", meta(variants=3)) as writer:
+        writer.commit({"a": record, "b": synthetic_record("b", num_boxes=4, variants=2)})
+    with FeatureStore(tmp_path / "store", check_layout=True) as store:
+        one = store.decoded("a", fields=VARIANT_FIELDS, variant=1)  # the layout checks one variant
+        assert one["masked_image_feature"].tobytes() == record["masked_image_feature"][1:2].tobytes()
+        with pytest.raises(DamagedRecordError, match="'b' is damaged: it holds 2 masked-pixel variants, the store 3"):
+            store.decoded("b", fields=VARIANT_FIELDS, variant=0)
+    flip_bit_in(data_file(tmp_path / "store"), record["masked_image_feature"][2].tobytes())
+    with FeatureStore(tmp_path / "store") as store:
+        with pytest.raises(DamagedRecordError, match="'a' is damaged: checksum mismatch"):
+            store.decoded("a", fields=VARIANT_FIELDS, variant=0)  # variant 2's bytes changed
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_sparse_class_distributions_densify_to_the_dense_ones_bits_on_host_and_device(device):
+    """Top-k class distributions travel to the device as ids and probabilities; scattered there, they
+    must be `dense_class_probs`'s float32 bits, duplicates in a row (imported stores) included."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 9, (40, 4)).astype(np.int32)  # 9 classes, 4 a row: many rows name one twice
+    record = {"class_topk_id": ids, "class_topk_prob": rng.random((40, 4)).astype(np.float16)}
+    assert any(len(set(row)) < 4 for row in ids.tolist())
+    dense = dense_class_probs(record, 9)
+    sparse = sparse_class_probs(record, 9)
+    for row, probs in zip(ids, sparse.parts["probs"]):  # one value per class named, whatever the scatter's order
+        assert all(len(set(probs[row == name].tolist())) == 1 for name in row)
+    for parts in (sparse.parts, {k: torch.from_numpy(v).to(device) for k, v in sparse.parts.items()}):
+        values = sparse.with_parts(parts).decoded()
+        values = values if isinstance(values, np.ndarray) else values.cpu().numpy()
+        assert values.dtype == np.float32 and values.tobytes() == dense.tobytes()
+    with pytest.raises(ValueError, match="class_topk_id holds 9, outside the 9 classes"):
+        sparse_class_probs({**record, "class_topk_id": ids + 1}, 9)
 
 
 def test_map_grows_and_shards_read_as_one_store(tmp_path):

@@ -159,23 +159,27 @@ class FeatureStore:
             record = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in record.items()}
         return record
 
-    def decoded(self, image_id: str, float32: bool = False, fields: Collection[str] | None = None) -> dict[str, Any]:
+    def decoded(self, image_id: str, float32: bool = False, fields: Collection[str] | None = None,
+                variant: int | None = None) -> dict[str, Any]:
         """The record as NumPy arrays (float32: float16 ones widened), after checking its checksum
         and, with `check_layout`, that it holds what meta.json says; DamagedRecordError otherwise.
-        With `fields`, only those (and the scalar fields) are decoded (`decode_record`)."""
-        record = self._checksummed(image_id, self.encoded, fields)
-        problems = self.layout.problems(record, fields) if self.check_layout else []
+        With `fields`, only those (and the scalar fields) are decoded; with `variant`, that masked
+        variant alone, of a record that must hold meta.json's count of them (`decode_record`)."""
+        record = self._checksummed(image_id, self.encoded, fields, variant)
+        problems = self.layout.problems(record, fields, one_variant=variant is not None) if self.check_layout else []
         if problems:
             raise DamagedRecordError(f"{self.root}: record {image_id!r} disagrees with meta.json: {problems[0]}",
                                      image_id)
         return widened(record) if float32 else record
 
-    def _checksummed(self, image_id: str, encoded: bool = False,
-                     fields: Collection[str] | None = None) -> dict[str, Any]:
+    def _checksummed(self, image_id: str, encoded: bool = False, fields: Collection[str] | None = None,
+                     variant: int | None = None) -> dict[str, Any]:
+        count = None if variant is None else self.layout.sizes["K"]
         try:
             # Decoded in the map: only the arrays asked for are copied out of it.
             return self._in_map(image_id, lambda data: decode_record(data, image_id, checksum=self.checksums,
-                                                                     encoded=encoded, fields=fields))
+                                                                     encoded=encoded, fields=fields, variant=variant,
+                                                                     variant_count=count))
         except StoreError as exc:
             raise DamagedRecordError(f"{self.root}: record {image_id!r} is damaged: {exc}", image_id) from None
 

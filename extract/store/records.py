@@ -22,7 +22,7 @@ import numpy as np
 import xxhash
 
 from extract.store.schema import (
-    FEATURE_ENCODINGS, FIELDS, SCALAR_FIELDS, Encoded, StoreError, encode_key, stored_key,
+    FEATURE_ENCODINGS, FIELDS, SCALAR_FIELDS, VARIANT_FIELDS, Encoded, StoreError, encode_key, stored_key,
 )
 
 RECORD_VERSION = 3
@@ -99,7 +99,8 @@ def record_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
 
 
 def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum: bool = True,
-                  encoded: bool = False, fields: Collection[str] | None = None) -> dict[str, Any]:
+                  encoded: bool = False, fields: Collection[str] | None = None, variant: int | None = None,
+                  variant_count: int | None = None) -> dict[str, Any]:
     """The record stored under `image_id` from its bytes, after checking its checksum (unless
     `checksum` is False). Arrays are writable views of `data` when it is a bytearray (which the
     record then owns), else copies of the bytes of the arrays decoded (a view of LMDB's map is
@@ -107,7 +108,10 @@ def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum:
     encoding come decoded, or with `encoded` as their `Encoded` parts. With `fields`, only those of
     them that the record holds are decoded (and the scalar fields): a reader skips the arrays it never
     reads, such as the masked variants, whose rebuilding costs most; the checksum still covers every
-    byte. Raises StoreError saying what is wrong when the bytes are damaged."""
+    byte. With `variant`, the masked-variant fields (`VARIANT_FIELDS`) hold that variant alone (a K axis
+    of 1): only its mask row, whole-image feature and rows are decoded (pre-training uses one a sample);
+    `variant_count` (meta.json mask_variants.count) is then the number of variants the record must hold.
+    Raises StoreError saying what is wrong when the bytes are damaged."""
     owned = isinstance(data, bytearray)
     buffer = data if owned else memoryview(data)
     version = record_version(buffer)
@@ -120,13 +124,16 @@ def decode_record(data: bytes | bytearray | memoryview, image_id: str, checksum:
                 stored_key(image_id), memoryview(buffer)[:end]):
             raise StoreError("checksum mismatch: its bytes changed after it was written")
     try:
-        return _decode_body(buffer, end, version, encoded, fields, owned)
+        return _decode_body(buffer, end, version, encoded, fields, owned, variant, variant_count)
+    except StoreError:
+        raise
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError, struct.error) as exc:
         raise StoreError(f"does not decode ({type(exc).__name__}: {exc})") from None
 
 
 def _decode_body(buffer: bytearray | memoryview, end: int, version: int, keep_encoded: bool,
-                 fields: Collection[str] | None, owned: bool) -> dict[str, Any]:
+                 fields: Collection[str] | None, owned: bool, variant: int | None,
+                 variant_count: int | None) -> dict[str, Any]:
     (head_len,) = HEADER_LENGTH.unpack_from(buffer, 4)
     if PREFIX + head_len > end:
         raise ValueError(f"header of {head_len} bytes in a record of {end}")
@@ -134,6 +141,8 @@ def _decode_body(buffer: bytearray | memoryview, end: int, version: int, keep_en
     if header.get("version") != version:
         raise ValueError(f"header says version {header.get('version')}, the magic bytes {version}")
     start = PREFIX + head_len
+    if variant is not None:
+        _check_variant(header["arrays"], variant, variant_count)
     # The arrays to read: masked variants are rebuilt from `features`.
     wanted = None if fields is None else {*fields, *(["features"] if "masked_features" in fields else [])}
     arrays = {}
@@ -146,6 +155,8 @@ def _decode_body(buffer: bytearray | memoryview, end: int, version: int, keep_en
         if start + offset + count * dt.itemsize > end:
             raise ValueError(f"array {name} runs past the record")
         array = np.frombuffer(buffer, dtype=dt, count=count, offset=start + offset).reshape(shape)
+        if variant is not None and field in VARIANT_FIELDS:
+            array = array[variant : variant + 1]
         # The masked rows are read only to rebuild the variants, which copies them where it must.
         arrays[name] = array if owned or field in STORED_FOR else array.copy()
     parts: dict[str, dict[str, np.ndarray]] = {}  # field → part name → array
@@ -155,6 +166,10 @@ def _decode_body(buffer: bytearray | memoryview, end: int, version: int, keep_en
     if "masked_rows" in parts:
         changed = parts.pop("masked_rows")[""]
         rows = parts.pop("masked_row_features")
+        if variant is not None:  # the stored rows are the changed ones, variant after variant
+            first = int(np.count_nonzero(changed[:variant]))
+            changed = changed[variant : variant + 1]
+            rows = {part: values[first : first + int(np.count_nonzero(changed))] for part, values in rows.items()}
         parts["masked_features"] = {}
         for part, base in parts["features"].items():
             if changed.all():  # every row differs (BUTD's variants): the stored rows, in order, are the variants
@@ -169,6 +184,15 @@ def _decode_body(buffer: bytearray | memoryview, end: int, version: int, keep_en
               if name in parts and (fields is None or name in fields)}
     record.update({k: header[k] for k in SCALAR_FIELDS})
     return record
+
+
+def _check_variant(arrays: Mapping[str, Any], variant: int, variant_count: int | None) -> None:
+    held = int(arrays["mask_boxes"][1][0]) if "mask_boxes" in arrays else 0
+    if variant_count is not None and held != variant_count:
+        raise StoreError(f"it holds {held} masked-pixel variants, the store {variant_count} "
+                         "(meta.json mask_variants.count)")
+    if not 0 <= variant < held:
+        raise StoreError(f"masked-pixel variant {variant} asked for, of the {held} it holds")
 
 
 def _parts(value: Any) -> dict[str, np.ndarray]:

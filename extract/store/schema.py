@@ -8,7 +8,7 @@ record's feature fields into the store's encoding (`as_stored`), which may be `E
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Collection, Mapping, Sequence
 
@@ -83,27 +83,31 @@ class DamagedRecordError(StoreError):
 
 @dataclass(frozen=True, eq=False)
 class Encoded:
-    """Feature values as an encoding stores them: `parts`, arrays whose leading axes are the
+    """Values as an encoding keeps them (`ENCODED_VALUES`): `parts`, arrays whose leading axes are the
     values' rows (so that masked-variant rows can be compared and kept row by row). Rows are picked
     (`encoded[index]`, an index of leading axes) and joined (`joined`) part by part, without decoding
     them; readers that decode on a device carry the parts there as torch tensors."""
 
     encoding: str
     parts: Mapping[str, Any]  # part name → NumPy array (or torch tensor)
+    width: int | None = None  # the decoded rows' length, where the parts do not give it (sparse rows)
 
     def decoded(self) -> Any:
-        return FEATURE_ENCODINGS[self.encoding].decode(self.parts)
+        return ENCODED_VALUES[self.encoding](self)
+
+    def with_parts(self, parts: Mapping[str, Any]) -> Encoded:
+        return replace(self, parts=parts)
 
     def __getitem__(self, rows: Any) -> Encoded:
-        return Encoded(self.encoding, {name: part[rows] for name, part in self.parts.items()})
+        return self.with_parts({name: part[rows] for name, part in self.parts.items()})
 
 
 def joined(values: Sequence[np.ndarray | Encoded], axis: int = 0) -> np.ndarray | Encoded:
     """Values concatenated along a row axis (encoded ones part by part, all in one encoding)."""
     if not isinstance(values[0], Encoded):
         return np.concatenate(values, axis)
-    return Encoded(values[0].encoding, {name: np.concatenate([v.parts[name] for v in values], axis)
-                                        for name in values[0].parts})
+    return values[0].with_parts({name: np.concatenate([v.parts[name] for v in values], axis)
+                                 for name in values[0].parts})
 
 
 @dataclass(frozen=True)
@@ -309,10 +313,13 @@ class RecordLayout:
         self.fields = {name: (np.dtype(dtypes.get(FIELDS[name][0], FIELDS[name][0])), FIELDS[name][0] in dtypes,
                               FIELDS[name][1]) for name in names}
 
-    def problems(self, record: Mapping[str, Any], fields: Collection[str] | None = None) -> list[str]:
+    def problems(self, record: Mapping[str, Any], fields: Collection[str] | None = None,
+                 one_variant: bool = False) -> list[str]:
         """What in `record` disagrees with meta.json and the schema, one message each; the
         messages do not depend on the record's box count, so a systematic problem reads the same
-        in every record. `fields`: the record was read with only these (`decode_record`)."""
+        in every record. `fields`: the record was read with only these; `one_variant`: with one
+        masked variant, of the count that its read checked (`decode_record`)."""
+        sizes = {**self.sizes, "K": 1} if one_variant else self.sizes
         problems = [f"missing field {name}" for name in self.fields
                     if name not in record and (fields is None or name in fields)]
         problems += [f"unexpected field {name}" for name in record
@@ -336,9 +343,9 @@ class RecordLayout:
                 elif isinstance(letter, int):
                     if actual != letter:
                         problems.append(f"{name}: axis {axis} has {actual} entries, expected {letter}")
-                elif actual != self.sizes[letter]:
+                elif actual != sizes[letter]:
                     label, key = AXES[letter]
-                    problems.append(f"{name}: {actual} {label}, expected {self.sizes[letter]} (meta.json {key})")
+                    problems.append(f"{name}: {actual} {label}, expected {sizes[letter]} (meta.json {key})")
         if not all(isinstance(record.get(k), int) and record[k] > 0 for k in ("image_h", "image_w")):
             problems.append(f"image size {record.get('image_w')!r}x{record.get('image_h')!r}: "
                             "expected positive integers")
@@ -403,7 +410,44 @@ def dense_class_probs(record: Mapping[str, Any], num_classes: int) -> np.ndarray
     """(N, C) class distributions of a record: the stored full ones, or top-k scattered into zeros."""
     if "class_probs" in record:
         return np.asarray(record["class_probs"], dtype=np.float32)
-    ids = np.asarray(record["class_topk_id"], dtype=np.int64)
-    dense = np.zeros((len(ids), num_classes), dtype=np.float32)
-    np.put_along_axis(dense, ids, np.asarray(record["class_topk_prob"], dtype=np.float32), axis=1)
-    return dense
+    return scattered(np.asarray(record["class_topk_id"], dtype=np.int64), np.asarray(record["class_topk_prob"]),
+                     num_classes)
+
+
+def scattered(ids: Any, values: Any, width: int) -> Any:
+    """(..., width) float32 zeros with `values` (..., k) widened to float32 at the columns `ids`: NumPy
+    arrays, or torch tensors scattered where they are (training's device). A row that names a column
+    twice must carry one value there (`sparse_class_probs`) for the device to give NumPy's bits."""
+    if isinstance(ids, np.ndarray):
+        dense = np.zeros((*ids.shape[:-1], width), np.float32)
+        np.put_along_axis(dense, ids, values.astype(np.float32), axis=-1)
+        return dense
+    values = values.float()
+    return values.new_zeros((*ids.shape[:-1], width)).scatter_(-1, ids.long(), values)
+
+
+def sparse_class_probs(record: Mapping[str, Any], num_classes: int) -> Encoded:
+    """A top-k record's class distributions as `Encoded` parts (`ids`, `probs` as stored), which decode to
+    `dense_class_probs`'s bits: an id named twice in a row carries the value that NumPy's scatter leaves,
+    its last; ids outside the C classes are refused (ValueError)."""
+    ids, probs = record["class_topk_id"], record["class_topk_prob"]
+    if ids.size and (ids.min() < 0 or ids.max() >= num_classes):
+        raise ValueError(f"class_topk_id holds {ids.min() if ids.min() < 0 else ids.max()}, "
+                         f"outside the {num_classes} classes (meta.json class_probs.num_classes)")
+    ordered = np.sort(ids, axis=1)
+    rows = np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))  # rows naming an id twice
+    if rows.size:  # there, each entry takes the value of its id's last entry in the row
+        named, probs = ids[rows], probs.copy()
+        last = ids.shape[1] - 1 - np.argmax((named[:, :, None] == named[:, None, :])[:, :, ::-1], axis=2)
+        probs[rows] = np.take_along_axis(probs[rows], last, axis=1)
+    return Encoded(TOP_CLASSES, {"ids": ids, "probs": probs}, width=num_classes)
+
+
+TOP_CLASSES = "class_topk"
+# How an `Encoded` decodes, by encoding: a store's features (`FEATURE_ENCODINGS`), and the top-k class
+# distributions that pre-training carries to its device as they are stored (`sparse_class_probs`).
+ENCODED_VALUES: dict[str, Callable[[Encoded], Any]] = {
+    **{name: (lambda value, decode=encoding.decode: decode(value.parts))
+       for name, encoding in FEATURE_ENCODINGS.items() if encoding.decode is not None},
+    TOP_CLASSES: lambda value: scattered(value.parts["ids"], value.parts["probs"], value.width),
+}

@@ -75,13 +75,10 @@ def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0) ->
         # The masked words' positions in the flattened text, found here on the host: found on the
         # device, their count would make the host wait for it (VLBertForPreTraining.forward).
         batch["mlm_positions"] = torch.from_numpy(np.flatnonzero(batch["mlm_labels"].numpy() != IGNORE_INDEX))
+    # Per-RoI targets as the samples carry them (float32, or a top-k store's sparse class distributions,
+    # densified on the device), zero rows for padding and for samples without them.
     for name in {n for s in samples for n in s.region_targets}:
-        shape = next(s.region_targets[name].shape[1:] for s in samples if name in s.region_targets)
-        padded = np.zeros((len(samples), batch["box_mask"].shape[1], *shape), np.float32)
-        for i, s in enumerate(samples):
-            if name in s.region_targets:
-                padded[i, : len(s.region_targets[name])] = s.region_targets[name]
-        batch[name] = torch.from_numpy(padded)
+        batch[name] = padded_rows([s.region_targets.get(name) for s in samples], batch["box_mask"].shape[1])
     if samples[0].sequence.answer_position is not None:
         batch["answer_positions"] = torch.tensor([s.sequence.answer_position for s in samples])
     return batch
@@ -92,8 +89,8 @@ def padded_rows(values: list[np.ndarray | Encoded | None], rows: int) -> torch.T
     part by part, as `Encoded` tensors."""
     first = next(value for value in values if value is not None)
     if isinstance(first, Encoded):
-        return Encoded(first.encoding, {name: padded_rows([None if v is None else v.parts[name] for v in values], rows)
-                                        for name in first.parts})
+        return first.with_parts({name: padded_rows([None if v is None else v.parts[name] for v in values], rows)
+                                 for name in first.parts})
     out = np.zeros((len(values), rows, *first.shape[1:]), first.dtype)
     for i, value in enumerate(values):
         if value is not None:
@@ -110,7 +107,7 @@ def pinned(value: Any) -> Any:
     """A tensor (or an `Encoded`'s tensors) in page-locked memory, so that its copy to a GPU is
     asynchronous; anything else as it is."""
     if isinstance(value, Encoded):
-        return Encoded(value.encoding, {name: part.pin_memory() for name, part in value.parts.items()})
+        return value.with_parts({name: part.pin_memory() for name, part in value.parts.items()})
     return value.pin_memory() if torch.is_tensor(value) else value
 
 
@@ -122,14 +119,14 @@ def transfer_bytes(batch: dict[str, Any]) -> int:
 
 def to_device(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
     """The batch's tensors on `device` (asynchronously from pinned memory), float16 features
-    widened to float32 there, exact and half the bytes to copy; encoded features (a q8 store's
-    codes) decoded there, by the store's own decoding (`extract.store.schema.FEATURE_ENCODINGS`):
-    the host's values, bitwise, at a quarter of float32's bytes."""
+    widened to float32 there, exact and half the bytes to copy; encoded values (a q8 store's
+    codes, top-k class distributions) decoded there, by the store's own decoding
+    (`extract.store.schema.ENCODED_VALUES`): the host's values, bitwise, at a fraction of their bytes."""
     moved = {}
     for name, value in batch.items():
         if isinstance(value, Encoded):
-            moved[name] = Encoded(value.encoding, {k: v.to(device, non_blocking=True)
-                                                   for k, v in value.parts.items()}).decoded()
+            moved[name] = value.with_parts({k: v.to(device, non_blocking=True)
+                                            for k, v in value.parts.items()}).decoded()
         elif torch.is_tensor(value):
             value = value.to(device, non_blocking=True)
             moved[name] = value.float() if value.dtype == torch.float16 else value

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from extract.store.reader import FeatureStore
-from extract.store.schema import CLASS_FIELDS, REQUIRED_FIELDS, VARIANT_FIELDS, Encoded, dense_class_probs, joined
+from extract.store.schema import (
+    CLASS_FIELDS, REQUIRED_FIELDS, VARIANT_FIELDS, DamagedRecordError, Encoded, dense_class_probs, joined,
+    sparse_class_probs,
+)
 
 MAX_REGIONS = 100  # RoIs per image, the whole-image box not counted
 
@@ -21,8 +24,10 @@ class Regions:
     appearance: np.ndarray | Encoded
     boxes: np.ndarray  # (N, 4) float32, original pixels
     image_size: tuple[int, int]  # (width, height)
-    class_probs: np.ndarray | None  # (N, C) detector class distributions (row 0 all zero: never a target)
-    variant_masks: np.ndarray | None  # (K, N) bool: RoIs whose pixels each cached variant masked
+    # (N, C) detector class distributions (row 0 all zero: never a target), float32; a top-k store's as
+    # its `Encoded` parts (class ids and probabilities, N × k) where the bank reads `encoded`
+    class_probs: np.ndarray | Encoded | None
+    variant_masks: np.ndarray | None  # (K, N) bool: RoIs whose pixels each cached variant masked (K = 1: one read)
     variant_appearance: np.ndarray | Encoded | None  # (K, N, D), as `appearance`
 
     def __len__(self) -> int:
@@ -38,10 +43,19 @@ class Regions:
         )
 
 
+def predicted_rows(class_probs: np.ndarray | Encoded, predicted: np.ndarray) -> np.ndarray | Encoded:
+    """The class distributions times `predicted` (N,), row by row: zero rows for the RoIs not predicted.
+    Sparse ones (`Encoded`) multiply their probabilities alone, which gives the dense product's bits."""
+    if isinstance(class_probs, Encoded):
+        return class_probs.with_parts({**class_probs.parts, "probs": class_probs.parts["probs"] * predicted[:, None]})
+    return class_probs * predicted[:, None]
+
+
 class RegionBank:
     """Reads records lazily, so a Dataset holding it can be forked into DataLoader workers.
-    `encoded`: features stored in an encoding (q8) come as their parts, which training carries to its
-    device and decodes there (`train.data.collate.to_device`): a quarter of float32's bytes to copy."""
+    `encoded`: features stored in an encoding (q8) come as their parts, and a top-k store's class
+    distributions as its ids and probabilities, which training carries to its device and decodes there
+    (`train.data.collate.to_device`): a quarter of float32's bytes to copy; k of C classes' (10 of 1601)."""
 
     def __init__(self, root: str, max_regions: int = MAX_REGIONS, encoded: bool = False) -> None:
         self.root = str(root)
@@ -78,19 +92,21 @@ class RegionBank:
     def __getitem__(self, image_id: str) -> Regions:
         return self.get(image_id)
 
-    def get(self, image_id: str, class_probs: bool = False, variants: bool = False) -> Regions:
+    def get(self, image_id: str, class_probs: bool = False, variants: bool = False,
+            variant: int | None = None) -> Regions:
         """The image's regions; pre-training asks for the class distributions (masked-RoI targets)
-        and, when pixel-masked, the variants: only the fields asked for are decoded (the boxes and
-        features, which every record holds, and those), so fine-tuning never decodes the variants."""
+        and, when pixel-masked, the variants (`variant`: that one alone, `variant_masks` then one row):
+        only the fields asked for are decoded (the boxes and features, which every record holds, and
+        those), so fine-tuning never decodes the variants."""
+        variants = variants or variant is not None
         record = self.store.decoded(image_id, fields=REQUIRED_FIELDS + (CLASS_FIELDS if class_probs else ())
-                                    + (VARIANT_FIELDS if variants else ()))
+                                    + (VARIANT_FIELDS if variants else ()), variant=variant)
         n = min(len(record["boxes"]), self.max_regions)
         height, width = int(record["image_h"]), int(record["image_w"])
         whole_box = np.array([[0, 0, width, height]], dtype=np.float32)
         targets = None
         if class_probs and self.num_classes is not None:
-            dense = dense_class_probs(record, self.num_classes)[:n]
-            targets = np.concatenate([np.zeros((1, dense.shape[1]), np.float32), dense])
+            targets = self._class_targets(image_id, record, n)
         masks = appearance = None
         if variants and "mask_boxes" in record:
             masks = np.concatenate([np.zeros((len(record["mask_boxes"]), 1), bool), record["mask_boxes"][:, :n]], 1)
@@ -103,6 +119,18 @@ class RegionBank:
             variant_masks=masks,
             variant_appearance=appearance,
         )
+
+    def _class_targets(self, image_id: str, record: dict, n: int) -> np.ndarray | Encoded:
+        """The first `n` RoIs' class distributions after a zero row for the whole image."""
+        if not (self.encoded and "class_topk_id" in record):
+            dense = dense_class_probs(record, self.num_classes)[:n]
+            return np.concatenate([np.zeros((1, dense.shape[1]), np.float32), dense])
+        try:
+            sparse = sparse_class_probs(record, self.num_classes)[:n]
+        except ValueError as exc:
+            raise DamagedRecordError(f"{self.root}: record {image_id!r} is damaged: {exc}", image_id) from None
+        return joined([sparse.with_parts({k: np.zeros((1, *v.shape[1:]), v.dtype) for k, v in sparse.parts.items()}),
+                       sparse])
 
     def __getstate__(self) -> dict:
         return {"root": self.root, "max_regions": self.max_regions, "encoded": self.encoded, "_store": None}

@@ -13,7 +13,7 @@ import numpy as np
 
 from train.data.annotations import AnnotationFile
 from train.data.datasets import AnnotatedDataset, Sample, SeededDataset
-from train.data.regions import RegionBank, Regions
+from train.data.regions import RegionBank, Regions, predicted_rows
 from train.data.sources.text import TextCorpus
 from train.tasks.base import Evaluator, Task, TaskData, scored
 from vlbert.modeling import VLBertForPreTraining
@@ -97,7 +97,10 @@ class CaptionPretraining(AnnotatedDataset):
         # ranked unmasked retrieval pairs at chance); its words are not predicted.
         masked = mask_whole_words(self.tokenizer, pieces, rng) if self.masked_lm else None
         pixel_variants = self.masked_roi and self.roi_masking == "pixel"
-        regions = self.regions.get(annotation.image_id, class_probs=self.masked_roi, variants=pixel_variants)
+        # The variant is drawn before the read, at the same point of the draws as after it (neither the
+        # read nor the sequence draws), so that only that variant is read.
+        variant = rng.randrange(self.regions.num_variants) if pixel_variants else None
+        regions = self.regions.get(annotation.image_id, class_probs=self.masked_roi, variant=variant)
         sequence = build_caption_sequence(self.tokenizer, pieces.ids if masked is None else masked.ids, len(regions),
                                           self.max_length, masked.labels if masked is not None and matched else None)
         regions = regions.truncated(sequence.num_regions)
@@ -105,17 +108,15 @@ class CaptionPretraining(AnnotatedDataset):
         if not self.masked_roi:
             return Sample(sequence, regions, annotation.file, np.zeros(len(regions), bool), targets)
         if pixel_variants:
-            variant = rng.randrange(len(regions.variant_masks))
-            predicted = regions.variant_masks[variant]
-            replaced = predicted
-            regions = Regions(regions.variant_appearance[variant], regions.boxes, regions.image_size,
+            predicted = replaced = regions.variant_masks[0]
+            regions = Regions(regions.variant_appearance[0], regions.boxes, regions.image_size,
                               regions.class_probs, None, None)
         else:
             replaced, predicted = (np.array(m, bool) for m in choose_masked_regions(len(regions), rng))
         if not matched:
             predicted = np.zeros(len(regions), bool)
         return Sample(sequence, regions, annotation.file, np.asarray(replaced, bool), targets,
-                      region_targets={"region_labels": regions.class_probs * predicted[:, None]})
+                      region_targets={"region_labels": predicted_rows(regions.class_probs, predicted)})
 
 
 class TextOnlyCorpus(SeededDataset):
