@@ -276,8 +276,9 @@ def run_spec(work: Path, out: str, args, config: dict) -> dict:
     if config["precision"] != "fp32":  # code from before the field ran fp32 on the CPU and has no such field
         stage["precision"] = config["precision"]
     # Fields that code from before them lacks are given only where they are not their default.
+    mode = config["compile"]  # torch.compile's mode, or False
     stage.update({k: v for k, v in (("log_every", args.warmup), ("length_buckets", config["buckets"]),
-                                    ("compile", config["compile"])) if v})
+                                    ("compile", bool(mode)), ("compile_mode", mode != "default" and mode)) if v})
     if args.prefetch == "off":
         stage["prefetch"] = False
     return dict(out=str(work / out), store=str(work / config["store"]), vocabulary=str(work / "vocab"),
@@ -376,16 +377,18 @@ def profile_summary(profiler, steps: int, cuda: bool) -> str:
 
 
 def configurations(args) -> list[dict]:
-    workers = [None if w == "auto" else int(w) for w in args.workers.split(",")]
     """In the order they run (a time limit cuts the last): the first configuration (the first of each
-    list), it compiled (--compile first), its runs on the store of 10-100 regions, the end-to-end stage,
-    the other configurations, then the other tasks at the first configuration's settings."""
+    list), it compiled in each of --compile-modes (--compile first), its runs on the store of 10-100
+    regions, the end-to-end stage, the other configurations, then the other tasks at the first
+    configuration's settings. A configuration's `compile` is torch.compile's mode, or False."""
+    workers = [None if w == "auto" else int(w) for w in args.workers.split(",")]
     stores = {"float16": "store", "q8": "store-q8"}
-    fixed = [dict(store=stores[d], batch_size=b, precision=p, workers=w, buckets=False, compile=args.compile == "on",
-                  task="vqa")
+    modes = args.compile_modes.split(",")
+    fixed = [dict(store=stores[d], batch_size=b, precision=p, workers=w, buckets=False,
+                  compile=args.compile == "on" and modes[0], task="vqa")
              for b in map(int, args.batch_sizes.split(",")) for d in args.feature_dtypes.split(",")
              for p in args.precisions.split(",") for w in workers]
-    compiled = [dict(fixed[0], compile=True)] if args.compile == "first" else []
+    compiled = [dict(fixed[0], compile=mode) for mode in modes] if args.compile == "first" else []
     variable = [dict(fixed[0], store="store-variable", buckets=buckets) for buckets in (False, True)]
     end2end = dict(fixed[0], store="store-e2e", batch_size=args.end2end_batch_size, compile=False)
     tasks = [dict(fixed[0], task=task) for task in args.tasks.split(",") if task != "vqa"]
@@ -398,7 +401,8 @@ def label(config: dict) -> str:
              "store-q8": f"{BOXES} RoIs q8"}.get(config["store"], f"{BOXES} RoIs")
     return (f"{config['task']:8s} {store:14s} {config['precision']:5s} batch {config['batch_size']:3d}, "
             f"{'auto' if config['workers'] is None else config['workers']} workers"
-            + (", buckets" if config["buckets"] else "") + (", compiled" if config["compile"] else ""))
+            + (", buckets" if config["buckets"] else "")
+            + (f", compiled ({config['compile']})" if config["compile"] else ""))
 
 
 def show(code: str, config: dict, result: dict) -> str:
@@ -437,7 +441,11 @@ def main() -> None:
     parser.add_argument("--tasks", default="vqa", help="comma-separated; tasks beside vqa (pretrain, refexp) train "
                         "at the first configuration's settings")
     parser.add_argument("--compile", default="off", choices=("off", "on", "first"),
-                        help="torch.compile every configuration, or also the first one compiled")
+                        help="torch.compile every configuration (in the first of --compile-modes), or also the "
+                        "first one compiled in each mode")
+    parser.add_argument("--compile-modes", default="default",
+                        help="comma-separated torch.compile modes (the stage's compile_mode): default, "
+                        "reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs")
     parser.add_argument("--prefetch", default="on", choices=("off", "on"), help="batches copied to CUDA a step ahead")
     parser.add_argument("--variable-regions", action="store_true",
                         help="also a store of 10-100 RoIs per image, length-aware batches off and on")

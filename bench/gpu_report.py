@@ -11,8 +11,9 @@ stops there if any is missing: a GPU host without network needs their wheels car
 It runs against whatever torch the interpreter has (no pinned virtual environment): the point is
 to learn how this code does on that host. Each part runs in a subprocess under its own time limit
 (a part that runs out is reported as such, is stopped with every process it started, and the next
-one starts); the limits sum to 9 minutes, so the report ends within a 10-minute slot. Every figure is
-printed as the benchmark prints it, with the command that measured it.
+one starts); the default parts' limits sum to 9 minutes, so the report ends within a 10-minute slot.
+Part 6, the training step compiled, compiles for minutes and runs only when named, in a slot of its
+own (`--parts 6`). Every figure is printed as the benchmark prints it, with the command that measured it.
 """
 
 from __future__ import annotations
@@ -36,13 +37,16 @@ TRAINING = ["--device", "cuda", "--model", "base", "--images", "384", "--batch-s
             "--warmup", "10", "--steps", "200"]
 TINY_TRAINING = ["--images", "48", "--batch-sizes", "4,8", "--precisions", "fp32", "--warmup", "2", "--steps", "3",
                  "--workers", "0"]
+# After the training sizes (later flags win): a warm-up long enough to hold both compilations.
+COMPILED_TRAINING = ["--warmup", "30", "--compile", "first", "--compile-modes", "default,reduce-overhead"]
 
 
 class Part(NamedTuple):
     title: str  # what it measures
     command: list[str]
-    limit: float  # seconds it may take; the parts' limits sum to at most 540
+    limit: float  # seconds it may take; the default parts' limits sum to at most 540
     gpu_only: bool = False  # left out of the tiny setting
+    default: bool = True  # run without --parts; the others only when named, each in a slot of its own
 
 
 def parts(tiny: bool = False) -> list[Part]:
@@ -70,6 +74,11 @@ def parts(tiny: bool = False) -> list[Part]:
              "fp32 and bf16 ms per call and the ratio",
              [sys.executable, "bench/bench_detector.py", "--parts", "res5", "--presets", "butd-vg", "--devices", "cuda",
               "--precisions", "fp32,bf16", "--res5-rois", "300", "--repeat", "5"], 25, gpu_only=True),
+        # Compilation (twice: the first batch's shapes, then dynamic text lengths) takes minutes: a slot of its own.
+        Part("training compiled: VL-BERT-base bf16 at batch 64, eager beside the step compiled by torch.compile in "
+             "its default mode and in reduce-overhead mode (forward and backward replayed as CUDA graphs), steady "
+             "samples/s",
+             [*training, "--batch-sizes", "4" if tiny else "64", *COMPILED_TRAINING], 420, default=False),
     ]
 
 
@@ -145,9 +154,12 @@ def _stop_group(part: subprocess.Popen) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default="",
+                        help="comma-separated part numbers to run (default: 1 to 5, about 9 minutes; 6, the compiled "
+                        "training step, about 7 minutes, runs only when named)")
     parser.add_argument("--skip", default="",
                         help="comma-separated part numbers (1 tests, 2 extraction, 3 training, 4 its speed paths, "
-                        "5 res5 layouts)")
+                        "5 res5 layouts, 6 compiled training)")
     parser.add_argument("--tiny", action="store_true", help="the training parts on the CPU, a tiny model and a few "
                         "steps: that they run, not figures")
     args = parser.parse_args()
@@ -161,9 +173,11 @@ def main() -> int:
         print(f"missing on this host: {', '.join(missing)}; install their wheels (pip install --no-index "
               "--find-links WHEELS ...; docs/benchmarks.md, \"On a GPU host\") and run this again", flush=True)
         return 1
+    named = {int(part) for part in args.parts.split(",") if part}
     skipped = {int(part) for part in args.skip.split(",") if part}
     chosen = [part for number, part in enumerate(parts(args.tiny), 1)
-              if number not in skipped and not (args.tiny and part.gpu_only)]
+              if (number in named if named else part.default) and number not in skipped
+              and not (args.tiny and part.gpu_only)]
     results = [run_part(part.title, part.command, part.limit) for part in chosen]
     print(f"\n{sum(results)} of {len(results)} parts completed")
     return 0 if all(results) else 1

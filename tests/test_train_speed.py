@@ -1,8 +1,9 @@
 """The speed paths of training (docs/training.md, "Training fast") give the plain path's numbers on
 the CPU: the step that keeps its losses on the device, with a multi-tensor optimiser, trains the
 weights of the step that read its loss every step with a for-loop one; length-aware batches are a
-seeded order that resumes exactly after a kill; the optimiser kernels agree; `compile: true` is
-refused in one line where torch cannot compile."""
+seeded order that resumes exactly after a kill; the optimiser kernels agree; a compiled step is one
+graph that trains as the eager one, and `compile: true` is refused in one line where torch cannot
+compile."""
 
 import copy
 import json
@@ -23,11 +24,14 @@ from tests.helpers.models import NO_DROPOUT
 from tests.helpers.worlds import copy_world, run_config
 from train.data.regions import RegionBank
 from train.engine.batches import EpochBatches, LengthBuckets
+from train.engine.compiled import few_shapes
 from train.engine.config import RunConfigError, StageConfig
 from train.engine.distributed import World
 from train.engine.optimization import KERNELS, OPTIMIZERS, parameter_groups
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
+from vlbert import VLBertConfig
+from vlbert.modeling import VLBertEncoder
 
 VQA = StageConfig("vqa", "vqa", steps=6, batch_size=2, base_lr=5e-4, num_workers=0)
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,6 +127,8 @@ from tests.helpers.models import NO_DROPOUT
 from tests.helpers.worlds import run_config
 from train.engine.config import StageConfig
 from train.engine.trainer import Trainer
+from vlbert import VLBertConfig
+from vlbert.modeling import VLBertEncoder
 torch.set_num_threads({threads})  # as this process: the same rounding
 original, calls = torch.optim.AdamW.step, {{"n": 0}}
 def step(self, *args, **kwargs):
@@ -169,3 +175,47 @@ def test_compile_is_refused_in_one_line_where_torch_cannot_compile(world, monkey
     assert str(refused.value) == (f"stages[1].compile: torch {torch.__version__} cannot compile on cpu here (Dynamo "
                                   "is not supported on Python 3.14+); set compile: false")
     assert not (world / "compiled").exists()
+
+
+def test_an_encoder_rounding_its_lengths_gives_its_real_elements_the_same_outputs():
+    """`compile` and `length_buckets` pad sequences to a multiple of 16 elements (few shapes): masked
+    out of attention and cut off the output."""
+    torch.manual_seed(0)
+    encoder = VLBertEncoder(VLBertConfig.sized("tiny", **NO_DROPOUT)).train()
+    embeddings = torch.randn(3, 37, encoder.bert.config.hidden_size)
+    mask = torch.ones(3, 37, dtype=torch.bool)
+    mask[1, 20:] = False
+    exact, _ = encoder(embeddings, mask)
+    few_shapes(encoder)
+    rounded, _ = encoder(embeddings, mask)
+    assert encoder.length_multiple == 16 and rounded.shape == exact.shape
+    assert torch.allclose(rounded[mask], exact[mask], atol=1e-6)
+
+
+@pytest.mark.parametrize("task, mode", [("vqa", "default"), ("refexp", "reduce-overhead"), ("pretrain", "default")])
+def test_a_compiled_step_is_one_graph_and_trains_like_the_eager_one(world, monkeypatch, task, mode):
+    """The model's forward and the task's losses traced whole (fullgraph: a graph break fails), with
+    torch's autograd split and no code generated (aot_eager, seconds on a CPU; the cuda tests run
+    the real compiler): the eager stage's losses, the mode given to torch.compile and recorded."""
+    import train.engine.compiled as compiled
+
+    modes, compile_with_inductor = [], torch.compile
+
+    def traced_whole(function, mode="default", **options):
+        modes.append(mode)
+        return compile_with_inductor(function, backend="aot_eager", fullgraph=True)
+
+    monkeypatch.setattr(compiled.torch, "compile", traced_whole)
+    stage = StageConfig(task, task, steps=4, batch_size=2, base_lr=5e-4, num_workers=0, log_every=2)
+    eager_losses, eager, _ = trained(world, f"eager-{task}", stage)
+    compiled_losses, weights, _ = trained(world, f"compiled-{task}", replace(stage, compile=True, compile_mode=mode))
+    assert modes == ["default", mode]  # the check that torch compiles here, then the stage's step
+    assert compiled_losses == pytest.approx(eager_losses, rel=1e-5)
+    assert all(torch.allclose(weights[name], eager[name], atol=1e-6, rtol=1e-5) for name in eager)
+    assert RunFolder(world / f"compiled-{task}").speed()[task]["compile"] == mode
+
+
+def test_a_compile_mode_without_compile_is_refused():
+    with pytest.raises(RunConfigError, match=r"^stage 'vqa': compile_mode 'reduce-overhead' does nothing without "
+                                             r"compile: true$"):
+        replace(VQA, compile_mode="reduce-overhead")

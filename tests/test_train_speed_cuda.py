@@ -1,6 +1,6 @@
 """The speed paths on a CUDA device: batches prefetched on a side stream equal those copied in the
-step's stream, a training step never makes the host wait for the device, and the compiled encoder
-gives the eager one's outputs. Skipped where torch sees no CUDA device."""
+step's stream, a training step never makes the host wait for the device, and a compiled step (also
+replayed as CUDA graphs) trains as the eager one. Skipped where torch sees no CUDA device."""
 
 from dataclasses import replace
 
@@ -18,8 +18,6 @@ from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from train.tasks import TASKS
 from train.tasks.base import TaskData
-from vlbert import VLBertConfig
-from vlbert.modeling import VLBertEncoder
 from vlbert.tokenization import load_tokenizer
 
 pytestmark = pytest.mark.cuda
@@ -73,27 +71,15 @@ def test_a_training_step_never_waits_for_the_device(world):
     assert RunFolder(world / "no-syncs").speed()["vqa"]["optimizer_kernel"] == "fused"
 
 
-def test_the_compiled_encoder_gives_the_eager_encoders_outputs():
-    """Lengths padded to a multiple of 16 for the compiled shapes: real elements see the same."""
-    torch.manual_seed(0)
-    config = VLBertConfig.sized("tiny", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    encoder = VLBertEncoder(config).to(CUDA).train()  # no dropout: training runs the compiled graph
-    embeddings = torch.randn(3, 37, config.hidden_size, device=CUDA)
-    mask = torch.ones(3, 37, dtype=torch.bool, device=CUDA)
-    mask[1, 20:] = False
-    eager, _ = encoder(embeddings, mask)
-    encoder.length_multiple = 16
-    encoder.run_compiled()
-    compiled, _ = encoder(embeddings, mask)
-    assert compiled.shape == eager.shape
-    assert torch.allclose(compiled[mask], eager[mask], atol=1e-4, rtol=1e-4)
-
-
-def test_a_compiled_stage_trains_like_the_eager_one(world):
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_a_compiled_stage_trains_like_the_eager_one(world, mode):
+    """torch.compile's code for the step, and in reduce-overhead mode its forward and backward replayed
+    as CUDA graphs."""
     losses = {}
     for compiled in (False, True):
-        out = f"compiled-{compiled}"
-        run = run_config(world, out, [replace(VQA, compile=compiled)], device="cuda")
+        out = f"compiled-{mode}-{compiled}"
+        stage = replace(VQA, compile=True, compile_mode=mode) if compiled else VQA
+        run = run_config(world, out, [stage], device="cuda")
         run.model.update(NO_DROPOUT)
         Trainer(run).fit()
         losses[compiled] = [r["loss"] for r in RunFolder(world / out).metrics() if "step" in r]

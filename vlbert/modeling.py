@@ -224,12 +224,6 @@ class VLBertEncoder(nn.Module):
         # (each shape costs a compiled graph, or a cuDNN attention plan)
         self.length_multiple = 1
 
-    def run_compiled(self) -> None:
-        """Trains through torch.compile from now on (evaluation, and attention probabilities, run
-        eager: no graph of their own to compile). The compiled module is no submodule: the state
-        dict keeps its names."""
-        self.__dict__["_compiled"] = torch.compile(self.bert)
-
     def forward(
         self, embeddings: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
@@ -243,8 +237,7 @@ class VLBertEncoder(nn.Module):
         additive_mask = additive_mask.masked_fill(~attention_mask, torch.finfo(embeddings.dtype).min)
         additive_mask = additive_mask[:, None, None, :]
         if not output_attentions:
-            bert = self.__dict__.get("_compiled", self.bert) if self.training else self.bert
-            return bert(embeddings, attention_mask=additive_mask).last_hidden_state[:, :length], None
+            return self.bert(embeddings, attention_mask=additive_mask).last_hidden_state[:, :length], None
         with self._recording_attention() as attentions:
             hidden = self.bert(embeddings, attention_mask=additive_mask).last_hidden_state
         return hidden, tuple(attentions)

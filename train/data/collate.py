@@ -4,7 +4,6 @@ with no RoIs. `model_inputs` is the one place that decides which batch entries r
 from __future__ import annotations
 
 import inspect
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -141,11 +140,16 @@ def model_inputs(model: torch.nn.Module, batch: dict[str, Any], training: bool =
     return {k: v for k, v in batch.items() if k in names and k not in left_out}
 
 
-@cache
+# Looked up once per model class: model_inputs runs every training step. A dict, not functools.cache,
+# which torch.compile does not trace through (a compiled stage's step calls model_inputs).
+_FORWARD_INPUTS: dict[type, frozenset[str]] = {}
+
+
 def _forward_inputs(cls: type) -> frozenset[str]:
-    """Looked up once per model class: model_inputs runs every training step."""
-    parameters = inspect.signature(cls.forward).parameters
-    names = set(parameters)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        names |= set(inspect.signature(VLBertModel.forward).parameters)
-    return frozenset(names)
+    if cls not in _FORWARD_INPUTS:
+        parameters = inspect.signature(cls.forward).parameters
+        names = set(parameters)
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            names |= set(inspect.signature(VLBertModel.forward).parameters)
+        _FORWARD_INPUTS[cls] = frozenset(names)
+    return _FORWARD_INPUTS[cls]

@@ -1,13 +1,17 @@
-"""Few sequence shapes, and a compiled encoder: a stage's `compile: true` runs its model's encoders
-through torch.compile; with it or `length_buckets: true`, sequence lengths are rounded up to a
-multiple of LENGTH_MULTIPLE elements, so that batches of any length share a few shapes (each new
-shape costs a compilation, or on CUDA a cuDNN attention plan: length-aware batches without the
-rounding ran slower than without buckets on an H200). Checked before anything trains: where torch
-cannot compile on the device (no compiler, no Triton, a Python torch does not support), the run is
-refused in one line.
+"""Few sequence shapes, and a compiled step: a stage's `compile: true` runs its model's forward and its
+task's losses through torch.compile as one graph (for every task on cached features; an end-to-end
+stage's detector runs eager before it), in torch's `compile_mode` ("reduce-overhead": the graph's
+forward and backward replayed as CUDA graphs, one launch each, for steps bound by launching kernels).
+With it or `length_buckets: true`, sequence lengths are rounded up to a multiple of LENGTH_MULTIPLE
+elements, so that batches of any length share a few shapes (each new shape costs a compilation, or on
+CUDA a cuDNN attention plan or a CUDA graph: length-aware batches without the rounding ran slower
+than without buckets on an H200). Checked before anything trains: where torch cannot compile on the
+device (no compiler, no Triton, a Python torch does not support), the run is refused in one line.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import nn
@@ -15,6 +19,8 @@ from torch import nn
 from vlbert.modeling import VLBertEncoder
 
 LENGTH_MULTIPLE = 16
+# torch.compile's modes, the stage's `compile_mode` values
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def compile_problem(device: torch.device) -> str | None:
@@ -28,9 +34,19 @@ def compile_problem(device: torch.device) -> str | None:
     return None
 
 
-def few_shapes(model: nn.Module, compiled: bool) -> None:
-    """Every VL-BERT encoder of `model` rounding its sequence lengths, and with `compiled`, compiled."""
+def few_shapes(model: nn.Module) -> None:
+    """Every VL-BERT encoder of `model` rounding its sequence lengths up to a multiple of LENGTH_MULTIPLE."""
     for encoder in (module for module in model.modules() if isinstance(module, VLBertEncoder)):
         encoder.length_multiple = LENGTH_MULTIPLE
-        if compiled:
-            encoder.run_compiled()
+
+
+def compiled_step(losses: Callable[[dict], dict[str, torch.Tensor]], mode: str) -> Callable[[dict], dict]:
+    """`losses` (a batch's inputs → its loss tensors) through torch.compile in `mode`. Each call starts
+    a new step for CUDA graphs: the previous call's outputs are not read after its backward."""
+    compiled = torch.compile(losses, mode=mode)
+
+    def step(inputs: dict) -> dict[str, torch.Tensor]:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(inputs)
+
+    return step

@@ -16,6 +16,7 @@ from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
 
 from extract.modeling.precision import AUTO, TRAINING_PRECISIONS
 from extract.paths import check_apart
+from train.engine.compiled import COMPILE_MODES
 from train.engine.errors import RunConfigError, RunMismatchError  # noqa: F401 - the config's errors, named here too
 from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
@@ -82,9 +83,11 @@ class StageConfig:
     # Speed paths (docs/training.md, "Training fast"), each recorded in run.json under "speed":
     # batches of samples of similar lengths (the image's regions), so that little of a batch is padding
     length_buckets: bool = False
-    # torch.compile of the encoder, sequence lengths rounded up to a multiple of 16; refused where
-    # torch cannot compile
+    # torch.compile of the model's forward and the task's losses as one graph, sequence lengths rounded
+    # up to a multiple of 16; refused where torch cannot compile
     compile: bool = False
+    # torch.compile's mode; "reduce-overhead" replays the compiled forward and backward as CUDA graphs
+    compile_mode: Literal[COMPILE_MODES] = "default"
     # AdamW's and SGD's fused kernels on CUDA, their multi-tensor (foreach) ones elsewhere; false: one
     # parameter at a time
     fused_optimizer: bool = True
@@ -107,6 +110,8 @@ class StageConfig:
     def _problem(self) -> str | None:
         if self.task not in TASKS:
             return f"task {self.task!r} is not one of {', '.join(TASKS)}"
+        if self.compile_mode != "default" and not self.compile:
+            return f"compile_mode {self.compile_mode!r} does nothing without compile: true"
         options = TASKS[self.task].options
         if not isinstance(self.options, options):
             try:

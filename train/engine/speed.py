@@ -1,7 +1,7 @@
 """What a stage's speed settings come to on this machine, recorded in run.json under "speed": its
 DataLoader workers (from the cores when `num_workers` is not given), the optimiser's kernel,
-which of prefetching, compiling and length-aware batches are on, and what the features travel to
-the device as."""
+whether prefetching and length-aware batches are on, torch.compile's mode (false: eager), and what
+the features travel to the device as."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def feature_transfer(stage: StageConfig, feature_dtype: str) -> str:
 def stage_speed(stage: StageConfig, device: torch.device, world: World, feature_dtype: str) -> dict:
     return {"workers": worker_count(stage.num_workers, world),
             "optimizer_kernel": optimizer_kernel(stage.fused_optimizer, device),
-            "prefetch": stage.prefetch and device.type == "cuda", "compile": stage.compile,
+            "prefetch": stage.prefetch and device.type == "cuda",
+            "compile": stage.compile_mode if stage.compile else False,
             "length_buckets": stage.length_buckets, "log_every": stage.log_every,
             "features_sent_as": feature_transfer(stage, feature_dtype)}

@@ -38,7 +38,7 @@ from train.data.regions import RegionBank
 from train.end2end import EndToEndVisual, with_appearance
 from train.engine.batches import Batch, EpochBatches, LengthBuckets, StageStreams
 from train.engine.checkpoint import CheckpointSchedule, load_training_state, prune_checkpoints, random_state, save_checkpoint
-from train.engine.compiled import compile_problem, few_shapes
+from train.engine.compiled import compile_problem, compiled_step, few_shapes
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
 from train.engine.distributed import World, any_rank, barrier, from_rank_zero, gathered, process_group
 from train.engine.evaluate import evaluate
@@ -529,7 +529,7 @@ class Trainer:
 
     def _objective(self, stage: StageConfig, parts: StageParts, batches: PeekedBatches) -> nn.Module:
         if stage.compile or stage.length_buckets:
-            few_shapes(parts.model, compiled=stage.compile)
+            few_shapes(parts.model)
         objective = Objective(parts.model, parts.visual, stage)
         if not self.world.distributed:
             return objective
@@ -694,10 +694,15 @@ class Objective(nn.Module):
         super().__init__()
         self.model, self.visual, self.stage = model, visual, stage
         self.task = TASKS[stage.task]
+        self.losses = compiled_step(self._losses, stage.compile_mode) if stage.compile else self._losses
 
     def forward(self, inputs: dict[str, torch.Tensor], pixels: dict[str, list]) -> dict[str, torch.Tensor]:
-        """`pixels`: the batch's PIXELS entries, which the end-to-end visual side reads."""
-        return self.task.loss(self.model, dict(with_appearance(self.visual, inputs, pixels)), self.stage.options)
+        """`pixels`: the batch's PIXELS entries, which the end-to-end visual side reads (eager, before
+        a compiled stage's graph)."""
+        return self.losses(dict(with_appearance(self.visual, inputs, pixels)))
+
+    def _losses(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.task.loss(self.model, inputs, self.stage.options)
 
 
 def _detector_state(visual: EndToEndVisual) -> dict[str, torch.Tensor]:
