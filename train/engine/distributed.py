@@ -9,6 +9,7 @@ refuses two ranks on one GPU. The process group lives as long as the run (`proce
 
 from __future__ import annotations
 
+import inspect
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,8 +17,16 @@ from typing import Any, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from extract.device import launcher_variable
+
+# DDP's setting for no broadcast of buffers before each forward: torch 2.14 names it forward_sync_buffers
+# and deprecates broadcast_buffers. The new one still broadcasts rank 0's buffers once, when DDP wraps
+# the model: the same values, since every rank loaded the same ones.
+NO_BUFFER_BROADCASTS = ({"forward_sync_buffers": False}
+                        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                        else {"broadcast_buffers": False})
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ from train.engine.batches import Batch, EpochBatches, LengthBuckets, StageStream
 from train.engine.checkpoint import CheckpointSchedule, load_training_state, prune_checkpoints, random_state, save_checkpoint
 from train.engine.compiled import compile_problem, compiled_step, few_shapes
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
-from train.engine.distributed import World, any_rank, barrier, from_rank_zero, gathered, process_group
+from train.engine.distributed import (NO_BUFFER_BROADCASTS, World, any_rank, barrier, from_rank_zero, gathered,
+                                      process_group)
 from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.run_folder import RunFolder, StageFolder
@@ -540,7 +541,7 @@ class Trainer:
         # No buffer changes in training (frozen norms, anchors), and every rank loaded the same ones:
         # broadcasting them before each forward would only cost time and undo the folded norms.
         return DistributedDataParallel(objective, device_ids=device_ids, find_unused_parameters=unused,
-                                       broadcast_buffers=False)
+                                       **NO_BUFFER_BROADCASTS)
 
     def _leaves_parameters_unused(self, objective: nn.Module, parts: StageParts, batch: Batch) -> bool:
         """Whether the loss of `batch` reaches some trained parameter not at all. A forward pass
