@@ -40,8 +40,9 @@ whose figure (caches filling) is printed beside it, under fixed malloc threshold
 
     .venv/bin/python bench/bench_train.py --loader --baseline /tmp/base --repeats 3
 
---profile DIR saves a torch.profiler trace of the warm-up's last steps of the first configuration (trace.json.gz,
-for chrome://tracing or Perfetto) and prints where a step's time goes: the trainer's ranges (data
+--profile DIR saves a torch.profiler trace of the warm-up's last steps of the first configuration, or
+of the one --profile-index names in the order they run (a compiled one, say), as trace.json.gz (for
+chrome://tracing or Perfetto), and prints where a step's time goes: the trainer's ranges (data
 wait, host to device, forward, backward, optimiser, losses to host), on the host and on the device,
 the device's busy share, and the host's waits for the device (synchronisations, copies to the host).
 """
@@ -287,7 +288,7 @@ def run_spec(work: Path, out: str, args, config: dict) -> dict:
                 max_length=args.max_length, eval_batch_size=config["batch_size"], device=args.device, stages=[stage])
 
 
-def train(specs: list[dict], profile: str | None) -> None:
+def train(specs: list[dict], profile: str | None, profiled_index: int = 0) -> None:
     """In the child process: each spec trained by the checkout's code; prints each stage's evaluation
     with the trained parameters (embedding tables left out) and the device's name, a line each."""
     sys.path.insert(0, str(checkout()))
@@ -306,7 +307,7 @@ def train(specs: list[dict], profile: str | None) -> None:
         run = RunConfig.from_dict(spec)
         try:
             trainer = Trainer(run, log=lambda message: None)
-            if profile and index == 0:
+            if profile and index == profiled_index:
                 result = profiled(trainer, run.stages[0].log_every, Path(profile))
             else:
                 result = trainer.fit()[0]
@@ -455,6 +456,8 @@ def main() -> None:
     parser.add_argument("--end2end-steps", type=int, default=10, help="its steps measured after the warm-up")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="a folder for the trace of the first configuration")
+    parser.add_argument("--profile-index", type=int, default=0,
+                        help="profile this configuration instead (0: the first; in the order they run, as printed)")
     parser.add_argument("--baseline", type=Path, help="another checkout of the project to time beside this one")
     parser.add_argument("--loader", action="store_true", help="measure the loader alone instead: CPU time per sample "
                         "made and collated (VQA and pre-training, stores with masked variants), no training")
@@ -463,7 +466,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        return loader_times(spec["loader"]) if "loader" in spec else train(spec["runs"], spec.get("profile"))
+        return (loader_times(spec["loader"]) if "loader" in spec
+                else train(spec["runs"], spec.get("profile"), spec.get("profile_index", 0)))
     print("command:", shlex.join(["python", "bench/bench_train.py", *sys.argv[1:]]), flush=True)
     codes = {"this tree": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
     if args.loader:
@@ -490,7 +494,8 @@ def main() -> None:
                     if rate(result) > rate(best.get((code, index), {})):
                         best[(code, index)] = result
 
-                run_child(__file__, path, {"runs": runs, "profile": profile}, each=kept)
+                run_child(__file__, path, {"runs": runs, "profile": profile, "profile_index": args.profile_index},
+                          each=kept)
         print(f"best of {args.repeats}:")
         for (code, index), result in sorted(best.items(), key=lambda item: item[0][1]):
             print(show(code, configs[index], result))
@@ -505,6 +510,7 @@ def main() -> None:
             print(f"  cached / end-to-end samples/s: {cached / end2end:.1f}x ({label(configs[0])} against "
                   f"{label(configs[index])})")
         if args.profile:
+            print(f"profiled: {label(configs[args.profile_index])}")
             print((args.profile / "summary.txt").read_text().rstrip())
             print(f"  trace: {args.profile / 'trace.json.gz'}")
 
