@@ -194,16 +194,16 @@ def test_an_encoder_rounding_its_lengths_gives_its_real_elements_the_same_output
 
 @pytest.mark.parametrize("task, mode", [("vqa", "default"), ("refexp", "reduce-overhead"), ("pretrain", "default")])
 def test_a_compiled_step_is_one_graph_and_trains_like_the_eager_one(world, monkeypatch, task, mode):
-    """The model's forward and the task's losses traced whole (fullgraph: a graph break fails), with
-    torch's autograd split and no code generated (aot_eager, seconds on a CPU; the cuda tests run
-    the real compiler): the eager stage's losses, the mode given to torch.compile and recorded."""
+    """The model's forward and the task's losses traced whole by dynamo (fullgraph: a graph break
+    fails), run as traced without generating code (seconds on a CPU; the cuda tests run torch's
+    compiler): the eager stage's losses, the mode given to torch.compile and recorded."""
     import train.engine.compiled as compiled
 
-    modes, compile_with_inductor = [], torch.compile
+    modes, torch_compile = [], torch.compile
 
     def traced_whole(function, mode="default", **options):
         modes.append(mode)
-        return compile_with_inductor(function, backend="aot_eager", fullgraph=True)
+        return torch_compile(function, backend="eager", fullgraph=True)
 
     monkeypatch.setattr(compiled.torch, "compile", traced_whole)
     stage = StageConfig(task, task, steps=4, batch_size=2, base_lr=5e-4, num_workers=0, log_every=2)
