@@ -38,7 +38,7 @@ TRAINING = ["--device", "cuda", "--model", "base", "--images", "384", "--batch-s
             "--warmup", "10", "--steps", "200"]
 TINY_TRAINING = ["--images", "48", "--batch-sizes", "4,8", "--precisions", "fp32", "--warmup", "2", "--steps", "3",
                  "--workers", "0"]
-# After the training sizes (later flags win): a warm-up long enough to hold both compilations, and where
+# After the training sizes (later flags win): a warm-up long enough to hold the compilations, and where
 # the step in reduce-overhead mode (the third configuration) spends its time.
 COMPILED_TRAINING = ["--warmup", "30", "--compile", "first", "--compile-modes", "default,reduce-overhead",
                      "--profile", str(Path(tempfile.gettempdir()) / "vlbert-compiled-step"), "--profile-index", "2"]
@@ -77,7 +77,7 @@ def parts(tiny: bool = False) -> list[Part]:
              "fp32 and bf16 ms per call and the ratio",
              [sys.executable, "bench/bench_detector.py", "--parts", "res5", "--presets", "butd-vg", "--devices", "cuda",
               "--precisions", "fp32,bf16", "--res5-rois", "300", "--repeat", "5"], 25, gpu_only=True),
-        # Compilation (twice: the first batch's shapes, then dynamic text lengths) takes minutes: a slot of its own.
+        # Compilation (again where a later batch's padded shapes differ) takes minutes: a slot of its own.
         Part("training compiled: VL-BERT-base bf16 at batch 64, eager beside the step compiled by torch.compile in "
              "its default mode and in reduce-overhead mode (forward and backward replayed as CUDA graphs), steady "
              "samples/s, and where the reduce-overhead step's time goes",

@@ -22,16 +22,20 @@ from safetensors.torch import load_file
 from extract.store import FeatureStore
 from tests.helpers.models import NO_DROPOUT
 from tests.helpers.worlds import copy_world, run_config
+from train.data.annotations import AnnotationFile
 from train.data.regions import RegionBank
-from train.engine.batches import EpochBatches, LengthBuckets
-from train.engine.compiled import few_shapes
+from train.engine.batches import Collate, EpochBatches, LengthBuckets
+from train.engine.compiled import batch_length_multiple, few_shapes
 from train.engine.config import RunConfigError, StageConfig
 from train.engine.distributed import World
 from train.engine.optimization import KERNELS, OPTIMIZERS, parameter_groups
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
+from train.tasks import TASKS
+from train.tasks.base import TaskData
 from vlbert import VLBertConfig
 from vlbert.modeling import VLBertEncoder
+from vlbert.tokenization import load_tokenizer
 
 VQA = StageConfig("vqa", "vqa", steps=6, batch_size=2, base_lr=5e-4, num_workers=0)
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,8 +131,11 @@ from tests.helpers.models import NO_DROPOUT
 from tests.helpers.worlds import run_config
 from train.engine.config import StageConfig
 from train.engine.trainer import Trainer
+from train.tasks import TASKS
+from train.tasks.base import TaskData
 from vlbert import VLBertConfig
 from vlbert.modeling import VLBertEncoder
+from vlbert.tokenization import load_tokenizer
 torch.set_num_threads({threads})  # as this process: the same rounding
 original, calls = torch.optim.AdamW.step, {{"n": 0}}
 def step(self, *args, **kwargs):
@@ -192,11 +199,38 @@ def test_an_encoder_rounding_its_lengths_gives_its_real_elements_the_same_output
     assert torch.allclose(rounded[mask], exact[mask], atol=1e-6)
 
 
-@pytest.mark.parametrize("task, mode", [("vqa", "default"), ("refexp", "reduce-overhead"), ("pretrain", "default")])
+def test_a_compiled_stages_batches_pad_text_and_regions_to_a_multiple_of_eight(world):
+    """Few input shapes for the compiled graph; the padding is masked and empty (that the losses stay
+    the same is the next test's: its compiled stages pad, the eager ones do not)."""
+    tokenizer = load_tokenizer(world / "vocab")
+    bank = RegionBank(str(world / "cache"))
+    data = TaskData(bank, tokenizer, 32, AnnotationFile(world / "world" / "train.jsonl", keep=bank.__contains__))
+    dataset = TASKS["vqa"].dataset(data, VQA.options, data.train, 7, True)
+    samples = [dataset[i] for i in range(5)]
+    exact = Collate(tokenizer.pad_token_id)(samples).inputs
+    padded = Collate(tokenizer.pad_token_id, length_multiple=batch_length_multiple(compiled=True))(samples).inputs
+    text, regions = exact["text_mask"].shape[1], exact["box_mask"].shape[1]
+    assert text % 8 and regions % 8  # both get padding here
+    assert padded["text_mask"].shape[1] == text + -text % 8 and padded["box_mask"].shape[1] == regions + -regions % 8
+    assert batch_length_multiple(compiled=False) == 1
+    assert padded["image_files"] == exact["image_files"]
+    for name, value in ((k, v) for k, v in exact.items() if torch.is_tensor(v)):
+        if value.dim() < 2 or value.shape == padded[name].shape:
+            assert torch.equal(padded[name], value), name
+            continue
+        width = text if value.shape[1] == text else regions
+        assert torch.equal(padded[name][:, :width], value), name
+        fill = {"input_ids": tokenizer.pad_token_id, "mlm_labels": -100}.get(name, 0)
+        assert (padded[name][:, width:] == fill).all(), name
+
+
+@pytest.mark.parametrize("task, mode", [("vqa", "default"), ("refexp", "reduce-overhead"), ("pretrain", "default"),
+                                        ("retrieval", "default")])
 def test_a_compiled_step_is_one_graph_and_trains_like_the_eager_one(world, monkeypatch, task, mode):
     """The model's forward and the task's losses traced whole by dynamo (fullgraph: a graph break
     fails), run as traced without generating code (seconds on a CPU; the cuda tests run torch's
-    compiler): the eager stage's losses, the mode given to torch.compile and recorded."""
+    compiler): the eager stage's losses on its unpadded batches, the mode given to torch.compile and
+    recorded."""
     import train.engine.compiled as compiled
 
     modes, torch_compile = [], torch.compile
@@ -211,7 +245,9 @@ def test_a_compiled_step_is_one_graph_and_trains_like_the_eager_one(world, monke
     compiled_losses, weights, _ = trained(world, f"compiled-{task}", replace(stage, compile=True, compile_mode=mode))
     assert modes == ["default", mode]  # the check that torch compiles here, then the stage's step
     assert compiled_losses == pytest.approx(eager_losses, rel=1e-5)
-    assert all(torch.allclose(weights[name], eager[name], atol=1e-6, rtol=1e-5) for name in eager)
+    # The compiled stage's batches are padded (other shapes, other float sums), and AdamW turns a near-zero
+    # gradient's noise into a whole step: within a fiftieth of one step's largest change (lr 1e-3)
+    assert all(torch.allclose(weights[name], eager[name], atol=2e-5, rtol=1e-5) for name in eager)
     assert RunFolder(world / f"compiled-{task}").speed()[task]["compile"] == mode
 
 

@@ -901,9 +901,9 @@ class VLBertForPairClassification(VLBertPreTrainedModel):
 
 def _on_host(labels: torch.Tensor) -> bool:
     """Whether checking the labels' values costs nothing: on a GPU, reading a check's result makes the
-    host wait for the device every step (training's labels come from the task's datasets, which make
-    them as these checks expect)."""
-    return labels.device.type == "cpu"
+    host wait for the device every step, and under torch.compile it would break the graph (training's
+    labels come from the task's datasets, which make them as these checks expect)."""
+    return labels.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def load_pretrained(directory: str | Path) -> VLBertPreTrainedModel:

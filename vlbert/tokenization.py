@@ -304,12 +304,13 @@ def build_choice_sequences(
     ]
 
 
-def pad_text(sequences: list[TextSequence], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+def pad_text(sequences: list[TextSequence], pad_token_id: int = 0, multiple: int = 1) -> dict[str, torch.Tensor]:
     """Batch tensors for the model: input_ids, token_type_ids, text_mask, text_box_index, mlm_labels
-    (int64, text_mask bool). Filled row by row through NumPy: torch.tensor of nested lists costs
-    several times as much."""
+    (int64, text_mask bool), as long as the longest sequence rounded up to a `multiple`. Filled row by
+    row through NumPy: torch.tensor of nested lists costs several times as much."""
     lengths = np.array([len(sequence) for sequence in sequences])
     length = int(lengths.max())
+    length += -length % multiple
 
     def padded(values: Callable[[TextSequence], list[int]], fill: int) -> torch.Tensor:
         out = np.full((len(sequences), length), fill, np.int64)

@@ -1,5 +1,7 @@
 """VL-BERT test configs and batches: a tiny model without dropout, and random batches of text and regions."""
 
+import math
+
 import torch
 
 from vlbert import IGNORE_INDEX, VLBertConfig
@@ -36,9 +38,9 @@ def tiny(**overrides):
     return VLBertConfig.tiny(**{**NO_DROPOUT, "visual_gain_init": 1.0, **overrides})
 
 
-def padded_by_lists(sequences, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+def padded_by_lists(sequences, pad_token_id: int = 0, multiple: int = 1) -> dict[str, torch.Tensor]:
     """`vlbert.pad_text`'s tensors made the plain way (each row a padded list), for comparisons."""
-    length = max(len(s) for s in sequences)
+    length = math.ceil(max(len(s) for s in sequences) / multiple) * multiple
     rows = {"input_ids": (lambda s: s.input_ids, pad_token_id, torch.int64),
             "token_type_ids": (lambda s: s.token_type_ids, 0, torch.int64),
             "text_mask": (lambda s: [1] * len(s), 0, torch.bool),

@@ -27,27 +27,31 @@ def pixel_entries(batch: dict[str, Any]) -> dict[str, list]:
     return {k: batch[k] for k in PIXELS}
 
 
-def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0,
+            length_multiple: int = 1) -> dict[str, torch.Tensor]:
     """Model inputs and targets; `image_files` and `images` (lists, not tensors) are there for
-    end-to-end stages. B groups of G samples give B × G inputs in group order and (B, G, ...) targets."""
+    end-to-end stages. B groups of G samples give B × G inputs in group order and (B, G, ...) targets.
+    Text and RoIs are padded to the longest sample's, rounded up to a `length_multiple` (a compiled
+    stage's: few shapes)."""
     if isinstance(samples[0], SampleGroup):
         size = len(samples[0].samples)
-        batch = collate([s for group in samples for s in group.samples], pad_token_id)
+        batch = collate([s for group in samples for s in group.samples], pad_token_id, length_multiple)
         for name in samples[0].samples[0].targets:
             batch[name] = batch[name].view(len(samples), size, *batch[name].shape[1:])
         return batch
     if samples[0].choices is not None:
         # (B, C, T): every candidate of every sample padded to one length.
         choices = len(samples[0].choices)
-        batch = pad_text([c for s in samples for c in s.choices], pad_token_id)
+        batch = pad_text([c for s in samples for c in s.choices], pad_token_id, length_multiple)
         batch = {k: v.view(len(samples), choices, -1) for k, v in batch.items()}
     else:
-        batch = pad_text([s.sequence for s in samples], pad_token_id)
+        batch = pad_text([s.sequence for s in samples], pad_token_id, length_multiple)
     batch["image_files"] = [s.image_file for s in samples]
     batch["images"] = [s.image for s in samples]
     visual = [s for s in samples if s.regions is not None]
     if visual:
         n = max(len(s.regions) for s in visual)
+        n += -n % length_multiple
         size = len(samples)
         boxes = np.zeros((size, n, 4), np.float32)
         box_mask, masked = np.zeros((size, n), bool), np.zeros((size, n), bool)

@@ -145,14 +145,16 @@ class Collate:
     `keep_samples`: evaluation's, whose evaluators read each sample's id and targets. Encoded features
     (a q8 store's codes) are decoded on the device, or here with `decode_on_host`."""
 
-    def __init__(self, pad_token_id: int, keep_samples: bool = False, decode_on_host: bool = False) -> None:
+    def __init__(self, pad_token_id: int, keep_samples: bool = False, decode_on_host: bool = False,
+                 length_multiple: int = 1) -> None:
         self.pad_token_id, self.keep_samples, self.decode_on_host = pad_token_id, keep_samples, decode_on_host
+        self.length_multiple = length_multiple
 
     def __call__(self, samples: list) -> Batch:
         damaged = [s for s in samples if isinstance(s, DamagedSample)]
         usable = [s for s in samples if not isinstance(s, DamagedSample)]
         text_only = sum(1 for s in usable if isinstance(s, Sample) and s.regions is None)
-        inputs = collate(usable, self.pad_token_id) if usable else None
+        inputs = collate(usable, self.pad_token_id, self.length_multiple) if usable else None
         if inputs is not None and self.decode_on_host:
             inputs = decoded_on_host(inputs)
         kept = [replace(s, regions=None, image=None) if isinstance(s, Sample) else s for s in usable] \
@@ -195,22 +197,24 @@ class StageStreams:
         return [list(order.position(batch - self.batch, start)) for (_, order), start in zip(self.streams, self.starts)]
 
     def batches(self, workers: int, pad_token_id: int, device: torch.device, prefetch: bool,
-                decode_on_device: bool = True) -> Iterator[Batch]:
+                decode_on_device: bool = True, length_multiple: int = 1) -> Iterator[Batch]:
         """`collated` batches with their tensors on `device` (with `prefetch` on CUDA, each copied there
         while the step before computes); encoded features decoded there unless not `decode_on_device`."""
-        collated = self.collated(workers, pad_token_id, device.type == "cuda", not decode_on_device)
+        collated = self.collated(workers, pad_token_id, device.type == "cuda", not decode_on_device, length_multiple)
         return on_device(collated, device, ahead=prefetch)
 
     def collated(self, workers: int, pad_token_id: int, pin_memory: bool,
-                 decode_on_host: bool = False) -> Iterator[Batch]:
+                 decode_on_host: bool = False, length_multiple: int = 1) -> Iterator[Batch]:
         """Micro-batches from the stage's `batch`-th on, each one batch of every stream, forever, as
-        the workers collate them; its workers live as long as the iterator (the whole stage)."""
+        the workers collate them (text and RoIs padded to a `length_multiple`); its workers live as
+        long as the iterator (the whole stage)."""
         keys = [order.keys_from(stream, start) for stream, ((_, order), start) in enumerate(zip(self.streams, self.starts))]
         sampler = (sum((next(stream_keys) for stream_keys in keys), []) for _ in iter(int, 1))
         # A generator of its own: the DataLoader would otherwise draw its workers' base seed from the
         # global RNG, which would shift dropout after a resume.
         return spared_from_stops(DataLoader(Streams([dataset for dataset, _ in self.streams]), batch_sampler=sampler,
-                                            collate_fn=Collate(pad_token_id, decode_on_host=decode_on_host),
+                                            collate_fn=Collate(pad_token_id, decode_on_host=decode_on_host,
+                                                               length_multiple=length_multiple),
                                             num_workers=workers, pin_memory=pin_memory,
                                             generator=torch.Generator().manual_seed(self.batch)))
 

@@ -1,10 +1,11 @@
 """Few sequence shapes, and a compiled step: a stage's `compile: true` runs its model's forward and its
 task's losses through torch.compile as one graph (for every task on cached features; an end-to-end
 stage's detector runs eager before it), in torch's `compile_mode` ("reduce-overhead": the graph's
-forward and backward replayed as CUDA graphs, one launch each, for steps bound by launching kernels).
-With it or `length_buckets: true`, sequence lengths are rounded up to a multiple of LENGTH_MULTIPLE
-elements, so that batches of any length share a few shapes (each new shape costs a compilation, or on
-CUDA a cuDNN attention plan or a CUDA graph: length-aware batches without the rounding ran slower
+forward and backward replayed as CUDA graphs, one launch each, for steps bound by launching kernels),
+on batches whose text and RoIs are padded to a multiple of BATCH_LENGTH_MULTIPLE. With it or
+`length_buckets: true`, the encoder rounds sequence lengths up to a multiple of LENGTH_MULTIPLE
+elements, so that batches of any length share a few shapes (each new shape costs a compilation, or
+on CUDA a cuDNN attention plan or a CUDA graph: length-aware batches without the rounding ran slower
 than without buckets on an H200). Checked before anything trains: where torch cannot compile on the
 device (no compiler, no Triton, a Python torch does not support), the run is refused in one line.
 """
@@ -19,6 +20,9 @@ from torch import nn
 from vlbert.modeling import VLBertEncoder
 
 LENGTH_MULTIPLE = 16
+# A compiled stage's batches pad their text and their RoIs to a multiple of this many, so that the
+# compiled graph's inputs come in few shapes too (each new one costs a recompilation or a CUDA graph)
+BATCH_LENGTH_MULTIPLE = 8
 # torch.compile's modes, the stage's `compile_mode` values
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -38,6 +42,11 @@ def few_shapes(model: nn.Module) -> None:
     """Every VL-BERT encoder of `model` rounding its sequence lengths up to a multiple of LENGTH_MULTIPLE."""
     for encoder in (module for module in model.modules() if isinstance(module, VLBertEncoder)):
         encoder.length_multiple = LENGTH_MULTIPLE
+
+
+def batch_length_multiple(compiled: bool) -> int:
+    """What a stage's batches round their text and region counts up to a multiple of."""
+    return BATCH_LENGTH_MULTIPLE if compiled else 1
 
 
 def compiled_step(losses: Callable[[dict], dict[str, torch.Tensor]], mode: str) -> Callable[[dict], dict]:

@@ -38,7 +38,7 @@ from train.data.regions import RegionBank
 from train.end2end import EndToEndVisual, with_appearance
 from train.engine.batches import Batch, EpochBatches, LengthBuckets, StageStreams
 from train.engine.checkpoint import CheckpointSchedule, load_training_state, prune_checkpoints, random_state, save_checkpoint
-from train.engine.compiled import compile_problem, compiled_step, few_shapes
+from train.engine.compiled import batch_length_multiple, compile_problem, compiled_step, few_shapes
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
 from train.engine.distributed import (NO_BUFFER_BROADCASTS, World, any_rank, barrier, from_rank_zero, gathered,
                                       process_group)
@@ -304,7 +304,7 @@ class Trainer:
         streams = self._streams(stage, step, parts.visual, saved.get("positions"), saved_world)
         workers = self.speed[stage.name]["workers"]
         batches = PeekedBatches(streams.batches(workers, self.tokenizer.pad_token_id, self.device, stage.prefetch,
-                                                stage.decode_on_device))
+                                                stage.decode_on_device, batch_length_multiple(stage.compile)))
         objective = self._objective(stage, parts, batches)
         with self._stage_log(stage, stage_dir, step) as log:
             run = StageRun(stage, stage_dir, parts, progress, log, streams)
