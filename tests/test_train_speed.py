@@ -131,11 +131,6 @@ from tests.helpers.models import NO_DROPOUT
 from tests.helpers.worlds import run_config
 from train.engine.config import StageConfig
 from train.engine.trainer import Trainer
-from train.tasks import TASKS
-from train.tasks.base import TaskData
-from vlbert import VLBertConfig
-from vlbert.modeling import VLBertEncoder
-from vlbert.tokenization import load_tokenizer
 torch.set_num_threads({threads})  # as this process: the same rounding
 original, calls = torch.optim.AdamW.step, {{"n": 0}}
 def step(self, *args, **kwargs):
