@@ -22,8 +22,8 @@ test: $(STAMP)
 
 # On a GPU host: the project installed against the host's own torch (no pinned .venv), then the
 # cuda tests and every GPU figure (bench/gpu_report.py), in about 10 minutes on one GPU (the compiled
-# training step, which compiles for minutes, in a slot of its own: bench/gpu_report.py --parts 6). It needs no
-# package index: the host's setuptools builds the project (--no-build-isolation) and nothing is
+# training step, which compiles for minutes, in a slot of its own: bench/gpu_report.py --parts 6). It
+# needs no package index: the host's setuptools builds the project (--no-build-isolation) and nothing is
 # fetched (--no-deps); the report names the dependencies the host lacks (docs/benchmarks.md says how
 # to carry their wheels).
 GPU_PYTHON ?= python3
