@@ -76,8 +76,11 @@ def collate(samples: list[Sample] | list[SampleGroup], pad_token_id: int = 0,
         batch[name] = torch.tensor(np.stack([np.asarray(s.targets.get(name, IGNORE_INDEX)) for s in samples]))
     if "mlm_labels" in batch:
         # The masked words' positions in the flattened text, found here on the host: found on the
-        # device, their count would make the host wait for it (VLBertForPreTraining.forward).
-        batch["mlm_positions"] = torch.from_numpy(np.flatnonzero(batch["mlm_labels"].numpy() != IGNORE_INDEX))
+        # device, their count would make the host wait for it (VLBertForPreTraining.forward). Their
+        # count too is padded to the `length_multiple`, with position 0: the first sample's [CLS],
+        # never a masked word, whose ignored label leaves the loss as it is.
+        positions = np.flatnonzero(batch["mlm_labels"].numpy() != IGNORE_INDEX)
+        batch["mlm_positions"] = torch.from_numpy(np.pad(positions, (0, -len(positions) % length_multiple)))
     # Per-RoI targets as the samples carry them (float32, or a top-k store's sparse class distributions,
     # densified on the device), zero rows for padding and for samples without them.
     for name in {n for s in samples for n in s.region_targets}:
