@@ -2,6 +2,7 @@
 models and shards) is swept by the next writer, under the lock that every writer of those files
 holds, so none of them can still be in use; what other writers own stays."""
 
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -99,3 +100,13 @@ def test_a_metrics_line_cut_short_by_a_full_disk_or_a_kill_is_dropped_on_resume(
         metrics.write('{"stage": "vqa", "step": 3, "lr"')
     Trainer(run_config(world, "torn", [VQA])).fit(resume=True)
     assert [record.get("step") for record in folder.metrics()] == [1, 2, 3, None]  # None: the evaluation
+
+
+def test_an_interrupted_stage_leaves_no_data_loader_worker_running(world, monkeypatch):
+    """Its exception's traceback keeps the stage's frames; the batches' DataLoader is closed anyway."""
+    stage = StageConfig("vqa", "vqa", steps=3, batch_size=2, base_lr=5e-4, num_workers=2)
+    interrupt_optimiser_step(monkeypatch, call=2)
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        Trainer(run_config(world, "stopped-with-workers", [stage])).fit()
+    assert interrupted.traceback  # held, with every frame of the stage
+    assert multiprocessing.active_children() == []

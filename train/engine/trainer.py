@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -305,17 +305,19 @@ class Trainer:
         workers = self.speed[stage.name]["workers"]
         batches = PeekedBatches(streams.batches(workers, self.tokenizer.pad_token_id, self.device, stage.prefetch,
                                                 stage.decode_on_device, batch_length_multiple(stage.compile)))
-        objective = self._objective(stage, parts, batches)
-        with self._stage_log(stage, stage_dir, step) as log:
-            run = StageRun(stage, stage_dir, parts, progress, log, streams)
-            with self.stop.deferred(f"{self.folder.root}: stage {stage.name}"):
-                self._optimise(run, objective, batches, step)
-                seconds = progress.seconds
-                del batches  # its DataLoader workers stop before evaluation starts its own
-                self._save(run, stage.steps)
-            if any_rank(self.stop.requested, self.world, self.device):  # it came after the last step
-                raise self.stop.interrupted(f"{self.folder.root}: stage {stage.name}, its last step written")
-            self._finish(run, seconds)
+        # Closed when the stage stops or fails too: the traceback would keep its DataLoader's workers running.
+        with closing(batches):
+            objective = self._objective(stage, parts, batches)
+            with self._stage_log(stage, stage_dir, step) as log:
+                run = StageRun(stage, stage_dir, parts, progress, log, streams)
+                with self.stop.deferred(f"{self.folder.root}: stage {stage.name}"):
+                    self._optimise(run, objective, batches, step)
+                    seconds = progress.seconds
+                    batches.close()  # its DataLoader workers stop before evaluation starts its own
+                    self._save(run, stage.steps)
+                if any_rank(self.stop.requested, self.world, self.device):  # it came after the last step
+                    raise self.stop.interrupted(f"{self.folder.root}: stage {stage.name}, its last step written")
+                self._finish(run, seconds)
         barrier(self.world)
 
     def _evaluate_only(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, previous: Path) -> None:
@@ -671,6 +673,11 @@ class PeekedBatches:
             batch, self.first = self.first, None
             return batch
         return next(self.batches)
+
+    def close(self) -> None:
+        """Ends the batches' generator, and with it their DataLoader and its worker processes."""
+        self.first = None
+        self.batches.close()
 
 
 def graph_parameters(loss: torch.Tensor) -> set[int]:
