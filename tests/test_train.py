@@ -234,7 +234,11 @@ def test_two_processes_train_like_one_with_the_whole_batch(world):
         runs.append(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                                       "--master_port", port, "--module", script, str(world), out, batch_size,
                                       accumulation], env=env))
-    assert [run.wait(timeout=600) for run in runs] == [0, 0, 0]
+    try:
+        assert [run.wait(timeout=600) for run in runs] == [0, 0, 0]
+    finally:
+        for run in runs:
+            run.kill()
 
     def stage(out):
         return RunFolder(world / out).stage(0, "vqa")
