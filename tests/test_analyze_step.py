@@ -10,7 +10,7 @@ import yaml
 
 from pipelines.runner import PipelineError, load_pipeline, run_pipeline
 from tests.helpers.pipelines import run_pipeline_file
-from train.analysis.verdicts import grounding_verdicts, syntax_verdicts
+from train.analysis.verdicts import grounding_verdicts, syntax_verdicts, words_verdicts
 
 GROUNDING = Path(__file__).parents[1] / "pipelines" / "configs" / "grounding.yaml"
 TINY = {"world.images": 10}  # 2 validation images: 6 captions
@@ -74,9 +74,20 @@ def test_the_grounding_step_scores_the_entity_phrases(ran):
     assert verdicts and verdicts[0] in (ran / "grounding" / "log.txt").read_text()
 
 
+def test_the_words_step_predicts_each_caption_word_beside_two_images(ran):
+    result = json.loads((ran / "words" / "words.json").read_text())
+    captions = sum(len(json.loads(line)["captions"]) for line in (ran / "world" / "val.jsonl").read_text().splitlines())
+    assert result["captions"] == captions and result["masked_words"] == sum(row["masked_words"] for row in result["by_word"])
+    assert set(result["groups"]) == {"colour", "shape"} and result["groups"]["colour"]["masked_words"] > 0
+    assert in_unit_interval([result["own_image"], result["another_image"]])
+    verdicts = words_verdicts(result)
+    assert len(verdicts) == 3 and all(line in (ran / "words" / "log.txt").read_text() for line in verdicts)
+    assert "| colour |" in (ran / "words" / "words.md").read_text()
+
+
 def test_a_rerun_finds_every_step_up_to_date_and_recomputes_nothing(ran, shrunk):
     outputs = [ran / step / name for step, name in (("grounding", "grounding.json"), ("syntax", "syntax.json"),
-                                                    ("syntax-fresh", "syntax.json"))]
+                                                    ("syntax-fresh", "syntax.json"), ("words", "words.json"))]
     before = [path.stat().st_mtime_ns for path in outputs]
     messages = []
     run_pipeline(shrunk, ran, log=messages.append, settings=TINY)
@@ -87,7 +98,11 @@ def test_a_rerun_finds_every_step_up_to_date_and_recomputes_nothing(ran, shrunk)
 
 @pytest.mark.parametrize("settings, message", [
     ({"syntax.analysis": "syntaks"},
-     r": step 'syntax' \(analyze\): analysis: 'syntaks' is not one of grounding, syntax \(did you mean 'syntax'\?\)$"),
+     r": step 'syntax' \(analyze\): analysis: 'syntaks' is not one of grounding, syntax, words \(did you mean "
+     r"'syntax'\?\)$"),
+    ({"words.groups": {"colour": []}}, r": step 'words' \(analyze\): groups: group 'colour': names no words$"),
+    ({"words.groups": {"colour": ["light blue"]}},
+     r": step 'words' \(analyze\): groups: group 'colour': 'light blue' is not one word$"),
     ({"syntax.min_region_attention": 1}, r": step 'syntax' \(analyze\): min_region_attention: expected a share below 1"),
     ({"grounding.format": "coco"}, r": step 'grounding' \(analyze\): format: 'coco' is not one of refs, flickr30k-entities"),
     ({"syntax.parses": "/nonexistent.conllu"}, r": step 'syntax' \(analyze\): parses: /nonexistent.conllu does not exist"),

@@ -1,6 +1,7 @@
 """`vlbert analyze …`: looking inside a trained model (`grounding`: which regions phrases attend to;
 `syntax`: which regions the words of a dependency arc attend to; `attention`: one sample's attention
-between its words and regions, drawn)."""
+between its words and regions, drawn; `words`: which masked words a pre-trained model predicts from
+the image)."""
 
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def _running_options(command):
 
 @click.group("analyze")
 def analyze_group() -> None:
-    """Analyses of a trained model's attention."""
+    """Analyses of a trained model: its attention, and what its word predictions take from the image."""
 
 
 @analyze_group.command("grounding")
@@ -171,6 +172,47 @@ def attention_command(model_dir: Path, store: Path, annotations: Path, item: int
                f'x {len(result["regions"])} regions')
     for path in result["files"].values():
         click.echo(path)
+
+
+def _groups(_ctx, _param, values: tuple[str, ...]) -> dict[str, list[str]]:
+    groups = {}
+    for value in values:
+        name, equals, words = value.partition("=")
+        if not equals or not name.strip() or name.strip() in groups:
+            raise click.BadParameter(f"{value!r}: expected NAME=word,word,... with a NAME not given before")
+        groups[name.strip()] = [word for word in words.split(",") if word.strip()]
+    return groups
+
+
+@analyze_group.command("words")
+@click.option("--model", "model_dir", required=True, type=_folder,
+              help="A pre-training stage's saved model (it has the masked-word head), e.g. its final model.")
+@click.option("--store", required=True, type=_folder, help="The FeatureStore of the captions' images.")
+@click.option("--annotations", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="An annotation file with captions (the project's JSON lines, e.g. a world's val.jsonl).")
+@click.option("--vocabulary", required=True, type=_folder, help="The tokenizer folder (vocab.txt).")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--group", "groups", multiple=True, callback=_groups, metavar="NAME=WORD,WORD,...",
+              help="Also report these words together (repeatable), e.g. --group colour=red,green,blue.")
+@click.option("--max-items", type=click.IntRange(min=1), help="Analyse only the first N captions.")
+@_running_options
+def words_command(model_dir: Path, store: Path, annotations: Path, vocabulary: Path, out: Path,
+                  groups: dict[str, list[str]], max_items: int | None, batch_size: int, max_length: int | None,
+                  device: str, fresh_weights: bool) -> None:
+    """Every word of every caption masked alone and predicted with the caption's own image and with
+    another image's regions: the accuracies and their paired difference (the image's part in the
+    predictions), in all, per --group and per word: OUT/words.md, OUT/words.json."""
+    from extract.paths import check_apart
+    from train.analysis.masked_words import analyze_masked_words
+    from train.analysis.verdicts import words_verdicts
+
+    check_apart(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
+                      ("--vocabulary", vocabulary)))
+    result = analyze_masked_words(model_dir, store, annotations, vocabulary, out, groups, max_items, batch_size,
+                                  device, max_length, fresh_weights)
+    click.echo(f"{result['masked_words']} masked words in {result['captions']} captions; {out / 'words.md'}")
+    for line in words_verdicts(result):
+        click.echo(f"  {line}")
 
 
 COMMANDS = [analyze_group]

@@ -1,6 +1,6 @@
-"""The `analyze` step: an analysis of a saved model's attention, as `vlbert analyze ANALYSIS` runs it
-(train/analysis/), its outputs in the step's folder: `grounding` (grounding.json, grounding.png) or
-`syntax` (syntax.json, syntax.md, relations.png, layers/)."""
+"""The `analyze` step: an analysis of a saved model, as `vlbert analyze ANALYSIS` runs it
+(train/analysis/), its outputs in the step's folder: `grounding` (grounding.json, grounding.png),
+`syntax` (syntax.json, syntax.md, relations.png, layers/) or `words` (words.json, words.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pipelines.steps.base import (Foreknown, Layout, Log, StepKind, device_probl
 from train.analysis.parses import PARSERS
 from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS
 from train.analysis.relations import LABEL_SETS
-from train.analysis.verdicts import grounding_verdicts, syntax_verdicts
+from train.analysis.verdicts import grounding_verdicts, syntax_verdicts, words_verdicts
+from train.analysis.word_groups import check_groups
 from train.data.files import DataError, read_json
 from train.engine.errors import RunConfigError
 from vlbert.typed_config import at_least
@@ -62,6 +63,17 @@ class SyntaxParams(AnalysisParams):
                                  f"found {self.min_region_attention!r}")
 
 
+@dataclass
+class WordsParams(AnalysisParams):
+    groups: dict = dataclasses.field(default_factory=dict)  # name → words reported together
+
+    def __post_init__(self) -> None:
+        try:
+            self.groups = check_groups(self.groups)
+        except DataError as exc:
+            raise RunConfigError(f"groups: {exc}") from None
+
+
 def _grounding(chosen: GroundingParams, folder: Path) -> str:
     from train.analysis.grounding import analyze_grounding
 
@@ -87,6 +99,14 @@ def _syntax(chosen: SyntaxParams, folder: Path) -> str:
             f"{len(result['skipped'])} skipped" + "".join(f"; {line}" for line in verdicts[:2]))
 
 
+def _words(chosen: WordsParams, folder: Path) -> str:
+    from train.analysis.masked_words import analyze_masked_words
+
+    result = analyze_masked_words(chosen.model, chosen.store, chosen.annotations, chosen.vocabulary, folder,
+                                  chosen.groups, max_items=chosen.max_items, **_running(chosen))
+    return f"{result['masked_words']} masked words in {result['captions']} captions; " + "; ".join(words_verdicts(result))
+
+
 def _running(chosen: AnalysisParams) -> dict[str, Any]:
     return dict(batch_size=chosen.batch_size, device=chosen.device, max_length=chosen.max_length,
                 fresh_weights=chosen.fresh_weights)
@@ -104,6 +124,7 @@ class Analysis:
 ANALYSES = {
     "grounding": Analysis(GroundingParams, _grounding, ("images",), "grounding.json", grounding_verdicts),
     "syntax": Analysis(SyntaxParams, _syntax, ("parses",), "syntax.json", syntax_verdicts),
+    "words": Analysis(WordsParams, _words, (), "words.json", words_verdicts),
 }
 
 

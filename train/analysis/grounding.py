@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ from train.data.regions import RegionBank
 from train.engine.config import model_settings
 from train.evaluation.refer import box_ious
 from train.evaluation.statistics import LEVEL, bootstrap_interval, paired_comparison
-from vlbert.modeling import CONFIG_NAME, WEIGHTS_NAME, VLBertModel
+from vlbert.modeling import CONFIG_NAME, WEIGHTS_NAME, VLBertModel, VLBertPreTrainedModel
 from vlbert.tokenization import build_caption_sequence, check_vocabulary_size, load_tokenizer
 
 IOU_THRESHOLD = 0.5
@@ -197,9 +197,11 @@ def held_out_best(grounded: np.ndarray, random: np.ndarray, confident: np.ndarra
             "against_confidence": against(against_confidence, int(layer) + 1, int(head) + 1, unit)}
 
 
-def load_model(model_dir: str | Path, device: torch.device, fresh_weights: bool = False) -> VLBertModel:
-    """The VL-BERT encoder of any task's `save_pretrained` folder, for reading its attention; with
-    `fresh_weights`, its config initialised afresh (seed 0): the same model before any training.
+def load_model(model_dir: str | Path, device: torch.device, fresh_weights: bool = False,
+               model_class: type[VLBertPreTrainedModel] = VLBertModel) -> VLBertPreTrainedModel:
+    """The VL-BERT encoder of any task's `save_pretrained` folder, for reading its attention (or its
+    `model_class`, with that model's heads); with `fresh_weights`, its config initialised afresh
+    (seed 0): the same model before any training.
     DataError (RunConfigError for a config field) naming the file that cannot be read as saved."""
     model_dir = Path(model_dir)
     check_saved_config(model_dir)
@@ -207,7 +209,7 @@ def load_model(model_dir: str | Path, device: torch.device, fresh_weights: bool 
     if not weights.is_file():
         raise DataError(f"{model_dir}: not a saved model (no {WEIGHTS_NAME})")
     try:
-        model = VLBertModel.from_pretrained(model_dir)
+        model = model_class.from_pretrained(model_dir)
     except SafetensorError as exc:
         raise DataError(f"{weights}: not a readable safetensors file ({exc}); truncated or damaged?") from None
     if fresh_weights:
@@ -351,11 +353,12 @@ def open_inputs(model_dir: Path, store: Path, annotations: Path, vocabulary: Pat
     return GroundingInputs(model, tokenizer, regions, usable, unusable)
 
 
-def open_model(model_dir: Path, store: Path, vocabulary: Path, device: torch.device,
-               fresh_weights: bool) -> tuple[VLBertModel, PreTrainedTokenizerFast, RegionBank]:
-    """The model, its tokenizer and the store; StoreMismatchError when the store's features are not
-    the size the model takes, DataError when the vocabulary is not the model's."""
-    model = load_model(model_dir, device, fresh_weights)
+def open_model(model_dir: Path, store: Path, vocabulary: Path, device: torch.device, fresh_weights: bool,
+               load: Callable[[Path, torch.device, bool], VLBertPreTrainedModel] = load_model,
+               ) -> tuple[VLBertPreTrainedModel, PreTrainedTokenizerFast, RegionBank]:
+    """The model (as `load` reads it), its tokenizer and the store; StoreMismatchError when the
+    store's features are not the size the model takes, DataError when the vocabulary is not the model's."""
+    model = load(model_dir, device, fresh_weights)
     tokenizer = load_tokenizer(vocabulary)
     check_vocabulary_size(tokenizer, model.config.vocab_size, vocabulary)
     regions = RegionBank(str(store))

@@ -1,9 +1,9 @@
-"""Does any head beat the most confident RoI? The held-out best head (chosen on half the phrases or
+"""The analyses' results in words. Does any head beat the most confident RoI? The held-out best head (chosen on half the phrases or
 arcs, scored on the other half: the maximum of layers × heads estimates is biased upwards, so only a
 head chosen on other items may claim it) against the baseline on the same items, paired, in words that
 name the outcome either way. The entity analysis (`grounding`) and the syntactic one (`syntax`, one
 comparison per relation) both say it so; the step's log, the syntax table and the pipeline's report
-read these sentences."""
+read these sentences. Does the image help a pre-trained model predict masked words (`words`)?"""
 
 from __future__ import annotations
 
@@ -72,3 +72,22 @@ def syntax_verdicts(result: dict[str, Any]) -> list[str]:
                + f"; it is worse in {counts[WORSE]}, not distinguishable in "
                  f"{len(compared) - counts[BEATS] - counts[WORSE]}")
     return [summary] + [f"{relation}: {side['verdict']}" for relation, side in compared]
+
+
+def words_verdicts(result: dict[str, Any]) -> list[str]:
+    """The masked-word analysis (words.json): a line for all the masked words, then one per group, the
+    accuracy beside the own image and beside another, and their difference in words either way."""
+    lines = []
+    for name, figures in [("all words", result), *result["groups"].items()]:
+        if not figures["masked_words"]:
+            lines.append(f"{name}: no masked word")
+            continue
+        line = (f"{name}: {figures['masked_words']} masked, right beside the own image {figures['own_image']:.3f}, "
+                f"beside another image {figures['another_image']:.3f}")
+        if "interval" in figures:
+            low, high = figures["interval"]
+            said = "the image helps" if low > 0 else "the image hurts" if high < 0 else \
+                "no difference distinguishable from zero"
+            line += f"; own − another {figures['difference']:+.3f} [{low:+.3f}, {high:+.3f}]: {said}"
+        lines.append(line)
+    return lines
