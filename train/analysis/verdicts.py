@@ -1,9 +1,10 @@
-"""The analyses' results in words. Does any head beat the most confident RoI? The held-out best head (chosen on half the phrases or
-arcs, scored on the other half: the maximum of layers × heads estimates is biased upwards, so only a
-head chosen on other items may claim it) against the baseline on the same items, paired, in words that
-name the outcome either way. The entity analysis (`grounding`) and the syntactic one (`syntax`, one
-comparison per relation) both say it so; the step's log, the syntax table and the pipeline's report
-read these sentences. Does the image help a pre-trained model predict masked words (`words`)?"""
+"""The analyses' results in words. Does any head beat the most confident RoI? The held-out best head
+(chosen on half the phrases or arcs, scored on the other half: the maximum of layers × heads estimates
+is biased upwards, so only a head chosen on other items may claim it) against the baseline on the same
+items, paired, in words that name the outcome either way. The entity analysis (`grounding`) and the
+syntactic one (`syntax`, one comparison per relation) both say it so; the step's log, the syntax table
+and the pipeline's report read these sentences. And does the image help a pre-trained model predict
+masked words (`words`)?"""
 
 from __future__ import annotations
 
