@@ -77,7 +77,8 @@ def test_the_grounding_step_scores_the_entity_phrases(ran):
 def test_the_words_step_predicts_each_caption_word_beside_two_images(ran):
     result = json.loads((ran / "words" / "words.json").read_text())
     captions = sum(len(json.loads(line)["captions"]) for line in (ran / "world" / "val.jsonl").read_text().splitlines())
-    assert result["captions"] == captions and result["masked_words"] == sum(row["masked_words"] for row in result["by_word"])
+    assert result["captions"] == captions
+    assert result["masked_words"] == sum(row["masked_words"] for row in result["by_word"])
     assert set(result["groups"]) == {"colour", "shape"} and result["groups"]["colour"]["masked_words"] > 0
     assert in_unit_interval([result["own_image"], result["another_image"]])
     verdicts = words_verdicts(result)

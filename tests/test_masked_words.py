@@ -54,7 +54,8 @@ def test_each_word_is_masked_alone_with_the_same_text_beside_each_image(tiny_wor
         masked = [k - 1 for k, label in enumerate(own.sequence.labels) if label != IGNORE_INDEX]
         assert masked and tokenizer.decode([ids[k] for k in masked]).replace(" ", "") == word.word.replace(" ", "")
         text = own.sequence.input_ids[1:-1]
-        assert [token for k, token in enumerate(text) if k not in masked] == [t for k, t in enumerate(ids) if k not in masked]
+        kept = [k for k in range(len(ids)) if k not in masked]
+        assert [text[k] for k in kept] == [ids[k] for k in kept]
         assert all(text[k] == tokenizer.mask_token_id for k in masked)
         np.testing.assert_array_equal(own.regions.appearance, regions[first.image_id].appearance)
         np.testing.assert_array_equal(other.regions.appearance, regions[second.image_id].appearance)
@@ -67,7 +68,8 @@ def test_under_a_tight_cap_both_images_keep_the_same_pieces_and_cut_words_are_no
     few, many = regions[first.image_id].truncated(3), regions[second.image_id]
     pieces = len(tokenizer(caption, add_special_tokens=False)["input_ids"])
     assert len(many) > 3
-    for cap, kept in ((pieces + 3 + 3, pieces), (pieces + 3 + 3 - 5, pieces - 5)):  # every piece; 5 cut (the longer side)
+    # Every piece kept; then 5 cut (the text is the longer side).
+    for cap, kept in ((pieces + 3 + 3, pieces), (pieces + 3 + 3 - 5, pieces - 5)):
         words = masked_words(caption, "0", few, many, tokenizer, cap)
         for word in words:
             own, other = word.samples
@@ -148,7 +150,8 @@ def test_the_command_reports_all_groups_and_words(tiny_world, model, tmp_path):
     (["--group", "colour=light blue"], "group 'colour': 'light blue' is not one word"),
     (["--group", "colour="], "group 'colour': names no words"),
     (["--max-items", "1"], "{annotations}: 1 captions on images of the store {store}, from 1 image(s): the analysis "
-                           "needs captions of at least two stored images (each word is also predicted with another image)"),
+                           "needs captions of at least two stored images (each word is also predicted with another "
+                           "image)"),
 ])
 def test_bad_inputs_stop_in_one_line_before_the_model_runs(tiny_world, model, tmp_path, extra, message):
     result = CliRunner().invoke(main, arguments(tiny_world, model, tmp_path / "out", *extra))

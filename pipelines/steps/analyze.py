@@ -104,7 +104,8 @@ def _words(chosen: WordsParams, folder: Path) -> str:
 
     result = analyze_masked_words(chosen.model, chosen.store, chosen.annotations, chosen.vocabulary, folder,
                                   chosen.groups, max_items=chosen.max_items, **_running(chosen))
-    return f"{result['masked_words']} masked words in {result['captions']} captions; " + "; ".join(words_verdicts(result))
+    return "; ".join([f"{result['masked_words']} masked words in {result['captions']} captions",
+                      *words_verdicts(result)])
 
 
 def _running(chosen: AnalysisParams) -> dict[str, Any]:

@@ -174,7 +174,8 @@ def analyze_masked_words(model_dir: str | Path, store: str | Path, annotations: 
                          fresh_weights: bool = False) -> dict[str, Any]:
     """Masked-word accuracy with each caption's own image and with another image's regions over the
     captions of `annotations` (the first `max_items`), in all, per group of `groups` (name → words)
-    and for each of the `BY_WORD` most frequent words: writes OUT/words.json (the returned result) and OUT/words.md (the tables).
+    and for each of the `BY_WORD` most frequent words: writes OUT/words.json (the returned result) and
+    OUT/words.md (the tables).
     Every input is checked, and OUT made, before the model runs."""
     torch_device = check_device(device)
     out = Path(out)
@@ -186,8 +187,9 @@ def analyze_masked_words(model_dir: str | Path, store: str | Path, annotations: 
         out.mkdir(parents=True, exist_ok=True)
     max_length = max_length or model.config.max_position_embeddings
     others = next_images([image for _, _, image in captions])
+    read = {image: regions[image] for image in others}  # once each: an image serves its captions and its neighbour's
     words = [word for item_id, caption, image in captions
-             for word in masked_words(caption, item_id, regions[image], regions[others[image]], tokenizer, max_length)]
+             for word in masked_words(caption, item_id, read[image], read[others[image]], tokenizer, max_length)]
     if not words:
         raise DataError(f"{annotations}: no caption keeps a whole word under max_length {max_length}")
     tally = WordTally([word.word for word in words],
