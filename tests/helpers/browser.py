@@ -32,10 +32,17 @@ class PageVisit:
     height: int = 0  # of the whole page, in CSS pixels
 
 
-class DevTools:
-    """Chromium's end of the pipe: commands (fd 3 for it) and their answers and events (fd 4)."""
+# A cold start (nothing of Chromium in the page cache) took 14-16 s on a 2-core machine and past 30 s on a
+# busier one; these limits only stop a hung browser, so they are generous.
+START_TIMEOUT = 180.0
+COMMAND_TIMEOUT = 120.0
 
-    def __init__(self, chromium: str, profile: str) -> None:
+
+class DevTools:
+    """Chromium's end of the pipe: commands (fd 3 for it) and their answers and events (fd 4). Its
+    stderr goes to `log`, whose last lines any failure to answer quotes."""
+
+    def __init__(self, chromium: str, profile: str, log: Path) -> None:
         commands_read, self._commands = os.pipe()
         self._answers, answers_write = os.pipe()
 
@@ -50,15 +57,18 @@ class DevTools:
                      f"--user-data-dir={profile}", "--no-first-run", "--no-default-browser-check",
                      "--disable-background-networking", "--disable-component-update", "--disable-sync",
                      "--disable-extensions", "--disable-dev-shm-usage", "about:blank"]
-        self.process = subprocess.Popen(arguments, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, close_fds=False, preexec_fn=as_devtools_fds)
+        self.log = log
+        with log.open("wb") as stderr:
+            self.process = subprocess.Popen(arguments, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=stderr, close_fds=False, preexec_fn=as_devtools_fds)
         os.close(commands_read)
         os.close(answers_write)
         self._buffer = b""
         self._next_id = 0
         self.events: list[dict] = []
 
-    def send(self, method: str, params: dict | None = None, session: str | None = None, timeout: float = 30) -> dict:
+    def send(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float = COMMAND_TIMEOUT) -> dict:
         self._next_id += 1
         message = {"id": self._next_id, "method": method, "params": params or {}}
         if session:
@@ -73,7 +83,7 @@ class DevTools:
                 return answer.get("result", {})
             self.events.append(answer)
 
-    def wait_for(self, method: str, timeout: float = 30) -> dict:
+    def wait_for(self, method: str, timeout: float = COMMAND_TIMEOUT) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             found = next((event for event in self.events if event.get("method") == method), None)
@@ -84,14 +94,23 @@ class DevTools:
     def _receive(self, deadline: float) -> dict:
         while b"\0" not in self._buffer:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._answers], [], [], left)[0]:
-                raise TimeoutError("Chromium did not answer in time")
+            if left <= 0:
+                raise TimeoutError(f"Chromium did not answer in time; its stderr ends:\n{self._log_tail()}")
+            # Woken each second to notice a browser that died without closing the pipe.
+            if not select.select([self._answers], [], [], min(left, 1.0))[0]:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"Chromium exited with {self.process.returncode}; its stderr ends:\n"
+                                       f"{self._log_tail()}")
+                continue
             chunk = os.read(self._answers, 1 << 20)
             if not chunk:
-                raise RuntimeError("Chromium closed its end of the pipe")
+                raise RuntimeError(f"Chromium closed its end of the pipe; its stderr ends:\n{self._log_tail()}")
             self._buffer += chunk
         message, self._buffer = self._buffer.split(b"\0", 1)
         return json.loads(message)
+
+    def _log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def close(self) -> None:
         try:
@@ -110,10 +129,10 @@ class DevTools:
 def visit(page: Path, chromium: str) -> PageVisit:
     """Opens `page` (a local file), waits for its load event and a moment more, and returns what it
     requested and logged, and a screenshot of the whole page at WIDTH CSS pixels."""
-    with tempfile.TemporaryDirectory() as profile:
-        tools = DevTools(chromium, profile)
+    with tempfile.TemporaryDirectory() as scratch:
+        tools = DevTools(chromium, str(Path(scratch) / "profile"), Path(scratch) / "chromium.log")
         try:
-            target = tools.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+            target = tools.send("Target.createTarget", {"url": "about:blank"}, timeout=START_TIMEOUT)["targetId"]
             session = tools.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
             for domain in ("Page", "Runtime", "Log", "Network"):
                 tools.send(f"{domain}.enable", session=session)

@@ -1,0 +1,18 @@
+"""The browser helper's failures name their cause: a Chromium that dies at start is reported with its
+stderr, so a CI log says why the page test failed."""
+
+import pytest
+
+from tests.helpers.browser import visit
+
+
+def test_a_browser_that_exits_at_start_is_one_error_quoting_its_stderr(tmp_path):
+    fake = tmp_path / "chromium"
+    fake.write_text("#!/bin/sh\necho 'cannot open display: none here' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    page = tmp_path / "page.html"
+    page.write_text("<p>hi</p>")
+    with pytest.raises(RuntimeError) as failure:
+        visit(page, str(fake))
+    assert "cannot open display: none here" in str(failure.value)
+    assert "exited with 3" in str(failure.value) or "closed its end of the pipe" in str(failure.value)
