@@ -73,7 +73,12 @@ class DevTools:
         message = {"id": self._next_id, "method": method, "params": params or {}}
         if session:
             message["sessionId"] = session
-        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        try:
+            os.write(self._commands, json.dumps(message).encode() + b"\0")
+        except BrokenPipeError:
+            self.process.wait()
+            raise RuntimeError(f"Chromium exited with {self.process.returncode} before {method}; its stderr ends:\n"
+                               f"{self._log_tail()}") from None
         deadline = time.monotonic() + timeout
         while True:
             answer = self._receive(deadline)
