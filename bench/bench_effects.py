@@ -166,9 +166,12 @@ def claim_pipelines(claim: Claim, code: Path, scale: float, work: Path) -> tuple
     source = code / claim.pipeline.relative_to(ROOT)
     document = yaml.safe_load(source.read_text())  # merge keys resolved: each step is whole
     shared = work / "shared"
-    replacements = {"${here}": str(source.parent),
-                    **{f"${{{name}}}": str(shared / name) for name in SHARED_STEPS}}
-    steps = {step["name"]: _resolved(step, replacements) for step in document["steps"]}
+    here = {"${here}": str(source.parent)}
+    # The shared steps keep their references to each other, by which the runner orders them (the
+    # world before its extraction and vocabulary); a run's steps read their finished folders.
+    replacements = {**here, **{f"${{{name}}}": str(shared / name) for name in SHARED_STEPS}}
+    steps = {step["name"]: _resolved(step, here if step["name"] in SHARED_STEPS else replacements)
+             for step in document["steps"]}
     for name in claim.scaled:
         for stage in steps[name]["stages"]:
             stage["steps"] = max(2, round(stage["steps"] * scale))

@@ -32,6 +32,9 @@ def test_each_claims_pipelines_share_the_world_and_scale_the_trained_stages(benc
     shared, runs = bench.claim_pipelines(claim, ROOT, 0.5, tmp_path)
     loaded = load_pipeline(shared, {"out": str(tmp_path / "shared")})  # as the benchmark runs it
     assert [step.name for step in loaded.steps] == list(bench.SHARED_STEPS)
+    # The runner orders them by what they read: the extraction and vocabulary wait for the whole world.
+    reads = {step.name: sorted(step.reads) for step in loaded.steps}
+    assert reads["world"] == [] and reads["cache"] == reads["vocabulary"] == ["world"]
     document = yaml.safe_load(runs.read_text())
     steps = {step["name"]: step for step in document["steps"]}
     assert list(steps) == [*claim.steps, *(["report"] if claim.compare else [])]
