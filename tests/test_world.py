@@ -1,6 +1,7 @@
 """The demo world generator: determinism, pixels that match the annotations, answerable text."""
 
 import collections
+import json
 import re
 
 import numpy as np
@@ -168,3 +169,32 @@ def test_world_step_refuses_an_annotated_fraction_outside_0_to_1():
     for wrong in (0, 1.5):
         with pytest.raises(RunConfigError, match=f"annotated_fraction: expected more than 0 and at most 1, found {wrong}"):
             KIND.check({"annotated_fraction": wrong})
+
+
+def test_max_objects_bounds_every_scene_and_the_world_step_passes_it_on(tmp_path):
+    from pipelines.steps.world import world as world_step
+
+    world_step({"images": NUM_IMAGES, "seed": 7, "max_objects": 2}, tmp_path, resume=False, log=print)
+    counts = collections.Counter(len(record["objects"]) for record in records(tmp_path))
+    assert set(counts) == {1, 2} and min(counts.values()) >= NUM_IMAGES // 4
+    assert json.loads((tmp_path / "world.json").read_text())["config"]["max_objects"] == 2
+    # Captions and questions stay true of the fewer objects: the counting caption counts them.
+    for record in records(tmp_path):
+        number = ("one", "two")[len(record["objects"]) - 1]
+        assert f"there {'is' if number == 'one' else 'are'} {number} " in " ".join(record["captions"])
+
+
+def test_world_step_and_command_refuse_max_objects_outside_1_to_5(tmp_path):
+    from click.testing import CliRunner
+
+    from pipelines.cli import main
+    from pipelines.steps.world import KIND
+    from train.engine.config import RunConfigError
+
+    for wrong in (0, 6):
+        with pytest.raises(RunConfigError, match=f"max_objects: expected .*, found {wrong}"):
+            KIND.check({"max_objects": wrong})
+        result = CliRunner().invoke(main, ["world", "generate", "--out", str(tmp_path / "w"),
+                                           "--max-objects", str(wrong)])
+        assert result.exit_code == 2 and "--max-objects" in result.output
+    assert not (tmp_path / "w").exists()

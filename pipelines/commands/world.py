@@ -5,6 +5,7 @@ from pathlib import Path
 import click
 
 from pipelines.world import WorldConfig, generate_world
+from pipelines.world.scene import MAX_OBJECTS
 from train.detector.config import TrainConfig
 
 
@@ -20,9 +21,12 @@ def world_group() -> None:
 @click.option("--annotated-fraction", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True),
               help="The share of training images that keep their VQA questions and referring expressions "
                    "(all keep their captions): a low-data fine-tuning regime.")
-def generate(out_dir: Path, images: int, seed: int, annotated_fraction: float) -> None:
+@click.option("--max-objects", default=MAX_OBJECTS, show_default=True, type=click.IntRange(1, MAX_OBJECTS),
+              help="Each scene holds 1 to this many objects.")
+def generate(out_dir: Path, images: int, seed: int, annotated_fraction: float, max_objects: int) -> None:
     """Write images, train/val annotations and corpus.txt to OUT."""
-    meta = generate_world(out_dir, images, seed, WorldConfig(annotated_fraction=annotated_fraction))
+    meta = generate_world(out_dir, images, seed,
+                          WorldConfig(annotated_fraction=annotated_fraction, max_objects=max_objects))
     click.echo(f"{out_dir}: {meta['splits']['train']} train, {meta['splits']['val']} val images, corpus.txt")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.steps.base import Log, StepKind, field_names, parse
+from pipelines.world.scene import MAX_OBJECTS
 from vlbert.typed_config import SEEDS, above, at_least
 
 @dataclass
@@ -27,6 +28,8 @@ class WorldParams:
     # the share of training images that keep their VQA questions and referring expressions, all keeping
     # their captions (`WorldConfig.annotated_fraction`): a low-data fine-tuning regime
     annotated_fraction: float = dataclasses.field(default=1.0, metadata=above(0, 1))
+    # each scene holds 1 to `max_objects` objects (`WorldConfig.max_objects`)
+    max_objects: int = dataclasses.field(default=MAX_OBJECTS, metadata=at_least(1, MAX_OBJECTS))
 
 
 def world(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
@@ -36,7 +39,8 @@ def world(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     from pipelines.world import WorldConfig, generate_world
 
     chosen = parse(WorldParams, params)
-    generate_world(folder, chosen.images, chosen.seed, WorldConfig(annotated_fraction=chosen.annotated_fraction))
+    generate_world(folder, chosen.images, chosen.seed,
+                   WorldConfig(annotated_fraction=chosen.annotated_fraction, max_objects=chosen.max_objects))
     if chosen.img2dataset:
         from pipelines.world.shards import OUTPUT_FORMATS, write_img2dataset  # pyarrow: only when asked for
 

@@ -25,7 +25,7 @@ from extract.atomic import write_atomically
 from pipelines.world.corpus import corpus_sentences
 from pipelines.world.language import captions, questions, referring_expressions
 from pipelines.world.render import render_scene
-from pipelines.world.scene import Scene, sample_scene
+from pipelines.world.scene import MAX_OBJECTS, Scene, sample_scene
 from pipelines.world.vocabulary import ATTRIBUTE_NAMES, CLASS_NAMES
 
 SPLITS = ("train", "val")
@@ -35,7 +35,9 @@ FORMAT_VERSION = 1
 @dataclass(frozen=True)
 class WorldConfig:
     val_fraction: float = 0.2
-    max_objects: int = 5
+    # Each scene holds 1 to `max_objects` objects, each count as likely. With fewer, fewer questions need
+    # their object told apart from others (ablation.yaml uses 2; docs/benchmarks.md says what that changes).
+    max_objects: int = MAX_OBJECTS
     questions_per_image: int = 6
     corpus_sentences: int = 2000
     # The share of training images that keep their VQA questions and referring expressions (every image

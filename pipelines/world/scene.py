@@ -15,6 +15,8 @@ SHORT_SIDE = 128
 # Free pixels kept between objects, so every box holds one object only.
 GAP = 3
 PLACEMENT_TRIES = 60
+# The most objects a scene may hold: the shipped demo detector was trained on scenes of 1-5.
+MAX_OBJECTS = 5
 
 
 @dataclass(frozen=True)
