@@ -29,7 +29,8 @@ and shared by every run, so runs differ only by seed and thread count. `--scale`
 trained stages' steps and warm-up for a quick look (the zero-shot claim's pre-training; every stage of
 the ablation's runs); the claims are about scale 1. `--checkout` runs the code and pipeline files of
 another checkout (e.g. `git worktree add /tmp/base COMMIT`), to show a claim before a change, and
-`--set` gives each run's `vlbert pipeline run` a setting of its steps (`--set STEP.STAGE.FIELD=VALUE`).
+`--set` gives each run's `vlbert pipeline run` a setting of its steps (`--set STEP.STAGE.FIELD=VALUE`);
+a setting of a shared step (`--set world.max_objects=3`) goes to the shared steps' run instead.
 Runs go one after another; a run that fails stops the benchmark with its log.
 """
 
@@ -190,6 +191,12 @@ def claim_pipelines(claim: Claim, code: Path, scale: float, work: Path) -> tuple
     return paths[0], paths[1]
 
 
+def split_settings(settings: list[str]) -> tuple[list[str], list[str]]:
+    """(the settings of the shared steps, those of a run's steps), by the step each names."""
+    shared = [setting for setting in settings if setting.split(".", 1)[0] in SHARED_STEPS]
+    return shared, [setting for setting in settings if setting not in shared]
+
+
 def run_pipeline(code: Path, pipeline: Path, out: Path, threads: int, settings: list[str]) -> float:
     """`vlbert pipeline run` with the code of the checkout `code`: its wall time."""
     started = time.perf_counter()
@@ -226,7 +233,8 @@ def main() -> None:
             claim = CLAIMS[name]
             code = args.checkout.resolve()
             shared, runs = claim_pipelines(claim, code, args.scale, work / name)
-            run_pipeline(code, shared, work / name / "shared", 1, [])
+            shared_settings, run_settings = split_settings(args.set)
+            run_pipeline(code, shared, work / name / "shared", 1, shared_settings)
             where = "" if code == ROOT else f", the code at {code}"
             settings = "".join(f", --set {setting}" for setting in args.set)
             run_text = f"({claim.pipeline.name}, steps × {args.scale}{where}{settings})"
@@ -238,7 +246,7 @@ def main() -> None:
                 for seed in seeds:
                     out = work / name / f"seed{seed}-threads{threads}"
                     seeding = [f"{step}.seed={seed}" for step in claim.seeded]
-                    wall = run_pipeline(code, runs, out, threads, [*seeding, *args.set])
+                    wall = run_pipeline(code, runs, out, threads, [*seeding, *run_settings])
                     for effect, e in claim.effects.items():
                         result = e.judge(out)
                         if result.threads != threads:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.runner import load_pipeline
+from pipelines.runner import load_pipeline, parse_settings
 
 ROOT = Path(__file__).parents[1]
 
@@ -75,3 +75,15 @@ def test_a_comparison_holds_only_when_every_interval_lies_above_0(bench, tmp_pat
     assert result.details == (f"e-vqa − a-vqa {by_type}",)
     vqa = bench.CLAIMS["ablation"].effects["pretraining_vqa"].judge(tmp_path)
     assert (vqa.holds, vqa.details) == (True, (by_type,))  # count's interval holds 0: the whole split judges
+
+
+def test_settings_of_a_shared_step_go_to_the_shared_run_and_the_others_to_each_run(bench, tmp_path):
+    settings = ["world.max_objects=3", "a-vqa.vqa.base_lr=2e-4", "cache.batch_size=4", "worldly.seed=1"]
+    shared, runs = bench.split_settings(settings)
+    assert shared == ["world.max_objects=3", "cache.batch_size=4"]
+    assert runs == ["a-vqa.vqa.base_lr=2e-4", "worldly.seed=1"]
+    # Each half loads with its pipeline, as the benchmark runs them.
+    claim = bench.CLAIMS["ablation"]
+    shared_file, _ = bench.claim_pipelines(claim, ROOT, 1.0, tmp_path)
+    loaded = load_pipeline(shared_file, {"out": str(tmp_path / "shared"), **parse_settings(shared)})
+    assert {step.name: step.params.get("max_objects") for step in loaded.steps}["world"] == 3
