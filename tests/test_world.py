@@ -198,3 +198,36 @@ def test_world_step_and_command_refuse_max_objects_outside_1_to_5(tmp_path):
                                            "--max-objects", str(wrong)])
         assert result.exit_code == 2 and "--max-objects" in result.output
     assert not (tmp_path / "w").exists()
+
+
+def test_val_images_adds_evaluation_images_and_leaves_the_training_split_as_it_was(world, tmp_path):
+    from pipelines.steps.world import world as world_step
+
+    # The fixture's 40 images hold 32 training ones; 32 + 20 with 20 in val keeps those 32.
+    world_step({"images": 52, "seed": 7, "val_images": 20}, tmp_path, resume=False, log=print)
+    assert (tmp_path / "train.jsonl").read_bytes() == (world / "train.jsonl").read_bytes()
+    assert (tmp_path / "images/train/000031.png").read_bytes() == (world / "images/train/000031.png").read_bytes()
+    val, before = load_split(tmp_path, "val"), load_split(world, "val")
+    assert len(val) == 20 and val[:len(before)] == before
+    meta = json.loads((tmp_path / "world.json").read_text())
+    assert meta["splits"] == {"train": 32, "val": 20} and meta["config"]["val_images"] == 20
+
+
+def test_world_step_and_command_refuse_val_images_that_leave_nothing_to_train_on(tmp_path):
+    from click.testing import CliRunner
+
+    from pipelines.cli import main
+    from pipelines.steps.world import KIND
+    from pipelines.world import WorldConfig
+    from train.engine.config import RunConfigError
+
+    with pytest.raises(RunConfigError, match="val_images: 40 of 40 images leaves none to train on"):
+        KIND.check({"images": 40, "val_images": 40})
+    with pytest.raises(RunConfigError, match="val_images: expected at least 0, found -1"):
+        KIND.check({"val_images": -1})
+    result = CliRunner().invoke(main, ["world", "generate", "--out", str(tmp_path / "w"), "--images", "5",
+                                       "--val-images", "5"])
+    assert result.exit_code == 2 and "--val-images" in result.output and "leaves none to train on" in result.output
+    assert not (tmp_path / "w").exists()
+    with pytest.raises(ValueError, match="val_images: 6 of 5 images"):
+        generate_world(tmp_path / "w", 5, config=WorldConfig(val_images=6))

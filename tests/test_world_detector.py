@@ -8,6 +8,7 @@ import torch
 from extract import Detector
 from pipelines.world import ATTRIBUTE_NAMES, CLASS_NAMES, generate_world
 from pipelines.world.detector import detection_examples
+from train.detector.config import TrainConfig
 from train.detector.evaluate import evaluate_detector
 
 DATA = Path(__file__).resolve().parents[1] / "pipelines" / "data"
@@ -50,3 +51,36 @@ def test_cli_generates_a_world_and_trains_a_loadable_detector(tmp_path):
     assert "val recall@0.5" in result.output and weights.with_suffix(".metrics.json").is_file()
     detector = Detector.build(str(weights.with_suffix(".yaml")), weights=weights)
     assert detector.cfg.class_names == CLASS_NAMES and detector.cfg.pooler_resolution == 7
+
+
+def test_a_detector_can_be_left_untaught_some_attributes(tmp_path):
+    from pipelines.world.detector import train_world_detector
+
+    generate_world(tmp_path / "world", 5, seed=3)
+    taught = detection_examples(tmp_path / "world", "train", ("small", "large"))
+    every = detection_examples(tmp_path / "world", "train")
+    # Each object keeps only its size (index in the detector's two), and loses its colour.
+    sizes = [[ATTRIBUTE_NAMES[a] for a in attrs if ATTRIBUTE_NAMES[a] in ("small", "large")]
+             for e in every for attrs in e.attributes]
+    assert sizes == [[("small", "large")[a] for a in attrs] for e in taught for attrs in e.attributes]
+    assert all(attrs and attrs[0] < 6 for e in every for attrs in e.attributes)  # each had a colour
+    metrics = train_world_detector(tmp_path / "world", tmp_path / "det.safetensors",
+                                   TrainConfig(steps=2), log=lambda line: None, attribute_names=("small", "large"))
+    assert metrics["attributes"] == ["small", "large"]
+    detector = Detector.build(str(tmp_path / "det.yaml"), weights=tmp_path / "det.safetensors")
+    assert detector.cfg.attribute_names == ("small", "large") and detector.cfg.num_attributes == 2
+
+
+@pytest.mark.parametrize("attributes, problem", [("small,pink", "pink is not one"), ("small,small", "distinct"),
+                                                  ("", "one or more")])
+def test_cli_refuses_attributes_the_world_does_not_have(tmp_path, attributes, problem):
+    from click.testing import CliRunner
+
+    from pipelines.cli import main
+
+    generate_world(tmp_path / "world", 5, seed=3)
+    weights = tmp_path / "det.safetensors"
+    result = CliRunner().invoke(main, ["world", "train-detector", "--world", str(tmp_path / "world"), "--out",
+                                       str(weights), "--steps", "2", "--attributes", attributes])
+    assert result.exit_code == 2 and "--attributes" in result.output and problem in result.output
+    assert not weights.exists() and not weights.with_suffix(".yaml").exists()

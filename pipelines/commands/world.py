@@ -4,7 +4,8 @@ from pathlib import Path
 
 import click
 
-from pipelines.world import WorldConfig, generate_world
+from pipelines.world import ATTRIBUTE_NAMES, WorldConfig, generate_world
+from pipelines.world.generate import split_sizes
 from pipelines.world.scene import MAX_OBJECTS
 from train.detector.config import TrainConfig
 
@@ -16,17 +17,26 @@ def world_group() -> None:
 
 @world_group.command("generate")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--images", default=1000, show_default=True, help="Images in all; a fifth go to the val split.")
+@click.option("--images", default=1000, show_default=True, help="Images in all; a fifth go to the val split unless "
+              "--val-images says otherwise.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--annotated-fraction", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True),
               help="The share of training images that keep their VQA questions and referring expressions "
                    "(all keep their captions): a low-data fine-tuning regime.")
 @click.option("--max-objects", default=MAX_OBJECTS, show_default=True, type=click.IntRange(1, MAX_OBJECTS),
               help="Each scene holds 1 to this many objects.")
-def generate(out_dir: Path, images: int, seed: int, annotated_fraction: float, max_objects: int) -> None:
+@click.option("--val-images", type=click.IntRange(0), default=None,
+              help="Images of the val split, the last of the world's (default: a fifth of --images); the training "
+                   "split is the same for any value.")
+def generate(out_dir: Path, images: int, seed: int, annotated_fraction: float, max_objects: int,
+             val_images: int | None) -> None:
     """Write images, train/val annotations and corpus.txt to OUT."""
-    meta = generate_world(out_dir, images, seed,
-                          WorldConfig(annotated_fraction=annotated_fraction, max_objects=max_objects))
+    try:
+        split_sizes(images, val_images)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--val-images") from None
+    meta = generate_world(out_dir, images, seed, WorldConfig(annotated_fraction=annotated_fraction,
+                                                             max_objects=max_objects, val_images=val_images))
     click.echo(f"{out_dir}: {meta['splits']['train']} train, {meta['splits']['val']} val images, corpus.txt")
 
 
@@ -68,18 +78,28 @@ def corpora_command(world_dir: Path, out_dir: Path) -> None:
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", default=1, show_default=True,
               help="CPU threads; results are reproducible for a given count. One thread copes best with a busy machine.")
-def train_detector_command(world_dir: Path, weights: Path, steps: int, seed: int, threads: int) -> None:
+@click.option("--attributes", default=",".join(ATTRIBUTE_NAMES), show_default=True,
+              help="The attributes the detector learns, comma-separated; the others are left unlabelled, so it is "
+                   "not trained to separate them (small,large: a detector never taught the colours).")
+def train_detector_command(world_dir: Path, weights: Path, steps: int, seed: int, threads: int,
+                           attributes: str) -> None:
     """Train the tiny detector on WORLD's train split and evaluate it on its val split."""
     import torch
 
     from extract.paths import check_apart
-    from pipelines.world.detector import train_world_detector
+    from pipelines.world.detector import check_attribute_names, train_world_detector
 
     if weights.suffix != ".safetensors":
         raise click.BadParameter("expected a .safetensors path", param_hint="--out")
+    attribute_names = tuple(attributes.split(",")) if attributes else ()
+    try:
+        check_attribute_names(attribute_names)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--attributes") from None
     check_apart(weights, (("--world", world_dir),))
     torch.set_num_threads(threads)
-    metrics = train_world_detector(world_dir, weights, TrainConfig(steps=steps, seed=seed), log=click.echo)
+    metrics = train_world_detector(world_dir, weights, TrainConfig(steps=steps, seed=seed), log=click.echo,
+                                   attribute_names=attribute_names)
     quality = metrics["val"]
     click.echo(f"{weights} ({metrics['train_seconds']:.0f}s): val recall@0.5 {quality['recall']:.3f}, "
                f"class accuracy {quality['class_accuracy']:.3f}, attribute accuracy {quality['attribute_accuracy']:.3f}")

@@ -10,6 +10,7 @@ from typing import Any
 
 from pipelines.steps.base import Log, StepKind, field_names, parse
 from pipelines.world.scene import MAX_OBJECTS
+from train.engine.errors import RunConfigError
 from vlbert.typed_config import SEEDS, above, at_least
 
 @dataclass
@@ -30,6 +31,17 @@ class WorldParams:
     annotated_fraction: float = dataclasses.field(default=1.0, metadata=above(0, 1))
     # each scene holds 1 to `max_objects` objects (`WorldConfig.max_objects`)
     max_objects: int = dataclasses.field(default=MAX_OBJECTS, metadata=at_least(1, MAX_OBJECTS))
+    # images of the val split, the world's last (`WorldConfig.val_images`; default a fifth): more of them
+    # narrow a comparison's interval without changing the training split
+    val_images: int | None = dataclasses.field(default=None, metadata=at_least(0))
+
+    def __post_init__(self) -> None:
+        from pipelines.world.generate import split_sizes
+
+        try:
+            split_sizes(self.images, self.val_images)
+        except ValueError as error:
+            raise RunConfigError(str(error)) from None
 
 
 def world(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
@@ -40,7 +52,8 @@ def world(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
 
     chosen = parse(WorldParams, params)
     generate_world(folder, chosen.images, chosen.seed,
-                   WorldConfig(annotated_fraction=chosen.annotated_fraction, max_objects=chosen.max_objects))
+                   WorldConfig(annotated_fraction=chosen.annotated_fraction, max_objects=chosen.max_objects,
+                               val_images=chosen.val_images))
     if chosen.img2dataset:
         from pipelines.world.shards import OUTPUT_FORMATS, write_img2dataset  # pyarrow: only when asked for
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import yaml
@@ -29,40 +29,57 @@ DEMO_OVERRIDES: dict[str, Any] = {
 }
 
 
-def detection_examples(world_dir: str | Path, split: str) -> list[DetectionExample]:
+def check_attribute_names(names: Sequence[str]) -> None:
+    """A detector's attributes: the world's, each once, at least one."""
+    unknown = [name for name in names if name not in ATTRIBUTE_NAMES]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(f"attributes {','.join(names)!r}: expected one or more distinct names of "
+                         f"{', '.join(ATTRIBUTE_NAMES)}" + (f" ({', '.join(unknown)} is not one)" if unknown else ""))
+
+
+def detection_examples(world_dir: str | Path, split: str,
+                       attribute_names: Sequence[str] = ATTRIBUTE_NAMES) -> list[DetectionExample]:
+    """The split's objects as detector targets; attributes not in `attribute_names` are left unlabelled."""
     classes = {name: i for i, name in enumerate(CLASS_NAMES)}
-    attributes = {name: i for i, name in enumerate(ATTRIBUTE_NAMES)}
+    attributes = {name: i for i, name in enumerate(attribute_names)}
     return [
         DetectionExample(
             image=load_world_image(world_dir, record),
             boxes=np.array([o["box"] for o in record["objects"]], dtype=np.float32).reshape(-1, 4),
             classes=np.array([classes[o["class"]] for o in record["objects"]], dtype=np.int64),
-            attributes=[[attributes[a] for a in o["attributes"]] for o in record["objects"]],
+            attributes=[[attributes[a] for a in o["attributes"] if a in attributes] for o in record["objects"]],
         )
         for record in load_split(world_dir, split)
     ]
 
 
-def demo_detector_config() -> dict[str, Any]:
-    return {"base": "tiny", "class_names": list(CLASS_NAMES), "attribute_names": list(ATTRIBUTE_NAMES),
-            **DEMO_OVERRIDES}
+def demo_detector_config(attribute_names: Sequence[str] = ATTRIBUTE_NAMES) -> dict[str, Any]:
+    return {"base": "tiny", "class_names": list(CLASS_NAMES), "attribute_names": list(attribute_names),
+            "num_attributes": len(attribute_names), **DEMO_OVERRIDES}
 
 
 def train_world_detector(world_dir: str | Path, weights_path: str | Path, config: TrainConfig = TrainConfig(),
-                         log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Trains, writes WEIGHTS (.safetensors), its .yaml and .metrics.json; returns the metrics."""
+                         log: Callable[[str], None] = print,
+                         attribute_names: Sequence[str] = ATTRIBUTE_NAMES) -> dict[str, Any]:
+    """Trains, writes WEIGHTS (.safetensors), its .yaml and .metrics.json; returns the metrics.
+
+    `attribute_names`: the world's attributes the detector learns; it is not trained to separate the
+    others (e.g. sizes only: a detector never taught the colours that its images show)."""
+    check_attribute_names(attribute_names)
     weights_path = Path(weights_path)
     config_path = weights_path.with_suffix(".yaml")
     weights_path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(config_path, yaml.safe_dump(demo_detector_config(), sort_keys=False))
+    write_atomically(config_path, yaml.safe_dump(demo_detector_config(attribute_names), sort_keys=False))
     det = Detector.build(str(config_path), init_seed=config.seed)
-    train_examples, val_examples = detection_examples(world_dir, "train"), detection_examples(world_dir, "val")
+    train_examples, val_examples = (detection_examples(world_dir, split, attribute_names)
+                                    for split in ("train", "val"))
     started = time.monotonic()
     history = train_detector(det, train_examples, config, log=log)
     seconds = time.monotonic() - started
     save_file({k: v.detach().contiguous() for k, v in det.state_dict().items()}, str(weights_path))
     quality = evaluate_detector(det, val_examples)
     metrics = {"train_images": len(train_examples), "steps": config.steps, "seed": config.seed,
+               "attributes": list(attribute_names),
                "train_seconds": round(seconds, 1), "final_losses": history[-1] if history else {},
                "val": quality.to_dict()}
     write_atomically(weights_path.with_suffix(".metrics.json"), json.dumps(metrics, indent=2) + "\n")

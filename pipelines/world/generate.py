@@ -29,12 +29,15 @@ from pipelines.world.scene import MAX_OBJECTS, Scene, sample_scene
 from pipelines.world.vocabulary import ATTRIBUTE_NAMES, CLASS_NAMES
 
 SPLITS = ("train", "val")
+VAL_SHARE = 0.2  # of the images, in the val split unless `WorldConfig.val_images` says otherwise
 FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
 class WorldConfig:
-    val_fraction: float = 0.2
+    # Images of the val split, the last of the world's (None: a fifth). Training images come first, so a
+    # larger val split leaves the training split as it was and only adds evaluation items.
+    val_images: int | None = None
     # Each scene holds 1 to `max_objects` objects, each count as likely. With fewer, fewer questions need
     # their object told apart from others (ablation.yaml uses 2; docs/benchmarks.md says what that changes).
     max_objects: int = MAX_OBJECTS
@@ -71,17 +74,26 @@ def _keeps_annotations(seed: int, index: int, fraction: float) -> bool:
     return fraction >= 1 or np.random.default_rng([seed, index, 1]).random() < fraction
 
 
+def split_sizes(num_images: int, val_images: int | None = None) -> dict[str, int]:
+    """The splits' sizes: `val_images` (default a fifth) in val, the rest, at least one, in train."""
+    num_val = int(round(num_images * VAL_SHARE)) if val_images is None else val_images
+    if num_val < 0:
+        raise ValueError(f"val_images: expected at least 0, found {num_val}")
+    if num_val >= num_images:
+        raise ValueError(f"val_images: {num_val} of {num_images} images leaves none to train on")
+    return {"train": num_images - num_val, "val": num_val}
+
+
 def generate_world(out_dir: str | Path, num_images: int = 1000, seed: int = 0,
                    config: WorldConfig = WorldConfig()) -> dict[str, Any]:
     """Writes the world to `out_dir` and returns the contents of its world.json."""
     out_dir = Path(out_dir)
-    num_val = int(round(num_images * config.val_fraction))
-    split_sizes = {"train": num_images - num_val, "val": num_val}
+    sizes = split_sizes(num_images, config.val_images)
     index = 0
     for split in SPLITS:
         (out_dir / "images" / split).mkdir(parents=True, exist_ok=True)
         with (out_dir / f"{split}.jsonl").open("w") as annotations:
-            for _ in range(split_sizes[split]):
+            for _ in range(sizes[split]):
                 rng = np.random.default_rng([seed, index])
                 scene = sample_scene(rng, config.max_objects)
                 image_id = f"{index:06d}"
@@ -96,7 +108,7 @@ def generate_world(out_dir: str | Path, num_images: int = 1000, seed: int = 0,
         "format_version": FORMAT_VERSION,
         "seed": seed,
         "num_images": num_images,
-        "splits": split_sizes,
+        "splits": sizes,
         "class_names": list(CLASS_NAMES),
         "attribute_names": list(ATTRIBUTE_NAMES),
         "config": dataclasses.asdict(config),
