@@ -49,3 +49,45 @@ def test_rows_without_regions_get_zeros_and_features_stay_float32_over_a_float16
     text_only = {**batch, "box_mask": torch.zeros_like(batch["box_mask"])}
     with torch.no_grad():
         assert (EndToEndVisual(detector, ".")(text_only) == 0).all()
+
+
+def _questions_of_one_image(feature_dim: int) -> dict:
+    """make_batch's rows with the first image shown three times: twice unmasked with its own boxes (two
+    questions about it), once with a RoI masked; then the others."""
+    batch = make_batch(feature_dim)
+    unmasked = torch.zeros(4, dtype=torch.bool)
+    repeat = [0, 0, 0, 1, 2, 3]
+    shared = {key: batch[key][repeat] for key in ("appearance", "boxes", "box_mask", "masked_regions")}
+    shared["masked_regions"][0] = unmasked
+    shared["masked_regions"][1] = unmasked
+    shared["masked_regions"][2, 2] = True
+    return {**shared, "images": [batch["images"][i] for i in repeat],
+            "image_files": [batch["image_files"][i] for i in repeat]}
+
+
+@pytest.mark.parametrize("batch_images", [False, True])
+def test_without_gradients_the_questions_of_one_image_share_a_detector_pass(detector, batch_images, monkeypatch):
+    batch = _questions_of_one_image(detector.cfg.feature_dim)
+    visual = EndToEndVisual(detector, ".", batch_images=batch_images)
+    passes = []
+    box_features = detector.box_features
+    monkeypatch.setattr(detector, "box_features", lambda images, boxes: passes.extend(boxes) or box_features(images, boxes))
+    with torch.no_grad():
+        shared = visual(batch)
+    assert len(passes) == 4  # the first image unmasked, masked, and the two others
+    expected = []
+    for i in range(5):
+        image = detector.prepare(batch["images"][i])
+        boxes = image.to_input(batch["boxes"][i])
+        if batch["masked_regions"][i].any():
+            image = image.with_tensor(mask_pixels(image.tensor, boxes, batch["masked_regions"][i]))
+        with torch.no_grad():
+            expected.append(box_features([image], [boxes])[0])
+    if batch_images:
+        torch.testing.assert_close(shared[:5], torch.stack(expected), rtol=1e-5, atol=1e-6)
+    else:  # one image per call on the CPU: the very features of a pass per row
+        assert torch.equal(shared[:5], torch.stack(expected))
+    assert torch.equal(shared[0], shared[1]) and not torch.equal(shared[0], shared[2]) and (shared[5] == 0).all()
+    passes.clear()
+    visual(batch).sum().backward()  # training: a pass per row, as always
+    assert len(passes) == 5

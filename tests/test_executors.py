@@ -2,7 +2,8 @@
 scheduler, the run lock tells a run killed outright from one going on, a step record that cannot be
 read stops the run without emptying a finished folder, status and cancel read the run's settings from
 its folder, input digests are taken again only when a file changed, bounds are refused before anything
-runs, and another executor is one module and one registry entry."""
+runs, another executor is one module and one registry entry, and the fork server warms up while a
+light step runs."""
 
 import errno
 import os
@@ -225,3 +226,21 @@ def test_another_executor_is_one_module_and_one_registry_entry(tmp_path, monkeyp
     assert (shown.exit_code, shown.output) == (0, "world       done\nvocabulary  done\n")
     with pytest.raises(CannotRun, match="jobs: not an option of the here executor"):
         run_pipeline(path, log=lambda _: None, executor="here", jobs=2)
+
+
+def test_the_fork_server_warms_up_as_a_light_step_starts_before_the_first_heavy_one(tmp_path, monkeypatch):
+    from pipelines.executors import local
+
+    events = []
+    monkeypatch.setattr(local, "warm_up", lambda: events.append("warm up"))
+    start = local.Scheduler._start
+    monkeypatch.setattr(local.Scheduler, "_start",
+                        lambda self, task, gpus, threads: events.append(task.name) or start(self, task, gpus, threads))
+    steps = [LIGHT_STEPS[0], {"name": "cache", "kind": "extract", "images": "${world}", "detector": "tiny",
+                              "batch_size": 4, "progress": False}]
+    file = write_pipeline(tmp_path, steps)
+    run_pipeline(file, log=lambda _: None, jobs=2, gpus=[])
+    assert events == ["warm up", "world", "cache"]  # its imports overlap the world's generation
+    events.clear()
+    run_pipeline(file, log=lambda _: None, jobs=2, gpus=[])
+    assert events == []  # nothing to run: no server

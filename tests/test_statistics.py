@@ -42,11 +42,29 @@ def test_bernoulli_intervals_cover_the_true_mean_about_95_percent_of_the_time():
     assert 0.88 <= np.mean(covered) <= 0.99  # loose: the percentile interval runs a little short at n = 100
 
 
-def test_resampling_is_seeded_and_chunked_without_changing_the_count(monkeypatch):
-    monkeypatch.setattr(statistics, "CHUNK_ELEMENTS", 1000)  # 10 resamples of 100 items at a time
+def test_resampling_is_seeded_and_chunked_without_changing_the_draws(monkeypatch):
+    monkeypatch.setattr(statistics, "_DRAWN", {})
     means = resampled_means(np.arange(100), resamples=1234, seed=3)
-    assert means.shape == (1234,) and np.array_equal(means, resampled_means(np.arange(100), resamples=1234, seed=3))
+    monkeypatch.setattr(statistics, "_DRAWN", {})
+    monkeypatch.setattr(statistics, "CHUNK_ELEMENTS", 1000)  # 10 resamples of 100 items at a time
+    chunked = resampled_means(np.arange(100), resamples=1234, seed=3)
+    assert means.shape == (1234,) and chunked is not means and np.array_equal(means, chunked)
     assert 40 < means.mean() < 59  # the mean of 0..99 is 49.5
+    assert not np.array_equal(means, resampled_means(np.arange(100), resamples=1234, seed=4))
+
+
+def test_the_same_scores_are_resampled_once_and_the_latest_draws_kept(monkeypatch):
+    monkeypatch.setattr(statistics, "_DRAWN", {})
+    monkeypatch.setattr(statistics, "KEPT_DRAWS", 2)
+    scores_a = np.random.default_rng(0).random(50)
+    first = resampled_means(scores_a, resamples=200)
+    assert resampled_means(list(scores_a), resamples=200) is first and not first.flags.writeable
+    with pytest.raises(ValueError):
+        first[0] = 0.0  # a caller cannot change what the next one reads
+    assert resampled_means(scores_a + 1e-9, resamples=200) is not first  # other scores, other draws
+    resampled_means(scores_a, resamples=300)
+    again = resampled_means(scores_a, resamples=200)  # the oldest was let go: drawn anew, equal
+    assert again is not first and np.array_equal(again, first) and len(statistics._DRAWN) == 2
 
 
 def test_identical_runs_are_not_distinguishable():

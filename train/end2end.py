@@ -80,39 +80,57 @@ class EndToEndVisual(nn.Module):
         read) is read here, where an unreadable image raises ImageError as it always has."""
         cached = batch["appearance"]
         appearance = torch.zeros(cached.shape, dtype=torch.float32, device=cached.device)  # the cache may hold float16
-        rows, images, boxes = self._detector_inputs(batch)
+        rows, images, boxes, alike = self._detector_inputs(batch)
         if not rows:  # text-only samples
             return appearance
+        passes = sorted(set(alike))
         if self.batches_images():
-            features = self.detector.box_features(images, boxes)
+            computed = self.detector.box_features([images[k] for k in passes], [boxes[k] for k in passes])
         else:
-            features = [self.detector.box_features([image], [b])[0] for image, b in zip(images, boxes)]
-        for i, f in zip(rows, features):
+            computed = [self.detector.box_features([images[k]], [boxes[k]])[0] for k in passes]
+        features = dict(zip(passes, computed))
+        for i, source in zip(rows, alike):
+            f = features[source]
             appearance[i, : len(f)] = f
         return appearance
 
     def batches_images(self) -> bool:
         return self.detector.device.type == "cuda" if self.batch_images is None else self.batch_images
 
-    def _detector_inputs(self, batch: dict) -> tuple[list[int], list[PreparedImage], list[torch.Tensor]]:
+    def _detector_inputs(self, batch: dict) -> tuple[list[int], list[PreparedImage], list[torch.Tensor], list[int]]:
         """(the batch rows with boxes, their prepared images with masked RoIs' pixels zeroed, their
-        boxes in input pixels). One host sync for the whole batch: how many boxes each row has and
-        whether any is masked."""
+        boxes in input pixels, and for each of them the position among them of the one whose detector
+        pass it takes: its own, or, without gradients, the first showing the same image file with the
+        same boxes and no masked RoI, as a VQA image's questions do. Training keeps a pass per row, so
+        its gradients sum as they always have. One host sync for the whole batch: how many boxes each
+        row has and whether any is masked (and, to compare them, the boxes when passes are shared)."""
         masked = batch["masked_regions"].bool() & batch["box_mask"].bool()
         counts, any_masked = torch.stack((batch["box_mask"].sum(1), masked.any(1).long())).tolist()
         pixels = batch.get("images") or [None] * len(batch["image_files"])
-        rows, images, boxes = [], [], []
+        host_boxes = None if torch.is_grad_enabled() else batch["boxes"].cpu()
+        rows, images, boxes, alike = [], [], [], []
+        shown: dict[tuple, int] = {}  # (image file, its boxes) → the position of the first unmasked row of them
         for i, (decoded, image_file, count) in enumerate(zip(pixels, batch["image_files"], counts)):
             if count == 0:
+                continue
+            key = None if host_boxes is None or any_masked[i] else (image_file, host_boxes[i, :count].numpy().tobytes())
+            if key in shown:  # no need to read or prepare its image again
+                alike.append(shown[key])
+                rows.append(i)
+                images.append(images[shown[key]])
+                boxes.append(boxes[shown[key]])
                 continue
             image = self.detector.prepare(load_image(self.images_root / image_file) if decoded is None else decoded)
             input_boxes = image.to_input(batch["boxes"][i, :count])
             if any_masked[i]:
                 image = image.with_tensor(mask_pixels(image.tensor, input_boxes, masked[i, :count]))
+            if key is not None:
+                shown[key] = len(rows)
+            alike.append(len(rows))
             rows.append(i)
             images.append(image)
             boxes.append(input_boxes)
-        return rows, images, boxes
+        return rows, images, boxes, alike
 
 
 def with_appearance(visual: EndToEndVisual | None, inputs: dict, pixels: dict[str, list]) -> dict:

@@ -280,9 +280,12 @@ class Scheduler:
             self.tasks_left[step.name] = len(tasks)
             self.attempts[step.name] = new_attempt()
             self.ready += tasks
-            if not self.inline and _forked(tasks[0]):
-                self.forking = True
-                warm_up()  # its imports overlap whatever runs until the step starts
+        # The server's imports (~5 s) overlap what runs before the first heavy step (a light world or
+        # preparation step): it starts as soon as a step is to run and a heavy one is ready or to come.
+        to_come = [*self.ready, *(Task(step) for step in self.waiting)]
+        if not self.inline and not self.forking and self.ready and any(_forked(task) for task in to_come):
+            self.forking = True
+            warm_up()
 
     def _launch(self) -> None:
         """Starts the ready launches that fit: a core per process and thread, a GPU per process of a

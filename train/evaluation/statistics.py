@@ -17,6 +17,7 @@ resamples, p = 0 reads "p < 1/B".
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -28,6 +29,10 @@ RESAMPLES = 10_000
 LEVEL = 0.95
 # Resampled indices held at once: B × n integers would not fit for large evaluation splits.
 CHUNK_ELEMENTS = 4_000_000
+# A report resamples the same scores several times (a stage's row and its run's, report.md and report.html):
+# the latest draws are kept, by the scores' bytes, the resamples and the seed. 64 × B means: 5 MB.
+KEPT_DRAWS = 64
+_DRAWN: dict[tuple, np.ndarray] = {}
 
 
 @dataclass(frozen=True)
@@ -84,15 +89,26 @@ def seed_spread(values: Sequence[float]) -> SeedSpread:
 
 
 def resampled_means(scores: Sequence[float] | np.ndarray, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
-    """The means of `resamples` samples of `scores` drawn with replacement, each as large as `scores`."""
+    """The means of `resamples` samples of `scores` drawn with replacement, each as large as `scores`
+    (read-only: the same scores, resamples and seed give the same array again, drawn once)."""
     array = np.asarray(scores, dtype=float)
     if array.size == 0:
         raise ValueError("no scores to resample")
+    key = (hashlib.blake2b(array.tobytes(), digest_size=16).digest(), array.size, resamples, seed)
+    if key not in _DRAWN:
+        _DRAWN[key] = _draw_means(array, resamples, seed)
+        while len(_DRAWN) > KEPT_DRAWS:
+            del _DRAWN[next(iter(_DRAWN))]
+    return _DRAWN[key]
+
+
+def _draw_means(array: np.ndarray, resamples: int, seed: int) -> np.ndarray:
     generator = np.random.default_rng(seed)
     rows = max(1, CHUNK_ELEMENTS // array.size)
-    means = [array[generator.integers(0, array.size, size=(min(rows, resamples - start), array.size))].mean(axis=1)
-             for start in range(0, resamples, rows)]
-    return np.concatenate(means)
+    means = np.concatenate([array[generator.integers(0, array.size, size=(min(rows, resamples - start), array.size))]
+                            .mean(axis=1) for start in range(0, resamples, rows)])
+    means.flags.writeable = False
+    return means
 
 
 def _percentile_interval(means: np.ndarray) -> Interval:
