@@ -19,7 +19,7 @@ batch holds samples of similar lengths, so that little of it is padding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from train.data.collate import collate, decoded_on_host, pinned
 from train.data.datasets import DamagedSample, Sample
+from train.data.packing import packed, unpacked
 from train.engine.distributed import World
 from train.engine.prefetch import on_device
 from train.engine.stopping import spared_from_stops
@@ -138,6 +139,19 @@ class Batch:
         if self.inputs is not None:
             self.inputs = {k: pinned(v) for k, v in self.inputs.items()}
         return self
+
+    def __reduce__(self):
+        """Pickled (leaving a DataLoader worker) with its tensors in one block (train/data/packing.py)."""
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        if self.inputs is not None:
+            values["inputs"] = packed(self.inputs)
+        return _received_batch, (values,)
+
+
+def _received_batch(values: dict) -> Batch:
+    if values["inputs"] is not None:
+        values["inputs"] = unpacked(*values["inputs"])
+    return Batch(**values)
 
 
 class Collate:
