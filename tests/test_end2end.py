@@ -71,7 +71,8 @@ def test_without_gradients_the_questions_of_one_image_share_a_detector_pass(dete
     visual = EndToEndVisual(detector, ".", batch_images=batch_images)
     passes = []
     box_features = detector.box_features
-    monkeypatch.setattr(detector, "box_features", lambda images, boxes: passes.extend(boxes) or box_features(images, boxes))
+    monkeypatch.setattr(detector, "box_features",
+                        lambda images, boxes: passes.extend(boxes) or box_features(images, boxes))
     with torch.no_grad():
         shared = visual(batch)
     assert len(passes) == 4  # the first image unmasked, masked, and the two others
