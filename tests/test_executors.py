@@ -2,8 +2,8 @@
 scheduler, the run lock tells a run killed outright from one going on, a step record that cannot be
 read stops the run without emptying a finished folder, status and cancel read the run's settings from
 its folder, input digests are taken again only when a file changed, bounds are refused before anything
-runs, another executor is one module and one registry entry, and the fork server warms up while a
-light step runs."""
+runs, a step's data workers fit in the cores it is given, another executor is one module and one
+registry entry, and the fork server warms up while a light step runs."""
 
 import errno
 import os
@@ -28,6 +28,7 @@ from pipelines.executors.base import (
 from pipelines.executors.local import process_identity
 from pipelines.runner import load_pipeline, run_pipeline
 from tests.helpers.pipelines import step_record, train_step_on, write_pipeline
+from train.engine.run_folder import RunFolder
 
 LOCAL = executor_named("local")
 LIGHT_STEPS = [{"name": "world", "kind": "world", "images": 3, "seed": 1},
@@ -185,6 +186,16 @@ def test_omp_num_threads_caps_the_threads_a_step_is_given(tiny_world, tmp_path, 
               "batch_size": 4, "progress": False}]
     out = run_pipeline(write_pipeline(tmp_path, steps), log=lambda _: None, jobs=2, gpus=[])
     assert step_record(out, "cache")["threads"] == 1  # alone on the machine it would have had every core
+
+
+def test_a_step_s_data_workers_fit_in_the_cores_it_is_given(tiny_world, tmp_path):
+    """A train step given one thread makes its samples in its own process: a DataLoader worker would
+    take a core that the scheduler gave to the step beside it."""
+    step = train_step_on(tiny_world, "finetune")
+    del step["stages"][0]["num_workers"]
+    out = run_pipeline(write_pipeline(tmp_path, [step]), log=lambda _: None, jobs=2, threads=1, gpus=[])
+    assert step_record(out, "finetune")["threads"] == 1
+    assert RunFolder(out / "finetune").speed()["vqa"]["workers"] == 0
 
 
 class InThisProcess(Executor):

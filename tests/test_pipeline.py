@@ -391,4 +391,5 @@ def test_shipped_reports_compare_frozen_with_tuned_and_ablation_rows_with_a():
     assert pairs("demo") == [("vqa-frozen", "vqa-tuned"), ("refexp-frozen", "refexp-tuned")]
     ablation = pairs("ablation")
     assert ablation == [(f"a-{task}", f"{row}-{task}") for task in ("vqa", "refexp")
-                        for row in ("b", "c", "d", "e", "f", "e-feature")]
+                        for row in ("b", "c", "d", "e", "f", "c-feature")] + [
+        pair for task in ("vqa", "refexp") for pair in ((f"e-{task}", f"f-{task}"), (f"c-feature-{task}", f"c-{task}"))]

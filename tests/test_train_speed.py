@@ -30,6 +30,7 @@ from train.engine.config import RunConfigError, StageConfig
 from train.engine.distributed import World
 from train.engine.optimization import KERNELS, OPTIMIZERS, parameter_groups
 from train.engine.run_folder import RunFolder
+from train.engine.speed import CORES_VARIABLE, available_cores, worker_count
 from train.engine.trainer import Trainer
 from train.tasks import TASKS
 from train.tasks.base import TaskData
@@ -70,6 +71,24 @@ def test_the_optimised_step_trains_the_weights_of_the_plain_one(world):
     assert RunFolder(world / "fast").speed()["vqa"] == {
         "workers": 0, "optimizer_kernel": "foreach", "prefetch": False, "compile": False, "length_buckets": False,
         "log_every": 10, "features_sent_as": "float16"}
+
+
+def test_default_workers_fit_in_the_cores_the_process_is_given(monkeypatch):
+    """The cores less one per rank's own process: on the CPU none where a rank has one core, on a GPU
+    one at least; the executor's grant (VLBERT_CORES) narrows the affinity, never widens it, and a
+    grant that is not a positive number is refused in one line."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.delenv(CORES_VARIABLE, raising=False)
+    one, two = World(), World(rank=0, size=2, local_rank=0, local_size=2)
+    assert [worker_count(None, one, False), worker_count(None, two, False), worker_count(None, two, True)] == [3, 1, 1]
+    monkeypatch.setenv(CORES_VARIABLE, "1")
+    assert [worker_count(None, one, False), worker_count(None, one, True), worker_count(2, one, False)] == [0, 1, 2]
+    monkeypatch.setenv(CORES_VARIABLE, "16")
+    assert available_cores() == 4
+    for value in ("0", "two", "-1"):
+        monkeypatch.setenv(CORES_VARIABLE, value)
+        with pytest.raises(RunConfigError, match=f"^VLBERT_CORES='{value}': expected a positive number of cores$"):
+            worker_count(None, one, False)
 
 
 def test_fused_and_foreach_optimisers_follow_the_for_loop_one():

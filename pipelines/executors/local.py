@@ -316,6 +316,8 @@ class Scheduler:
             self._start(task, gpus, self.resumed_threads.get(task.step.name) or offered)
 
     def _start(self, task: Task, gpus: list[str], threads: int) -> None:
+        from train.engine.speed import CORES_VARIABLE  # torch: imported by then to check the steps' configs
+
         step = task.step
         if self.inline and task.processes == 1 and task.shard is None:
             self._run_inline(step)
@@ -323,7 +325,9 @@ class Scheduler:
         step.folder.mkdir(parents=True, exist_ok=True)
         log_start = step.log_file.stat().st_size if step.log_file.exists() else 0
         spec = StepSpec(step, NAME, threads, "shard" if task.shard is not None else "").write()
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+        # The cores it is given: its DataLoader workers fit within them, leaving the others' to them.
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), CORES_VARIABLE: str(task.processes * threads),
+               "CUDA_VISIBLE_DEVICES": ",".join(gpus),
                ATTEMPT_VARIABLE: self.attempts[step.name], PROGRESS_VARIABLE: str(step.progress_file(task.shard))}
         if _forked(task):
             self.forking = True
