@@ -325,7 +325,7 @@ class Scheduler:
         step.folder.mkdir(parents=True, exist_ok=True)
         log_start = step.log_file.stat().st_size if step.log_file.exists() else 0
         spec = StepSpec(step, NAME, threads, "shard" if task.shard is not None else "").write()
-        # The cores it is given: its DataLoader workers fit within them, leaving the others' to them.
+        # The cores it is given, all its processes together: its DataLoader workers fit within them.
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), CORES_VARIABLE: str(task.processes * threads),
                "CUDA_VISIBLE_DEVICES": ",".join(gpus),
                ATTEMPT_VARIABLE: self.attempts[step.name], PROGRESS_VARIABLE: str(step.progress_file(task.shard))}
