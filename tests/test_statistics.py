@@ -80,7 +80,9 @@ def test_a_fixed_shift_is_distinguishable():
     assert comparison.difference == pytest.approx(0.1)
     assert comparison.interval.low == pytest.approx(0.1) and comparison.interval.high == pytest.approx(0.1)
     assert comparison.p_value == 0 and comparison.p_text() == "< 1e-04"
-    assert comparison.verdict() == "distinguishable from zero at 95%"
+    assert comparison.verdict() == "b scores above a at 95%: the interval lies above 0"
+    lower = paired_comparison(a, {item: value - 0.1 for item, value in a.items()}, ("frozen", "tuned"))
+    assert lower.verdict() == "tuned scores below frozen at 95%: the interval lies below 0"
 
 
 def test_right_on_60_more_of_100_items():
@@ -169,10 +171,10 @@ def test_report_gives_seed_spreads_item_intervals_and_comparisons(tmp_path):
     (comparison,) = report["comparisons"]
     assert (comparison["a"], comparison["b"], comparison["items"]) == ("vqa-frozen", "vqa-tuned", 100)
     assert comparison["difference"] == pytest.approx(0.55) and comparison["p_value"] == 0
-    assert comparison["verdict"] == "distinguishable from zero at 95%"
+    assert comparison["verdict"] == "vqa-tuned scores above vqa-frozen at 95%: the interval lies above 0"
     text = (tmp_path / "report" / "report.md").read_text()
     assert "| vqa-tuned | frozen | vqa | vqa_accuracy | 0.750 ± 0.071 (2 seeds) | [" in text
-    assert "| vqa-frozen | vqa-tuned | 100 | +0.550 | [" in text and "distinguishable from zero at 95% |" in text
+    assert "| vqa-frozen | vqa-tuned | 100 | +0.550 | [" in text and "| vqa-tuned scores above vqa-frozen at 95%: the interval lies above 0 |" in text
     assert (tmp_path / "report" / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -209,11 +211,12 @@ def test_report_compares_the_runs_within_each_answer_type(tmp_path):
         by_hand = np.mean([(seeds[0][item] + seeds[1][item]) / 2 - a[item] for item in members])
         assert group["items"] == len(members) and group["difference"] == pytest.approx(by_hand)
         alone = paired_comparison({item: a[item] for item in members},
-                                  {item: (seeds[0][item] + seeds[1][item]) / 2 for item in members}, resamples=2000)
+                                  {item: (seeds[0][item] + seeds[1][item]) / 2 for item in members},
+                                  ("vqa-frozen", "vqa-tuned"), resamples=2000)
         assert (group["interval"], group["p_value"], group["verdict"]) == (alone.interval.to_list(), alone.p_value,
                                                                            alone.verdict())
     colour, count, _ = by_group["groups"]
-    assert colour["difference"] > 0.1 and colour["verdict"] == "distinguishable from zero at 95%"
+    assert colour["difference"] > 0.1 and colour["verdict"].startswith("vqa-tuned scores above vqa-frozen")
     assert count["difference"] == 0 and count["interval"] == [0.0, 0.0]
     text = (tmp_path / "report" / "report.md").read_text()
     table = text[text.index("## Comparisons by answer type"):]

@@ -73,8 +73,10 @@ class Comparison:
         return not self.interval.contains(0.0)
 
     def verdict(self) -> str:
+        """In words, with its direction: a difference that leaves 0 out says which run scores higher."""
         if self.distinguishable:
-            return f"distinguishable from zero at {LEVEL:.0%}"
+            side = "above" if self.interval.low > 0 else "below"
+            return f"{self.b} scores {side} {self.a} at {LEVEL:.0%}: the interval lies {side} 0"
         return (f"not distinguishable from zero: the interval [{self.interval.low:.3f}, "
                 f"{self.interval.high:.3f}] contains 0")
 
