@@ -84,7 +84,8 @@ def test_the_held_out_best_head_is_chosen_on_other_phrases_than_it_is_scored_on(
     assert (result["layer"], result["head"]) == (2, 3)
     assert result["accuracy"] == round(grounded[1::2, 1, 2].mean(), 4)
     assert result["interval"][0] < result["accuracy"] < result["interval"][1]
-    assert result["difference_interval"][0] > 0 and result["verdict"] == "head scores above random RoI at 95%: the interval lies above 0"
+    assert result["difference_interval"][0] > 0
+    assert result["verdict"] == "head scores above random RoI at 95%: the interval lies above 0"
     # The random RoI's comparison is the paired one over the held-out phrases, whatever the other baseline.
     assert result["difference"] == round(float(np.mean(grounded[1::2, 1, 2] - 0.25)), 4)
     assert held_out_best(grounded, random_share, 1 - confident)["difference_interval"] == result["difference_interval"]

@@ -174,7 +174,8 @@ def test_report_gives_seed_spreads_item_intervals_and_comparisons(tmp_path):
     assert comparison["verdict"] == "vqa-tuned scores above vqa-frozen at 95%: the interval lies above 0"
     text = (tmp_path / "report" / "report.md").read_text()
     assert "| vqa-tuned | frozen | vqa | vqa_accuracy | 0.750 ± 0.071 (2 seeds) | [" in text
-    assert "| vqa-frozen | vqa-tuned | 100 | +0.550 | [" in text and "| vqa-tuned scores above vqa-frozen at 95%: the interval lies above 0 |" in text
+    assert "| vqa-frozen | vqa-tuned | 100 | +0.550 | [" in text
+    assert "| vqa-tuned scores above vqa-frozen at 95%: the interval lies above 0 |" in text
     assert (tmp_path / "report" / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
