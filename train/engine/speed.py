@@ -6,7 +6,6 @@ the features travel to the device as."""
 from __future__ import annotations
 
 import os
-from typing import Mapping
 
 import torch
 
@@ -22,11 +21,11 @@ from train.engine.optimization import optimizer_kernel
 CORES_VARIABLE = "VLBERT_CORES"
 
 
-def available_cores(env: Mapping[str, str] = os.environ) -> int:
+def available_cores() -> int:
     """The cores this process may run on: its affinity (which Slurm and taskset narrow), at most the
     cores its executor gives it (CORES_VARIABLE)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    given = env.get(CORES_VARIABLE, "").strip()
+    given = os.environ.get(CORES_VARIABLE, "").strip()
     if not given:
         return cores
     if not given.isdigit() or int(given) < 1:
