@@ -1,8 +1,10 @@
 """Writing a file or a folder whole or not at all: a crash (kill -9, a full disk) leaves the old one
 or the new one, never a part. The one helper for every whole-file write of the project (store meta,
-run configs, evaluations, predictions, summaries, reports) and one for whole folders (checkpoints,
-final models, converted checkpoints); `writing` names the file in any error of a write;
-`temporaries` finds what a killed writer left behind, for the next writer to `remove`."""
+run configs, evaluations, predictions, summaries, reports, pictures) and one for whole folders
+(checkpoints, final models, converted checkpoints); `writing` names the file in any error of a write;
+`temporaries` finds what a killed writer left behind, for the next writer to `remove`. Every path
+written, and every folder made (`made_folder`), is `checked` first (extract/paths.py): none is
+written through a symlink that leaves a declared output folder."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from extract.paths import checked
+
 # A temporary of `write_atomically` (and of the store's shard creation): .<name>.<pid>.tmp
 _TEMPORARY = re.compile(r"\..+\.\d+\.tmp")
 # How Rust's I/O errors end (safetensors, tokenizers), which name no file: "... (os error 28)"
@@ -20,21 +24,37 @@ _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 def write_atomically(path: str | Path, text: str) -> None:
-    """`text` in `path`, replacing it whole or not at all. The temporary name carries the process id,
-    so two processes writing the same file do not write into one temporary; it is flushed to disk
-    before it replaces `path`, so the rename never exposes an empty file after a power loss. On any
-    failure the temporary is removed, and the error names `path`."""
-    path = Path(path)
+    """`text` in `path`, replacing it whole or not at all; flushed to disk before it replaces `path`,
+    so the rename never exposes an empty file after a power loss."""
+    with file_written_whole(path) as tmp, open(tmp, "x") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+@contextmanager
+def file_written_whole(path: str | Path) -> Iterator[Path]:
+    """The file `path` written whole or not at all: the block writes the temporary it is given (beside
+    `path`, named with the process id, so two processes writing one file do not write into one
+    temporary), which then replaces `path`. On any failure the temporary is removed, and errors of
+    writing name `path`."""
+    path = checked(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with writing(path), open(tmp, "w") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
+        tmp.unlink(missing_ok=True)  # a killed writer's (or a planted link): writes never follow it
+        with writing(path):
+            yield tmp
+        os.replace(tmp, path)  # replaces a symlink at `path` itself, never what it points to
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def made_folder(path: str | Path) -> Path:
+    """The folder `path` (and those above it) made where missing, once `checked`."""
+    path = checked(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @contextmanager
@@ -43,7 +63,7 @@ def folder_written_whole(path: str | Path, staging: str | Path) -> Iterator[Path
     it, named so that its writer's sweep finds one a killed writer left), which then replaces `path`
     and whatever it held; on any error `staging` is removed (what was written of it frees the disk)
     and `path` is as it was. Errors of writing name `path`."""
-    path, staging = Path(path), Path(staging)
+    path, staging = checked(path), checked(staging)
     shutil.rmtree(staging, ignore_errors=True)
     try:
         with writing(path):

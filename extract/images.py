@@ -8,10 +8,12 @@ they are, as OpenCV's imread does); 16- and 32-bit integer images are scaled to 
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -98,11 +100,21 @@ def list_images(root: str | Path) -> list[Path]:
     folder met a second time (a symlink loop, or two links to one folder) is skipped with a
     warning, so that no image is listed twice. A dangling link named like an image is listed (it
     then fails as a missing file, in the failure log)."""
+    return sorted(_images_under(root))
+
+
+def count_images(root: str | Path, most: int) -> int:
+    """How many images `list_images` lists under `root`, counted up to `most` + 1 (the walk stops
+    there, holding none of them): enough to tell whether there are more than `most`."""
+    return sum(1 for _ in itertools.islice(_images_under(root), most + 1))
+
+
+def _images_under(root: str | Path) -> Iterator[Path]:
+    """`list_images`' images, in the order the walk meets them."""
     root = Path(root)
     if not root.is_dir():
         raise ImageError(f"{root}: not a directory")
     seen = {_identity(root): root}
-    found = []
     for folder, subfolders, files in os.walk(root, followlinks=True, onerror=_warn_unlistable):
         subfolders.sort()  # the first of two links to one folder, by name, is the one listed
         for name in list(subfolders):
@@ -116,8 +128,7 @@ def list_images(root: str | Path) -> list[Path]:
             path = Path(folder) / name
             # Regular files, and dangling links; not FIFOs or devices, which would block or never end.
             if path.suffix.lower() in IMAGE_EXTENSIONS and (path.is_file() or not path.exists()):
-                found.append(path)
-    return sorted(found)
+                yield path
 
 
 def _identity(folder: Path) -> tuple[int, int]:

@@ -10,7 +10,6 @@ memory runs again in halves; a CUDA error that leaves the device unusable stops 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import zlib
@@ -35,7 +34,7 @@ from extract.loader import DecodingPipeline, WorkItem, failure_reason
 from extract.masking import draw_masks
 from extract.modeling.precision import precision as find_precision
 from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, RES5_LAYOUTS
-from extract.paths import OutsidePathError, check_apart, outside_reason, path_inside
+from extract.paths import OutsidePathError, output_folder, outside_reason, path_inside
 from extract.progress import progress_bar
 from extract.shard_source import ShardSource, unfinished_tar_shards
 from extract.shards import find_shards, names_shards
@@ -46,6 +45,7 @@ from extract.store.writer import DEFAULT_MAP_SIZE, CommitThread, FeatureStoreWri
 from extract.resources import job_resources
 from extract.threads import ComputeLanes, configured_threads
 from vlbert.errors import FAILED, UserError
+from vlbert.records import read_record
 
 
 class JobError(UserError):
@@ -190,13 +190,17 @@ def read_image_list(path: Path) -> list[str]:
 
 
 def read_boxes_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise JobError(f"boxes file {path}: unreadable ({exc})") from None
-    if not isinstance(data, dict):
-        raise JobError(f"boxes file {path}: expected a JSON object mapping image paths to lists of boxes")
+    data = read_record(path, "a boxes file: a JSON object mapping image paths to lists of boxes", JobError)
+    if data is None:
+        raise JobError(f"boxes file {path}: no such file")
     return data
+
+
+def decoded_where(resources) -> str:
+    """Where the job decodes its JPEGs, as meta.json records it (`detector.jpeg_decoding`): `device`
+    (torchvision's decoder, nvJPEG on CUDA) or `workers` (Pillow). The decoders' pixels differ, and so
+    do the features (cosine 0.9994 on an H200: extract/jpeg.py): a store holds one decoder's."""
+    return "device" if resources.jpeg_on_device else "workers"
 
 
 def given_boxes(item: WorkItem) -> np.ndarray:
@@ -295,7 +299,7 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
                        "img2dataset's files output to give boxes")
     root = (find_shards(images)[0] if tar_shards else Path(images)).resolve()
     # Nothing is written before: an out over an input (OutputOverlapError) leaves every file as it was.
-    check_apart(out, (("--images", root), ("--weights", weights), ("--boxes", boxes), ("--list", image_list)))
+    output_folder(out, (("--images", root), ("--weights", weights), ("--boxes", boxes), ("--list", image_list)))
     source = None
     if tar_shards:
         listed, refused = listed_ids(Path(image_list)) if image_list is not None else (None, [])
@@ -312,12 +316,19 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
         # so masked and unmasked features would describe different regions.
         raise JobError("masked-pixel variants need box_source=proposals (the stored boxes are then the "
                        "pooled ones); drop --mask-variants or the box_source=regressed override")
+    # On the CPU, lanes are threads that each compute a batch with single-threaded ops
+    # (extract/threads.py); on a GPU, CUDA streams, with torch's host-side threads as the thread
+    # policy says (extract/resources.py).
+    compute_device = use_device(model.device)
+    on_cpu = compute_device.type == "cpu"
+    resources = job_resources(compute_device, threads=threads, streams=streams, decode_workers=decode_workers,
+                              jpeg_decoding=jpeg_decoding)
     meta = build_meta(
         feature_dim=model.cfg.feature_dim, feature_dtype=feature_dtype, mode="detect" if boxes is None else "given",
         detector={"source": str(detector), "config": model.cfg.to_dict(),
                   "checkpoint": None if weights is None else str(Path(weights).resolve()),
                   "checkpoint_sha256": None if weights is None else file_sha256(weights), "precision": precision,
-                  "res5_layout": res5_layout},
+                  "res5_layout": res5_layout, "jpeg_decoding": decoded_where(resources)},
         top_k_classes=top_k_classes, num_classes=model.cfg.num_classes + 1,
         class_names=model.cfg.class_names, attribute_names=model.cfg.attribute_names,
         has_attributes=model.cfg.num_attributes > 0, mask_variants=mask_variants, mask_prob=mask_prob,
@@ -350,13 +361,6 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
             bar.set_postfix(images=summary.written + summary.failed)
             source.committed([*records, *failures])
 
-    # On the CPU, lanes are threads that each compute a batch with single-threaded ops
-    # (extract/threads.py); on a GPU, CUDA streams, with torch's host-side threads as the thread
-    # policy says (extract/resources.py).
-    compute_device = use_device(model.device)
-    on_cpu = compute_device.type == "cpu"
-    resources = job_resources(compute_device, threads=threads, streams=streams, decode_workers=decode_workers,
-                              jpeg_decoding=jpeg_decoding)
     summary.resources = resources.describe(compute_device)
     # The workers are forked before the store is opened, so that they hold none of its files.
     decode = partial(_decode, max_pixels=max_pixels, for_device=resources.jpeg_on_device)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import socket
 import threading
+import time
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import BinaryIO, Iterator
 
 _HELD: weakref.WeakSet = weakref.WeakSet()  # the lock files this process holds (or is about to)
 _OPENING = threading.Lock()  # held from opening a lock file to noting it in _HELD, and across a fork
+RETRY_S = 0.001  # the longest a writer waits before it tries again a lock that only probes held
 
 
 def _in_child() -> None:
@@ -49,18 +52,39 @@ def take_lock(path: Path) -> BinaryIO | None:
     None when another process holds it."""
     file = _opened(path)
     try:
-        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        file.close()
-        return None
+        taken = _locked_unless_a_writer_holds(file)
     except BaseException:
         file.close()
         raise
+    if not taken:
+        file.close()
+        return None
     file.seek(0)
     file.truncate()
     file.write(f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
     file.flush()
     return file
+
+
+def _locked_unless_a_writer_holds(file: BinaryIO) -> bool:
+    """Takes the exclusive lock of `file`; False when a writer holds it. A probe (`is_held`) holds the
+    lock shared for an instant, since flock has no way to look at a lock without taking it (fcntl's
+    F_GETLK sees POSIX locks only, and /proc/locks misses a holder on another NFS client, where flock
+    is a lock of the server's): so where the lock can be had shared, no writer holds it, and the
+    exclusive lock is tried again. Two writers trying at once each wait a random instant before their
+    next try, so that one of them takes it."""
+    while True:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        try:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # held exclusively: by a writer
+        fcntl.flock(file, fcntl.LOCK_UN)
+        time.sleep(random.uniform(0, RETRY_S))
 
 
 @contextmanager
@@ -72,7 +96,9 @@ def holding(path: Path) -> Iterator[None]:
 
 
 def is_held(path: Path) -> bool:
-    """Whether a live process holds the lock at `path` (the kernel releases it when its holder dies)."""
+    """Whether a live process holds the lock at `path` (the kernel releases it when its holder dies).
+    The probe takes the lock shared for an instant, which a writer starting meanwhile waits out
+    (`take_lock`)."""
     if not path.exists():
         return False
     with _opened(path, "rb") as file:

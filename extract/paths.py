@@ -8,13 +8,21 @@ one of its inputs. Paths are compared resolved (symlinks, `..`).
 `path_inside` refuses a name that could leave its folder: empty, absolute, holding a NUL byte or a
 `..` component. A record id is refused as well when it has an empty or `.` component (`a//b`,
 `a/./b`): it would be the file of another id, which an export would overwrite.
+
+`output_folder` checks a command's output folder apart from its inputs and declares it for the rest
+of the process; `checked`, which the project's writers call on every path they write
+(extract/atomic.py), then refuses a path below a declared output folder that resolves outside it: a
+symlink there (left by a careless or hostile hand) would take the write elsewhere. Symlinks that stay
+inside the folder are followed; the output folder itself is resolved once, when it is declared, so
+one given as a symlink is the user's choice.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from vlbert.errors import UserError
 
@@ -25,6 +33,18 @@ class OutputOverlapError(UserError):
 
 class OutsidePathError(UserError):
     """A name from a file that would make a path outside its folder."""
+
+
+class EscapingPathError(UserError):
+    """A path to write below an output folder that a symlink takes outside it."""
+
+
+class _Output(NamedTuple):
+    given: str  # absolute, as given (symlinks kept)
+    real: Path  # resolved when declared
+
+
+_DECLARED: list[_Output] = []  # the output folders this process writes, in the order declared
 
 
 def check_apart(out: str | Path, inputs: Iterable[tuple[str, str | Path | None]], out_name: str = "--out") -> None:
@@ -44,6 +64,54 @@ def check_apart(out: str | Path, inputs: Iterable[tuple[str, str | Path | None]]
     relation = "is" if target == source else "lies inside" if source in target.parents else "holds"
     raise OutputOverlapError(f"{out_name} {out}: {relation} the input {option} {path}; an output is never written "
                              f"over an input (nor where a later run would read it as one): choose another {out_name}")
+
+
+def output_folder(out: str | Path, inputs: Iterable[tuple[str, str | Path | None]] = (),
+                  out_name: str = "--out") -> Path:
+    """`out`, checked apart from `inputs` (`check_apart`) and declared an output folder of this process:
+    from now on `checked` keeps every write below it inside it. One declared inside an output folder
+    declared before must resolve inside that one."""
+    check_apart(out, inputs, out_name)
+    checked(out)
+    _DECLARED.append(_Output(os.path.abspath(out), _resolved(out)))
+    return Path(out)
+
+
+def checked(path: str | Path) -> Path:
+    """`path`, which this process is about to write (a file, a folder to make or fill); EscapingPathError,
+    in one line naming the symlink, where it lies below a declared output folder and resolves outside
+    it. A path below none is returned as it is."""
+    absolute = os.path.abspath(path)
+    enclosing = [(index, output) for index, output in enumerate(_DECLARED)
+                 if _below(absolute, output.given) or _below(absolute, str(output.real))]
+    if not enclosing:
+        return Path(path)
+    # The innermost folder (the latest of equal ones) decides: it was checked inside those around it.
+    _, output = max(enclosing, key=lambda item: (len(item[1].given), item[0]))
+    if not _inside(_resolved(path), output.real):
+        raise EscapingPathError(f"{_escape(absolute, output)}, outside the output folder {output.given}: nothing is "
+                                "written through a symlink that leaves its output folder (remove the link, or "
+                                "choose another output folder)")
+    return Path(path)
+
+
+def _below(absolute: str, folder: str) -> bool:
+    return absolute == folder or absolute.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _inside(resolved: Path, root: Path) -> bool:
+    return resolved == root or root in resolved.parents
+
+
+def _escape(absolute: str, output: _Output) -> str:
+    """Which symlink below the output folder takes `absolute` outside it, and where to."""
+    start = output.given if _below(absolute, output.given) else str(output.real)
+    current = Path(start)
+    for part in Path(os.path.relpath(absolute, start)).parts:
+        current = current / part
+        if current.is_symlink() and not _inside(_resolved(current), output.real):
+            return f"{current} is a symlink to {_resolved(current)}"
+    return f"{absolute} resolves to {_resolved(absolute)}"
 
 
 def _resolved(path: str | Path) -> Path:

@@ -5,13 +5,16 @@ A pickle runs code by naming a global (a class, a function) and calling it. `loa
 only what an allow-list (`PickleContent`) holds: `PLAIN_DATA` allows no global at all (lists,
 dicts, tuples, strings, bytes, numbers, booleans, None); `ARRAYS` adds what NumPy's own pickles of
 arrays, scalars and dtypes call (Python 2's model-zoo and caffe-converted files, and Python 3's
-protocols 2 to 5), and `collections.OrderedDict` read as a dict. Any other global is refused
+protocols 2 to 5), and `collections.OrderedDict` read as a dict; `OBJECT_ARRAYS` adds NumPy
+object arrays whose elements are themselves such data (what `np.save` pickles for a dict, as
+bottom-up-attention.pytorch's `info` and MMF's `_info.npy` hold). Any other global is refused
 before it is looked up, so nothing is imported and nothing is run. The array constructors are
-taken as NumPy pickles call them: an array starts empty and is filled from the file's bytes; the
-`ndarray` class is handed over as a token that cannot be called, so no array is allocated beyond
-what the file holds. Only numbers load (no object, text or structured arrays), and BUILD hands
-NumPy's `__setstate__` only states NumPy itself writes: it trusts its input, and a short dtype state
-crashes the process.
+taken as NumPy pickles call them: an array starts empty and is filled from the file's bytes (an
+object array from the list of elements already loaded); the `ndarray` class is handed over as a
+token that cannot be called, so no array is allocated beyond what the file holds. Only numbers load
+(no text or structured arrays; object arrays only under `OBJECT_ARRAYS`), and BUILD hands NumPy's
+`__setstate__` only states NumPy itself writes: it trusts its input, and a short dtype state crashes
+the process.
 
 The memory it takes stays proportional to the file's size. It is built on pickle's Python
 implementation, whose memo is a dict: the C one allocates an array as long as the largest memo
@@ -23,6 +26,7 @@ bytes). It reads a refs file of 50,000 refs in about 7 s where the C one takes 4
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import pickle
@@ -51,9 +55,11 @@ class _NdarrayToken:
 _NDARRAY = _NdarrayToken()
 
 
-def _numbers(dtype: Any) -> np.dtype:
-    """`dtype` when it describes numbers, one to an element; UnpicklingError otherwise."""
-    if not isinstance(dtype, np.dtype) or dtype.kind not in NUMBER_KINDS or dtype.subdtype is not None:
+def _numbers(dtype: Any, *, objects: bool = False) -> np.dtype:
+    """`dtype` when it describes numbers, one to an element (or, with `objects`, Python objects);
+    UnpicklingError otherwise."""
+    kinds = NUMBER_KINDS + ("O" if objects else "")
+    if not isinstance(dtype, np.dtype) or dtype.kind not in kinds or dtype.subdtype is not None:
         raise pickle.UnpicklingError(f"an array or scalar of {dtype!r}: only numbers load")
     return dtype
 
@@ -68,12 +74,12 @@ def _raw_bytes(data: Any, size: int) -> bytes:
     return data
 
 
-def _dtype(spec: Any, align: Any = False, copy: Any = True) -> np.dtype:
+def _dtype(spec: Any, align: Any = False, copy: Any = True, *, objects: bool = False) -> np.dtype:
     """`numpy.dtype` as its pickles call it: a new descriptor (never the shared one, which BUILD would
-    change for the whole process) of numbers, from its text."""
+    change for the whole process) of numbers (or objects), from its text."""
     if not isinstance(spec, str):
         raise pickle.UnpicklingError(f"a NumPy dtype given as {type(spec).__name__}")
-    return _numbers(np.dtype(spec, copy=True))
+    return _numbers(np.dtype(spec, copy=True), objects=objects)
 
 
 def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
@@ -114,16 +120,23 @@ def _build_dtype(dtype: np.dtype, state: Any) -> None:
     dtype.__setstate__(expected)
 
 
-def _build_array(array: np.ndarray, state: Any) -> None:
-    """An empty array filled from its pickled state (version, shape, dtype, Fortran order, bytes),
-    checked before numpy's own `__setstate__` sees it."""
+def _build_array(array: np.ndarray, state: Any, *, objects: bool = False) -> None:
+    """An empty array filled from its pickled state (version, shape, dtype, Fortran order, bytes; for
+    an object array, the list of its elements, loaded already), checked before numpy's own
+    `__setstate__` sees it."""
     if not (isinstance(state, tuple) and len(state) == 5 and state[0] == 1):
         raise pickle.UnpicklingError("a NumPy array state that NumPy does not write")
     _, shape, dtype, fortran, data = state
     if not (isinstance(shape, tuple) and len(shape) <= 32 and all(type(n) is int and n >= 0 for n in shape)
             and type(fortran) is bool):
         raise pickle.UnpicklingError(f"a NumPy array of shape {shape!r}")
-    size = math.prod(shape) * _numbers(dtype).itemsize
+    if _numbers(dtype, objects=objects).kind == "O":
+        if not (type(data) is list and len(data) == math.prod(shape)):
+            raise pickle.UnpicklingError(f"an object array of shape {shape!r} whose elements are not a list of "
+                                         f"{math.prod(shape)}")
+        array.__setstate__((1, shape, dtype, fortran, data))
+        return
+    size = math.prod(shape) * dtype.itemsize
     array.__setstate__((1, shape, dtype, fortran, _raw_bytes(data, size)))
 
 
@@ -147,6 +160,9 @@ ARRAYS = PickleContent("plain data and NumPy arrays", {
     "_codecs.encode": _latin1_bytes,
     "collections.OrderedDict": dict,
 }, {np.ndarray: _build_array, np.dtype: _build_dtype})
+OBJECT_ARRAYS = PickleContent("plain data and NumPy arrays, of numbers or of such data", {
+    **ARRAYS.allowed, "numpy.dtype": functools.partial(_dtype, objects=True),
+}, {np.ndarray: functools.partial(_build_array, objects=True), np.dtype: _build_dtype})
 
 
 class _RefusedGlobal(Exception):
@@ -201,12 +217,18 @@ def load_pickle(path: str | Path, error: type[UserError], content: PickleContent
         data = path.read_bytes()
     except OSError as exc:
         raise error(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return loads_pickle(data, str(path), error, content, encoding)
+
+
+def loads_pickle(data: bytes, where: str, error: type[UserError], content: PickleContent = PLAIN_DATA,
+                 encoding: str = "UTF-8") -> Any:
+    """`load_pickle` for a pickle's bytes (an LMDB value, a member of an archive); `where` names them."""
     try:
         return _AllowListUnpickler(data, content, encoding).load()
     except _RefusedGlobal as exc:
-        raise error(f"{path}: refused to load {exc}: the file holds more than {content.what}") from None
+        raise error(f"{where}: refused to load {exc}: the file holds more than {content.what}") from None
     except UnicodeDecodeError as exc:
-        raise error(f"{path}: holds a Python 2 byte string that is not {encoding} text ({exc.reason})") from None
+        raise error(f"{where}: holds a Python 2 byte string that is not {encoding} text ({exc.reason})") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
             OverflowError, MemoryError, struct.error, RecursionError) as exc:
-        raise error(f"{path}: not a readable pickle ({type(exc).__name__}: {exc})") from None
+        raise error(f"{where}: not a readable pickle ({type(exc).__name__}: {exc})") from None

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from extract.config import ConfigError, DetectorConfig, apply_overrides
-from vlbert.typed_config import load_yaml, located
+from vlbert.typed_config import load_with_bases, located
 
 PRESETS: dict[str, DetectorConfig] = {
     # Bottom-up-attention Faster R-CNN on Visual Genome: 1600 classes, 400 attributes.
@@ -99,15 +99,17 @@ def load_config(preset_or_file: str, overrides: Mapping[str, Any] | None = None)
 
 
 def _load_yaml(path: Path) -> DetectorConfig:
+    """A detector YAML file: fields over its `base`, a preset or another detector YAML file (relative to
+    the file naming it; which may name another), whose fields it replaces one by one."""
     if not path.is_file():
         raise ConfigError(f"detector config {path}: no such file")
-    data, lines = load_yaml(path, ConfigError, f"detector config {path}")
+    data, lines = load_with_bases(path, ConfigError, lambda file: f"detector config {file}",
+                                  keeps=lambda base: isinstance(base, str) and base in PRESETS,
+                                  expected=f"a preset ({', '.join(PRESETS)}) or a detector YAML file")
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"detector config {path}: expected a mapping of field: value")
-    base = data.pop("base", "butd-vg")
-    if base not in PRESETS:
-        raise ConfigError(f"detector config {path}: base {base!r} is not a preset ({', '.join(PRESETS)})")
+    base = data.pop("base", "butd-vg")  # a preset: load_with_bases has merged the files
     data.setdefault("name", path.stem)
     try:
         return apply_overrides(PRESETS[base], data)

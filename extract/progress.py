@@ -20,6 +20,8 @@ from typing import Any, Iterable, TextIO
 
 from tqdm import tqdm
 
+from extract.atomic import file_written_whole
+
 LOG_EVERY_S = 60.0
 PROGRESS_VARIABLE = "VLBERT_PROGRESS_FILE"
 SNAPSHOT_EVERY_S = 2.0
@@ -108,12 +110,11 @@ class PublishedProgress:
         now = time.monotonic()
         self._last = now
         rate = (self.snapshot["n"] - self._start_n) / max(now - self._start, 1e-9)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps({**self.snapshot, "rate": rate, "time": time.time()}))
-            os.replace(tmp, self.path)
+            with file_written_whole(self.path) as tmp:
+                tmp.write_text(json.dumps({**self.snapshot, "rate": rate, "time": time.time()}))
         except OSError:
-            tmp.unlink(missing_ok=True)  # progress is a courtesy: a full disk stops the work, not this
+            pass  # progress is a courtesy: a full disk stops the work, not this
 
     def __enter__(self) -> "PublishedProgress":
         return self

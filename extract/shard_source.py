@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
 from extract.images import EncodedImage
 from extract.loader import WorkItem
 from extract.shards import IMAGE_MEMBER_EXTENSIONS, ShardSample, find_shards, read_shard, shard_id
@@ -170,7 +170,7 @@ class ShardSource:
         finished = [tar_id for tar_id in self._read if self._open[tar_id] == 0]
         if finished:
             entries = read_ledger(self.ledger) | {tar_id: self._read.pop(tar_id) for tar_id in finished}
-            self.ledger.parent.mkdir(exist_ok=True)
+            made_folder(self.ledger.parent)
             write_atomically(self.ledger, "".join(json.dumps(entry) + "\n" for entry in entries.values()))
             self.finished += len(finished)
             self.on_finished(len(finished))

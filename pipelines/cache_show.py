@@ -13,7 +13,6 @@ set them to the pixel mean) are hatched. Nothing else of the image is changed.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -21,8 +20,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from extract.atomic import writing
-from extract.paths import OutsidePathError, path_inside
+from extract.atomic import file_written_whole, made_folder
+from extract.paths import OutsidePathError, output_folder, path_inside
 from extract.store.labels import Naming
 from extract.store.reader import FeatureStore
 from extract.store.schema import StoreError
@@ -175,14 +174,9 @@ def _hatched(image: Image.Image, boxes: list, scale: int, top: int) -> Image.Ima
 
 def save_png(image: Image.Image, path: Path) -> Path:
     """`image` in `path`, whole or not at all (a temporary beside it, then renamed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with writing(path):
-            image.save(temporary, format="PNG", optimize=True)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    made_folder(path.parent)
+    with file_written_whole(path) as temporary:
+        image.save(temporary, format="PNG", optimize=True)
     return path
 
 
@@ -224,7 +218,8 @@ def show_records(store: str | Path, ids: list[str], out: str | Path, images: str
     """OUT/<id>.png for each of `ids` in `store` over its image under `images` (default: the
     images root the store records), and OUT/sheet.png of them all with `sheet`. An id the store does
     not hold, whose image is not found or cannot be read, or that would name a file outside OUT, is
-    named in `problems` (one line each) and the others are drawn; bad options raise ShowError
+    named in `problems` (one line each) and the others are drawn; bad options raise ShowError, and an
+    OUT that is, lies inside or holds the store, the images root or an image read OutputOverlapError,
     before anything is drawn."""
     from train.data.image_lookup import load_images
 
@@ -235,6 +230,8 @@ def show_records(store: str | Path, ids: list[str], out: str | Path, images: str
     root = images if images is not None else meta.get("images_root")
     if root is None:
         raise ShowError(f"{store}: its meta.json records no images root (an imported store?): give --images")
+    if not isinstance(root, str | Path):  # meta.json is the store writer's, or anyone's
+        raise ShowError(f"{store}: its meta.json's images_root is {root!r}, not a path: give --images")
     naming = Naming.of(meta)
     if sheet and SHEET in ids:
         raise ShowError(f"image id {SHEET!r}: its picture would be {out / SHEET}.png, where --sheet writes the "
@@ -251,6 +248,8 @@ def show_records(store: str | Path, ids: list[str], out: str | Path, images: str
         except (OutsidePathError, StoreError) as exc:
             problems.append(f"{image_id}: {exc}")
     found = load_images(root, list(records), log)
+    output_folder(out, (("CACHE", store), ("--images" if images is not None else "images root of CACHE", root),
+                        *(("image", file) for file in found.files.values())))
     written, pictures = [], {}
     for image_id, (record, target) in records.items():
         if image_id in found.missing:
@@ -265,7 +264,6 @@ def show_records(store: str | Path, ids: list[str], out: str | Path, images: str
         rows = kept_rows(record, top, min_score)
         picture = draw_record(pixels, record, naming, _title(image_id, record, rows, top, min_score, variant,
                                                              naming.note()), rows, variant)
-        out.mkdir(parents=True, exist_ok=True)
         written.append(save_png(picture.image, target))
         pictures[image_id] = picture
     if sheet and pictures:

@@ -10,12 +10,16 @@ for, and commands import what they run when they run, so `--help` answers withou
 
 from __future__ import annotations
 
-import warnings
+from pipelines.own_packages import check_own_packages
 
-import click
+check_own_packages()  # before the project's other packages are imported: a user's train.py is not ours
 
-from pipelines.commands import MODULES, load_command
-from vlbert.errors import error_line, exit_status
+import warnings  # noqa: E402
+
+import click  # noqa: E402
+
+from pipelines.commands import MODULES, load_command  # noqa: E402
+from vlbert.errors import error_line, exit_status  # noqa: E402
 
 
 class VLBertGroup(click.Group):
@@ -49,8 +53,20 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     click.echo(f"Warning: {message}", err=True)
 
 
+def _show_versions(ctx: click.Context, _option: click.Option, given: bool) -> None:
+    if not given or ctx.resilient_parsing:
+        return
+    from vlbert.versions import version_lines  # torch loads for its CUDA and cuDNN: only when asked
+
+    click.echo("\n".join(version_lines()))
+    ctx.exit()
+
+
 @click.group(cls=VLBertGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, envvar="VLBERT_DEBUG",
               help="Show the full traceback of an error (also: VLBERT_DEBUG=1).")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_versions,
+              help="Show the versions of vlbert-pipeline, Python, torch, torchvision, transformers and tokenizers, "
+                   "and the CUDA and cuDNN torch was built with, then exit.")
 def main(debug: bool) -> None:
     """VL-BERT with offline RoI features: extract, cache, convert, train."""

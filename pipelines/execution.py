@@ -30,11 +30,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
 from extract.locks import holding
+from extract.paths import checked, output_folder
 from pipelines import STEP_FILE
 from pipelines.steps import KINDS, Layout
 from vlbert.errors import FAILED, UserError
+from vlbert.records import read_record
 
 LOG_FILE = "log.txt"
 STATE_FOLDER = ".pipeline"  # under the pipeline's `out`: specs, locks, the executor's records
@@ -110,26 +112,7 @@ def input_files(step: Step) -> dict[str, list[int]]:
 def read_stamp(folder: Path) -> dict | None:
     """The step's record; None where it has none yet. One that exists but cannot be read (a read error,
     a damaged file) is a RecordUnreadable naming it, so that nothing decides from it to start again."""
-    return read_mapping(folder / STEP_FILE, "a step's record", RecordUnreadable, "; its folder was left as it is")
-
-
-def read_mapping(path: Path, what: str, error: type[UserError], consequence: str = "") -> dict | None:
-    """The JSON mapping in file `path`; None where there is no such file. One that exists but cannot be
-    read (a read error, anything but a JSON mapping) is `error`, naming the file, `what` it holds and
-    the `consequence`."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise error(f"{path}: cannot read {what} ({exc.strerror or exc}){consequence}") from None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise error(f"{path}: damaged (not {what}){consequence}")
-    return value
+    return read_record(folder / STEP_FILE, "a step's record", RecordUnreadable, "; its folder was left as it is")
 
 
 def write_stamp(folder: Path, record: dict) -> None:
@@ -161,21 +144,26 @@ def _digest(path: Path) -> str:
 
 
 def strings(value: Any) -> Iterator[str]:
+    return (text for _, text in named_strings(value))
+
+
+def named_strings(value: Any, name: str = "") -> Iterator[tuple[str, str]]:
+    """Every string in `value` (parameters: mappings and lists) with where it is: `stages[0].options.corpus`."""
     if isinstance(value, str):
-        yield value
+        yield name, value
     elif isinstance(value, list):
-        for v in value:
-            yield from strings(v)
+        for index, v in enumerate(value):
+            yield from named_strings(v, f"{name}[{index}]")
     elif isinstance(value, dict):
-        for v in value.values():
-            yield from strings(v)
+        for key, v in value.items():
+            yield from named_strings(v, f"{name}.{key}" if name else str(key))
 
 
 # ---- beginning and ending a step -----------------------------------------------------------------
 
 def step_lock(step: Step):
     """Serialises the processes that begin one step (shards, ranks, a stale job and its requeued self)."""
-    step.state_folder.mkdir(parents=True, exist_ok=True)
+    made_folder(step.state_folder)
     return holding(step.state_folder / f"{step.name}.lock")
 
 
@@ -184,6 +172,8 @@ def begin(step: Step, log: Log, how: dict[str, Any]) -> tuple[bool, dict[str, An
     runs under), after emptying the folder (but its log) when it starts again. `how` (threads,
     devices, executor, attempt) is recorded; a resumed step keeps the threads it started with, which
     decide its last bits. The other processes of an attempt (shards, ranks) follow the first's decision."""
+    output_folder(step.folder.parent)  # the pipeline's: its step folders must resolve inside it
+    checked(step.folder)  # before it is emptied
     with step_lock(step):
         previous = read_stamp(step.folder)
         current = stamp(step, previous)
@@ -200,7 +190,7 @@ def begin(step: Step, log: Log, how: dict[str, Any]) -> tuple[bool, dict[str, An
             if previous is not None:
                 log(f"[{step.name}] parameters or inputs changed: starting again")
             empty_but_log(step.folder)
-        step.folder.mkdir(parents=True, exist_ok=True)
+        made_folder(step.folder)
         record = {**current, "done": False, "resumed": decision == "resume", "started_at": time.time(), **how}
         write_stamp(step.folder, record)
         return record["resumed"], record
@@ -252,7 +242,7 @@ def run_here(step: Step, log: Log, executor: str, threads: int | None, attempt: 
 
 @contextmanager
 def _teed(step: Step, log: Log) -> Iterator[Log]:
-    with step.log_file.open("a", encoding="utf-8") as file:
+    with checked(step.log_file).open("a", encoding="utf-8") as file:
         def both(message: str) -> None:
             log(message)
             file.write(message + "\n")
@@ -294,7 +284,7 @@ class StepSpec:
 
     def write(self) -> Path:
         path = self.step.state_folder / "specs" / f"{self.step.name}{'-' + self.part if self.part else ''}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        made_folder(path.parent)
         write_atomically(path, self.to_json())
         return path
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from extract.atomic import write_atomically
-from pipelines import STEP_FILE
+from extract.atomic import file_written_whole, made_folder, write_atomically
+from pipelines.execution import read_stamp
 from pipelines.report_retrieval import RETRIEVAL_NOTE, retrieval_summary, retrieval_tables
 from train.data.files import DataError
 from train.engine.run_folder import RunFolder, StageFolder
 from train.evaluation.item_scores import ItemGroups, ItemScores, averaged_over_seeds
+from train.evaluation.markdown import markdown_row
 from train.evaluation.statistics import RESAMPLES, Comparison, bootstrap_interval, paired_comparison, seed_spread
 
 
@@ -89,7 +91,7 @@ def _one_run(run: RunFolder) -> dict:
 def run_results(folder: Path, resamples: int = RESAMPLES) -> RunResults:
     """One report row: value (mean over seeds) ± std, the item interval, wall time and throughput
     (means over seeds), the stages, where the run started."""
-    step = json.loads((folder / STEP_FILE).read_text()) if (folder / STEP_FILE).is_file() else {}
+    step = read_stamp(folder) or {}
     runs = run_folders(folder)
     summaries = [_one_run(run) for run in runs]
     first, last = summaries[0]["evals"], summaries[0]["evals"][-1]
@@ -186,9 +188,9 @@ def runs_table(rows: list[dict]) -> list[str]:
              "| wall s | samples/s | stages | started from |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         halfway = "yes" if r["value"] >= (r["chance"] + 1.0) / 2 else "no"
-        lines.append(f"| {r['name']} | {r['detector']} | {r['task']} | {r['metric']} | {_value_text(r)} | "
-                     f"{_interval_text(r['interval'])} | {r['chance']:.3f} | {halfway} | {r['wall_s']:.1f} | "
-                     f"{r['samples_per_s']:.1f} | {', '.join(r['stages'])} | {r['init_from'] or 'scratch'} |")
+        lines.append(markdown_row([r["name"], r["detector"], r["task"], r["metric"], _value_text(r),
+                                   _interval_text(r["interval"]), f"{r['chance']:.3f}", halfway, f"{r['wall_s']:.1f}",
+                                   f"{r['samples_per_s']:.1f}", ", ".join(r["stages"]), r["init_from"] or "scratch"]))
     return lines
 
 
@@ -199,22 +201,22 @@ def stages_table(rows: list[dict]) -> list[str]:
     for row in rows:
         for stage in row["stage_results"]:
             if not stage["done"]:
-                lines.append(f"| {row['name']} | {stage['stage']} | {stage['visual']} | — | not evaluated | — | — |")
+                lines.append(markdown_row([row["name"], stage["stage"], stage["visual"], "—", "not evaluated", "—",
+                                           "—"]))
                 continue
             value = _value_text({**stage, "seeds": row["seeds"]})
-            lines.append(f"| {row['name']} | {stage['stage']} | {stage['visual']} | {stage['metric']} | {value} | "
-                         f"{_interval_text(stage['interval'])} | {stage['chance']:.3f} |")
+            lines.append(markdown_row([row["name"], stage["stage"], stage["visual"], stage["metric"], value,
+                                       _interval_text(stage["interval"]), f"{stage['chance']:.3f}"]))
     return lines
 
 
-def _difference_cells(c: Comparison) -> str:
-    return (f"{c.items} | {c.difference:+.3f} | {_interval_text(c.interval.to_list())} | {c.p_text()} | "
-            f"{c.verdict()} |")
+def _difference_cells(c: Comparison) -> list[str]:
+    return [str(c.items), f"{c.difference:+.3f}", _interval_text(c.interval.to_list()), c.p_text(), c.verdict()]
 
 
 def comparisons_table(comparisons: list[Comparison]) -> list[str]:
     lines = ["| A | B | items | B − A | 95% interval (paired) | p | verdict |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {c.a} | {c.b} | {_difference_cells(c)}" for c in comparisons]
+    lines += [markdown_row([c.a, c.b, *_difference_cells(c)]) for c in comparisons]
     return lines
 
 
@@ -224,9 +226,9 @@ def group_comparisons_tables(grouped: list[GroupComparisons | None]) -> dict[str
     for by_group in grouped:
         if by_group is None:
             continue
-        header = f"| A | B | {by_group.name} | items | B − A | 95% interval (paired) | p | verdict |"
+        header = markdown_row(["A", "B", by_group.name, "items", "B − A", "95% interval (paired)", "p", "verdict"])
         lines = tables.setdefault(by_group.name, [header, "|---|---|---|---|---|---|---|---|"])
-        lines += [f"| {c.a} | {c.b} | {group} | {_difference_cells(c)}" for group, c in by_group.groups]
+        lines += [markdown_row([c.a, c.b, group, *_difference_cells(c)]) for group, c in by_group.groups]
     return tables
 
 
@@ -270,7 +272,7 @@ def write_report(run_dirs: list[str], out: Path, compare: list[tuple[str, str]] 
     comparisons = compare_runs(results, list(compare), resamples)
     grouped = compare_groups(results, list(compare), resamples)
     rows = [results[d].row for d in run_dirs]
-    out.mkdir(parents=True, exist_ok=True)
+    made_folder(out)
     report_json = out / "report.json"
     document = {"resamples": resamples, "runs": rows,
                 "comparisons": [_comparison_record(c, g) for c, g in zip(comparisons, grouped)]}
@@ -287,7 +289,8 @@ def write_report(run_dirs: list[str], out: Path, compare: list[tuple[str, str]] 
     report_md = out / "report.md"
     write_atomically(report_md, text)
     curves = out / "loss_curves.png"
-    plot_losses([run for d in run_dirs for run in run_folders(Path(d))], curves)
+    with file_written_whole(curves) as temporary:
+        plot_losses([run for d in run_dirs for run in run_folders(Path(d))], temporary)
     return [report_json, report_md, curves]
 
 
@@ -302,7 +305,7 @@ def _origin(run: RunFolder) -> tuple[RunFolder, int] | None:
     return source, sum(s["steps"] for s in source.config()["stages"][: stage.index + 1])
 
 
-def plot_losses(plotted: list[RunFolder], path: Path) -> None:
+def plot_losses(plotted: list[RunFolder], path: Path | BinaryIO) -> None:
     """Each run's loss against the optimizer steps since training began, so a run continuing another
     run's checkpoint (pre-training included) starts where that checkpoint was taken."""
     import matplotlib
@@ -339,7 +342,7 @@ def plot_losses(plotted: list[RunFolder], path: Path) -> None:
     ax.set_yscale("log")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
     plt.close(fig)
 
 

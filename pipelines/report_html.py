@@ -24,7 +24,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
+from extract.paths import EscapingPathError
 from pipelines.report import (COMPARISONS_NOTE, GROUPS_NOTE, RUNS_NOTE, STAGES_NOTE, RunResults, compare_groups,
                               compare_runs, comparisons_table, group_comparisons_tables, plot_losses, run_results,
                               runs_table, stage_results, stages_table)
@@ -32,6 +33,7 @@ from pipelines.report_charts import Estimate, interval_chart, timeline_chart
 from pipelines.report_retrieval import RETRIEVAL_NOTE, retrieval_tables
 from pipelines.timeline import DONE, UP_TO_DATE, StepRun, step_runs
 from train.engine.run_folder import RunFolder
+from train.evaluation.markdown import markdown_cells
 from train.evaluation.statistics import RESAMPLES, Comparison
 from vlbert.errors import UserError
 
@@ -86,8 +88,7 @@ def markdown_html(lines: list[str]) -> str:
 
     def flush() -> None:
         if table:
-            rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table
-                    if not re.fullmatch(r"\|(-+\|)+", line.strip())]
+            rows = [markdown_cells(line) for line in table if not re.fullmatch(r"\|(-+\|)+", line.strip())]
             html.append("<table><tr>" + "".join(f"<th>{_inline(cell)}</th>" for cell in rows[0]) + "</tr>"
                         + "".join("<tr>" + "".join(f"<td>{_inline(cell)}</td>" for cell in row) + "</tr>"
                                   for row in rows[1:]) + "</table>")
@@ -235,6 +236,8 @@ def _stores_section(steps: list[StepRun], page: Path, missing: list[str]) -> str
             ids = FeatureStore(step.folder).keys()[:STORE_PICTURES]
             shown = show_records(step.folder, ids, page.parent / "pictures" / step.name, top=10,
                                  log=lambda line: None)
+        except EscapingPathError:
+            raise  # the page is not written where a symlink would take its pictures
         except UserError as exc:  # a store that does not open, or that records no images root
             missing.append(f"{step.name}: its store cannot be drawn ({exc})")
             continue
@@ -246,7 +249,7 @@ def _stores_section(steps: list[StepRun], page: Path, missing: list[str]) -> str
     return "\n".join(["<h2>Features</h2>", *parts]) if parts else ""
 
 
-def _analyses_section(steps: list[StepRun], missing: list[str]) -> str:
+def _analyses_section(steps: list[StepRun], root: Path, missing: list[str]) -> str:
     from pipelines.steps.analyze import analysis_verdicts
 
     parts = []
@@ -260,22 +263,36 @@ def _analyses_section(steps: list[StepRun], missing: list[str]) -> str:
             verdicts = []
         figures = sorted(step.folder.glob("*.png")) + sorted(step.folder.glob("layers/*.png")) \
             + sorted(step.folder.glob("examples/*.png"))[:ANALYSIS_EXAMPLES]
+        shown = []
+        for path in figures:
+            name = path.relative_to(step.folder).as_posix()
+            if _in_run_folder(path, root):
+                shown.append(_figure(path, name))
+            else:
+                missing.append(f"{step.name}: figure {name} not shown: no regular file inside the run folder "
+                               "(a symlink out of it, or a loop)")
         said = ["<ul>", *(f"<li>{escape(line)}</li>" for line in verdicts), "</ul>"] if verdicts else []
-        parts += [f"<h4>{escape(step.name)}</h4>", *said, '<div class="gallery">', *(
-            _figure(path, path.relative_to(step.folder).as_posix()) for path in figures), "</div>"]
+        parts += [f"<h4>{escape(step.name)}</h4>", *said, '<div class="gallery">', *shown, "</div>"]
     return "\n".join(["<h2>Analyses</h2>", *parts]) if parts else ""
 
 
-def write_html_report(root: Path, page: Path, steps: list[tuple[str, Path, str]] | None = None,
+def _in_run_folder(path: Path, root: Path) -> bool:
+    """Whether `path` is a regular file, itself or through symlinks that stay inside `root`: what is embedded
+    in the page is read from the run's folder, never from elsewhere (a link to /etc/passwd)."""
+    real = Path(os.path.realpath(path))  # a loop stays unresolved, and is no file
+    return real.is_file() and real.is_relative_to(os.path.realpath(root))
+
+
+def write_html_report(root: Path, page: Path, pipeline=None,
                       runs: list[str] | None = None, pairs: list[tuple[str, str]] = (), writer: str | None = None,
                       resamples: int = RESAMPLES) -> list[str]:
-    """report.html at `page` for the pipeline run in `root`: `steps` ((name, folder, kind) in the
-    pipeline's order, when the pipeline file is at hand), the report step's `runs` (train steps'
+    """report.html at `page` for the pipeline run in `root`: `pipeline` (runner.Pipeline, when its file
+    is at hand: pipelines/timeline.py), the report step's `runs` (train steps'
     folders, shown first, then the other train steps) and `pairs` of them to compare. `writer` names
     the step writing the page as its last act, shown done. Returns what is missing from it, one line
     each (also listed at the top of the page)."""
     root, page = Path(root), Path(page)
-    recorded = step_runs(root, steps)
+    recorded = step_runs(root, pipeline)
     for step in recorded:
         if step.name == writer:
             step.state = DONE
@@ -292,7 +309,7 @@ def write_html_report(root: Path, page: Path, steps: list[tuple[str, Path, str]]
     named_pairs = [(Path(a).name, Path(b).name) for a, b in pairs]
     sections = [_results_section(entries), _comparisons_section(entries, named_pairs, resamples, missing),
                 _loss_section(recorded), _timeline_section(recorded, page), _stores_section(recorded, page, missing),
-                _analyses_section(recorded, missing)]
+                _analyses_section(recorded, root, missing)]
     header = [f"<h1>Pipeline run {escape(root.resolve().name)}</h1>",
               f'<p class="meta">{escape(str(root.resolve()))} · page written '
               f"{time.strftime('%Y-%m-%d %H:%M:%S')} · {len(recorded)} steps, "
@@ -300,7 +317,7 @@ def write_html_report(root: Path, page: Path, steps: list[tuple[str, Path, str]]
     if missing:
         header.append('<div class="missing"><b>Not in this report, or not complete:</b><ul>'
                       + "".join(f"<li>{escape(line)}</li>" for line in missing) + "</ul></div>")
-    page.parent.mkdir(parents=True, exist_ok=True)
+    made_folder(page.parent)
     write_atomically(page, "\n".join(['<!DOCTYPE html>', '<html lang="en"><head><meta charset="utf-8">',
                                       f"<title>Pipeline run {escape(root.resolve().name)}</title>",
                                       f"<style>{STYLE}</style></head><body>", *header,

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from train.evaluation.markdown import markdown_row
 from train.evaluation.retrieval import RECALL_AT
 
 RECALLS = [f"{direction}_r{k}" for direction in ("i2t", "t2i") for k in RECALL_AT]
@@ -53,8 +54,8 @@ def retrieval_tables(rows: list[dict[str, Any]]) -> list[str]:
             intervals = found["recall_intervals"] or {}
             cells = [f"{found['recalls'][n]:.3f} {_interval(intervals.get(n))}{_above(intervals.get(n), found, n)}"
                      .strip() for n in RECALLS]
-            lines.append(f"| {row['name']} | {row['retrieval']['setting']} | {row['init_from'] or 'scratch'} | "
-                         f"{row['retrieval']['images']} × {row['retrieval']['captions']} | {' | '.join(cells)} |")
+            lines.append(markdown_row([row["name"], row["retrieval"]["setting"], row["init_from"] or "scratch",
+                                       f"{row['retrieval']['images']} × {row['retrieval']['captions']}", *cells]))
         chance = shown[0]["retrieval"]["protocols"][protocol]["chance_recalls"]
         lines += ["| random ranking | | | | " + " | ".join(f"{chance[n]:.3f}" for n in RECALLS) + " |", ""]
     return lines

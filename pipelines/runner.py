@@ -64,17 +64,20 @@ loads the pipeline of a run folder for `status` and `cancel`, without the `--set
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from extract.atomic import write_atomically
-from pipelines.execution import STATE_FOLDER, Step, read_mapping, strings
+from extract.atomic import made_folder, write_atomically
+from extract.paths import output_folder
+from pipelines.execution import STATE_FOLDER, Step, named_strings, strings
 from pipelines.executors import DEFAULT, executor_named, sections
 from pipelines.steps import KINDS, Foreknown, Layout, StepKind
 from train.engine.config import RunConfigError
 from vlbert.errors import UserError, error_line, exit_status
+from vlbert.records import read_record
 from vlbert.typed_config import did_you_mean, from_text, load_yaml
 
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
@@ -219,13 +222,29 @@ def run_pipeline(path: str | Path, out: str | Path | None = None, log: Callable[
     problems = chosen.problems(pipeline, **taken)
     if problems:
         raise CannotRun("\n".join(f"{pipeline.path}: {problem}" for problem in problems))
-    pipeline.out.mkdir(parents=True, exist_ok=True)
+    declare_out(pipeline)
+    made_folder(pipeline.out)
     with running(pipeline.out):
         write_atomically(pipeline.out / STATE_FOLDER / SETTINGS_FILE,
                          json.dumps({name: value for name, value in settings.items() if name != OUT}, indent=1,
                                     default=str))
         chosen.run(pipeline, log, **taken)
     return pipeline.out
+
+
+def declare_out(pipeline: Pipeline) -> None:
+    """Declares the pipeline's output folder the one its steps write (extract/paths.py `output_folder`);
+    OutputOverlapError where it is, lies inside or holds an input of a step: an existing path that the
+    step's parameters name outside the steps' folders (an extract step's images, an annotation file)."""
+    folders = [Path(os.path.abspath(step.folder)) for step in pipeline.steps]
+    output_folder(pipeline.out, [(f"step {step.name!r}: {field}", text) for step in pipeline.steps
+                                 for field, text in named_strings(step.params) if _outside(text, folders)], OUT)
+
+
+def _outside(text: str, folders: list[Path]) -> bool:
+    """Whether the path `text` exists (os.path.exists: text no file system takes names none) and lies in
+    none of `folders` (as written, not resolved)."""
+    return os.path.exists(text) and not any(Path(os.path.abspath(text)).is_relative_to(folder) for folder in folders)
 
 
 def load_run(path: str | Path, settings: Mapping[str, Any] | None = None) -> Pipeline:
@@ -244,7 +263,7 @@ def load_run(path: str | Path, settings: Mapping[str, Any] | None = None) -> Pip
 
 def recorded_settings(out: Path) -> dict[str, Any]:
     """The settings the last run in `out` was given (but `out`); {} where none ran."""
-    return read_mapping(out / STATE_FOLDER / SETTINGS_FILE, "the settings of a run", PipelineError) or {}
+    return read_record(out / STATE_FOLDER / SETTINGS_FILE, "the settings of a run", PipelineError) or {}
 
 
 # ---- loading -------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def tiny_world_copy(tiny_world, tmp_path):
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """A running single-node Slurm (tests/helpers/slurm.py), with SLURM_CONF pointing at it while it
+    """A running two-node Slurm (tests/helpers/slurm.py), with SLURM_CONF pointing at it while it
     runs. Skipped only where slurm-wlm and munge are missing and cannot be installed here."""
     with running_slurm() as cluster:
         yield cluster

@@ -11,26 +11,19 @@ from click.testing import CliRunner
 from PIL import Image
 
 from pipelines.cli import main
-from pipelines.world.tiny import TINY_MODEL
+from tests.helpers.models import saved_world_model
 from train.analysis.attention import analyze_attention, word_pieces
 from train.analysis.grounding import caption_sample, text_region_attention
 from train.data.annotations import read_annotations
 from train.data.collate import collate, model_inputs
 from train.data.regions import RegionBank
-from vlbert.config import VLBertConfig
-from vlbert.modeling import VLBertEncoder, VLBertForPreTraining, VLBertModel
+from vlbert.modeling import VLBertEncoder, VLBertModel
 from vlbert.tokenization import load_tokenizer
 
 
 @pytest.fixture(scope="module")
 def model(tiny_world, tmp_path_factory):
-    tokenizer = load_tokenizer(tiny_world / "vocab")
-    config = VLBertConfig(**TINY_MODEL, vocab_size=len(tokenizer),
-                          visual_feature_size=RegionBank(tiny_world / "cache").feature_dim)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("attention") / "model"
-    VLBertForPreTraining(config).save_pretrained(path)
-    return path
+    return saved_world_model(tiny_world, tmp_path_factory.mktemp("attention") / "model")
 
 
 def arguments(world, model, out, *extra):

@@ -173,8 +173,10 @@ def test_more_processes_or_threads_than_the_machine_has_are_refused_before_anyth
     assert (result.exit_code, result.output) == (2, f"Error: {path}: threads {cores + 1}: expected a number of "
                                                     f"threads per process from 1 to the {cores} cores this machine "
                                                     "gives this run\n")
-    result = CliRunner().invoke(main, ["pipeline", "run", str(path), "--executor", "slurm", "--threads", "1"])
-    assert (result.exit_code, result.output) == (2, "Error: threads: not an option of the slurm executor\n")
+    result = CliRunner().invoke(main, ["pipeline", "run", str(path), "--executor", "slurm", "--jobs", "2"])
+    assert (result.exit_code, result.output) == (2, "Error: jobs: not an option of the slurm executor (Slurm decides "
+                                                    "how many jobs run at once; slurm.array_parallelism bounds an "
+                                                    "extraction's shards)\n")
     assert not (tmp_path / "out").exists()
 
 

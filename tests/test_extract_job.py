@@ -221,7 +221,8 @@ def test_an_option_is_recorded_and_a_store_from_before_it_was_resumes_with_its_d
     with pytest.raises(StoreMismatchError) as refused:
         run_extraction(images, out, "tiny", progress=False, **MASKED, **{option: other})
     mismatches = str(refused.value).splitlines()[1:]  # under a line that says the store was written otherwise
-    assert mismatches == [f"  detector.{option}: store has {default!r}, this run has {other!r}"]
+    assert mismatches == [f"  detector.{option}: store has {default!r}, this run has {other!r} (the store is older "
+                          "than this entry: taken to have had it so)"]
 
 
 def test_a_polyphase_res5_is_recorded_and_stores_the_dilated_numbers_up_to_rounding(images, tmp_path):

@@ -4,9 +4,12 @@ halfway; opened in headless Chromium, which must find nothing to fetch and nothi
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import re
 import shutil
+from html import escape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from pipelines.cli import main
+from pipelines.report_html import write_html_report
 from pipelines.runner import StepFailed, run_pipeline
 from pipelines.world.tiny import TINY_MODEL
 from train.analysis.verdicts import grounding_verdicts
@@ -190,3 +194,65 @@ def test_chromium_loads_the_page_with_no_error_and_no_request_outside_it(run, tm
     # The page drew something on every screenful: no blank stretch where a figure failed to render.
     for top in range(0, seen.height - 900, 900):
         assert pixels[top:top + 900].std() > 5
+
+
+def copied_run(run, tmp_path) -> Path:
+    _, out = run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    return copy
+
+
+def test_the_page_embeds_only_files_inside_the_run_folder_and_names_the_others(run, tmp_path):
+    """An analysis figure that is a link out of the run folder (to a secret, or to /etc/passwd) or a
+    link loop is named at the top of the page, escaped, and not embedded; a link inside it is."""
+    _, out = run
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"\x89PNG not to be handed out with the run folder")
+    grounding = out / "grounding"
+    links = {grounding / "examples" / "a-<b>&leak.png": secret, grounding / "examples" / "a-passwd.png": "/etc/passwd",
+             grounding / "examples" / "a-loop.png": grounding / "examples" / "a-loop.png",
+             grounding / "inside.png": grounding / "grounding.png"}
+    try:
+        for link, target in links.items():
+            link.symlink_to(target)
+        missing = write_html_report(out, tmp_path / "report.html")
+    finally:
+        for link in links:
+            link.unlink()
+    text = (tmp_path / "report.html").read_text()
+    for secret_bytes in (secret.read_bytes(), Path("/etc/passwd").read_bytes()):
+        assert base64.b64encode(secret_bytes).decode()[:40] not in text
+    for name in ("a-<b>&leak.png", "a-passwd.png", "a-loop.png"):
+        line = (f"grounding: figure examples/{name} not shown: no regular file inside the run folder (a symlink out "
+                "of it, or a loop)")
+        assert line in missing and f"<li>{escape(line)}</li>" in text
+    figure = base64.b64encode((grounding / "grounding.png").read_bytes()).decode()
+    assert text.count(figure) == 2  # grounding.png, and inside.png: the same file
+
+
+def test_pipeline_report_never_draws_a_picture_through_a_link_out_of_the_run(run, tmp_path):
+    path, _ = run
+    copy = copied_run(run, tmp_path)
+    (tmp_path / "outside").mkdir()
+    shutil.rmtree(copy / "report" / "pictures")
+    (copy / "report" / "pictures").symlink_to(tmp_path / "outside")
+    page = (copy / "report" / "report.html").read_bytes()
+    result = CliRunner().invoke(main, ["pipeline", "report", str(path), "--out", str(copy)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.splitlines() == [
+        f"Error: {copy / 'report' / 'pictures'} is a symlink to {tmp_path / 'outside'}, outside the output folder "
+        f"{copy}: nothing is written through a symlink that leaves its output folder (remove the link, or choose "
+        "another output folder)"]
+    assert os.listdir(tmp_path / "outside") == [] and (copy / "report" / "report.html").read_bytes() == page
+
+
+def test_pipeline_report_never_writes_into_a_folder_the_run_reads(run, tiny_world):
+    path, _ = run
+    images = tiny_world / "world"
+    before = sorted(images.rglob("*"))
+    result = CliRunner().invoke(main, ["pipeline", "report", str(path), "--out", str(images)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    [line] = result.output.splitlines()
+    assert line.startswith(f"Error: out {images}: is the input step 'cache': images {images}; ")
+    assert sorted(images.rglob("*")) == before

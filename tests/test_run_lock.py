@@ -154,3 +154,29 @@ def test_a_fork_never_falls_between_opening_a_lock_file_and_noting_it_held(tmp_p
     finally:
         os.waitpid(child, 0)
         sections.close()
+
+
+
+def test_a_probe_of_the_lock_never_makes_a_starting_writer_believe_that_another_holds_it(tmp_path):
+    """`is_held` (what `pipeline status` and `cancel` ask) takes the lock shared for an instant: a writer
+    taking it meanwhile (`pipeline run`, a trainer, a shard's writer) waits that instant out instead of
+    being refused (before, 281 refusals in 15,303 tries)."""
+    path, stop = tmp_path / "run.lock", tmp_path / "stop"
+    prober = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
+                               "from extract.locks import is_held; path, stop = map(Path, sys.argv[1:]); "
+                               "print(is_held(path), flush=True); "
+                               "print(sum(1 for _ in iter(lambda: (is_held(path), stop.exists())[1], True)))",
+                               str(path), str(stop)],
+                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(Path.cwd())))
+    try:
+        assert prober.stdout.readline().strip() == "False"  # probing from now on
+        refused = 0
+        for _ in range(3000):
+            lock = take_lock(path)
+            refused += lock is None
+            if lock is not None:
+                lock.close()
+    finally:
+        stop.touch()
+        probes = int(prober.communicate(timeout=30)[0])
+    assert refused == 0 and probes > 0

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from pipelines.cli import main
 from pipelines.executors import board, executor_named
 from pipelines.executors.base import StepsFailed, read_state
 from pipelines.executors.forked import ForkedProcess, shut_down
+from pipelines.executors.processes import process_identity
 from pipelines.runner import load_pipeline, run_pipeline
 from tests.helpers.pipelines import STEPS_WITH_A_FAILURE, step_record, train_step_on, write_pipeline
 from train.engine.run_folder import RunFolder
@@ -204,6 +206,56 @@ def test_a_stopped_run_checkpoints_each_training_step_and_a_rerun_resumes_it_to_
         run_pipeline(path, log=messages.append, jobs=1)
     assert step_record(out, "long")["done"] and "[long] resuming an interrupted run" in messages
     assert (stage.final / "model.safetensors").read_bytes() == straight
+
+
+@pytest.fixture(scope="module")
+def ddp_step(tiny_world, tmp_path_factory):
+    """`long_step` as two DDP processes, and the final weights of its uninterrupted run."""
+    step = train_step_on(tiny_world, "long", steps=80, devices=2)
+    step["stages"][0].update(checkpoint_minutes=0)
+    straight = run_pipeline(write_pipeline(tmp_path_factory.mktemp("straight-ddp"), [step]), log=lambda _: None,
+                            jobs=1, threads=1)
+    return step, (RunFolder(straight / "long").last_stage().final / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("training", ["long_step", pytest.param("ddp_step", marks=pytest.mark.slow)])
+def test_a_scheduler_killed_outright_from_a_folder_holding_train_py_ends_its_steps_and_a_rerun_resumes_them(
+        training, request, tmp_path):
+    """`vlbert pipeline run` from a research repository's root (its own train.py and extract.py there):
+    a light step (a command) and the training (forked from the server, or DDP ranks under torch's
+    launcher) import the project's packages; the run killed outright, the training's processes stop
+    with it (a checkpoint written), and a rerun resumes at once to the weights of an uninterrupted run."""
+    step, straight = request.getfixturevalue(training)
+    path = write_pipeline(tmp_path, [{"name": "world", "kind": "world", "images": 3, "seed": 1}, step])
+    out, folder = tmp_path / "out", tmp_path / "research"
+    folder.mkdir()
+    for script in ("train.py", "extract.py"):
+        (folder / script).write_text("raise SystemExit(\"a research repository's own script\")\n")
+    with (tmp_path / "run.log").open("w") as output:
+        run = subprocess.Popen([str(Path(sys.executable).with_name("vlbert")), "pipeline", "run", str(path),
+                                "--threads", "1"], cwd=folder, stdout=output, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    progress, deadline = out / "long" / ".progress.json", time.monotonic() + 180
+    while not (progress.is_file() and json.loads(progress.read_text())["n"] >= 1) and time.monotonic() < deadline:
+        assert run.poll() is None, (tmp_path / "run.log").read_text()
+        time.sleep(0.05)
+    run.kill()
+    run.wait()
+    assert "failed" not in (tmp_path / "run.log").read_text()  # the world step (done, or stopped with the run)
+    recorded = {int(pid): identity for entry in read_state(out)["steps"].values()
+                for pid, identity in entry["processes"].items() if identity}
+    while any(process_identity(pid) == identity for pid, identity in recorded.items()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid, identity in recorded.items() if process_identity(pid) == identity] == []
+    log = (out / "long" / "log.txt").read_text()
+    assert re.search(r"stage vqa, step (\d+) \(checkpoint-\1 written\): stopped by SIGTERM", log), log
+
+    messages = []
+    with configured_threads(1):
+        run_pipeline(path, log=messages.append, jobs=1)
+    said = "\n".join(messages) + (out / "long" / "log.txt").read_text()  # DDP ranks: in the step's log
+    assert step_record(out, "world")["done"] and "resuming an interrupted run" in said, said
+    assert (RunFolder(out / "long").last_stage().final / "model.safetensors").read_bytes() == straight
 
 
 @pytest.mark.cuda

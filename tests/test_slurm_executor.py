@@ -1,8 +1,10 @@
-"""The Slurm executor against a real single-node Slurm (tests/helpers/slurm.py): a pipeline as jobs
-after the jobs they read, an extraction as a job array equal to a local one, status through queued,
-running and done, failures that cancel what reads them, resubmission and cancel."""
+"""The Slurm executor against a real two-node Slurm (tests/helpers/slurm.py): a pipeline as jobs after
+the jobs they read, an extraction as a job array over both nodes equal to a local one, status through
+queued, running and done, failures that cancel what reads them, resubmission and cancel. Training
+across the two nodes: tests/test_slurm_two_nodes.py."""
 
 import json
+import re
 import subprocess
 import time
 
@@ -41,11 +43,11 @@ def states_until_settled(pipeline, timeout_s: float = 240) -> dict[str, list[str
     raise AssertionError(f"the pipeline did not settle in {timeout_s} s: {seen}")
 
 
-def test_a_pipeline_runs_as_jobs_its_extraction_as_an_array_equal_to_one_local_extraction_and_ddp_as_tasks(
+def test_a_pipeline_runs_as_jobs_its_extraction_as_an_array_over_both_nodes_equal_to_one_local_extraction(
         slurm_cluster, tiny_world, tmp_path):
     steps = [{"name": "world", "kind": "world", "images": 12, "seed": 3},  # the tiny world's images
              {"name": "cache", "kind": "extract", "images": "${world}", "detector": "tiny", "mask_variants": 2,
-              "batch_size": 4, "progress": False, "shards": 2},
+              "batch_size": 4, "progress": False, "shards": 4},  # 4 one-CPU tasks: more than a node's 2 CPUs
              {"name": "vocabulary", "kind": "vocabulary", "world": "${world}"},
              {"name": "vqa", "kind": "train", "devices": 2,  # one job of two tasks: the DDP ranks, gloo on the CPU
               "store": "${cache}", "train_annotations": "${world}/train.jsonl",
@@ -64,7 +66,7 @@ def test_a_pipeline_runs_as_jobs_its_extraction_as_an_array_equal_to_one_local_e
     assert seen["report"][0] == "queued"  # it waited for the training's job
 
     with FeatureStore(out / "cache") as array, FeatureStore(tiny_world / "cache") as local:
-        assert len(array.shards) == 2 and sorted(array.keys()) == sorted(local.keys())
+        assert len(array.shards) == 4 and sorted(array.keys()) == sorted(local.keys())
         for key in local.keys():
             for name, value in local[key].items():
                 assert np.array_equal(value, array[key][name]) if isinstance(value, np.ndarray) else value == array[key][name]
@@ -74,7 +76,10 @@ def test_a_pipeline_runs_as_jobs_its_extraction_as_an_array_equal_to_one_local_e
     jobs = read_state(out)["steps"]
     assert len(jobs["cache"]["jobs"]) == 2  # the array, then the job that checks its shards
     assert RunFolder(out / "vqa").last_stage().done and (out / "report" / "report.json").is_file()
-    assert "every shard complete" in (out / "cache" / "log.txt").read_text()
+    log = (out / "cache" / "log.txt").read_text()
+    assert "every shard complete" in log
+    placed = dict(re.findall(r"\[cache\] shard (\d) of 4 on node (n\d) ", log))
+    assert sorted(placed) == ["0", "1", "2", "3"] and set(placed.values()) == set(slurm_cluster.nodes), placed
 
     messages.clear()
     run_pipeline(path, log=messages.append, settings=settings(slurm_cluster), executor="slurm")

@@ -6,6 +6,7 @@ Under torchrun, rank 0 holds the run folder's lock and every rank stops when ano
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -84,8 +85,9 @@ def test_one_to_two_processes_doubles_the_learning_rate_says_so_and_evaluates_as
     assert (f"stage retrieval: the checkpoint of step 2 was written by 1 process(es), this run has 2: the total batch "
             f"goes from 2 to 4 samples and the learning rate with it (base_lr × total batch), {before:.4g} → "
             f"{after:.4g}; the samples continue in the same order") in resumed.stdout.splitlines()
-    assert folder.world() == {"size": 2, "changes": [{"stage": "retrieval", "step": 2, "from": 1, "to": 2,
-                                                      "learning_rate_scale": 2.0}]}
+    assert folder.world() == {"size": 2, "ranks": [{"host": socket.gethostname()}] * 2,  # where each rank ran
+                              "changes": [{"stage": "retrieval", "step": 2, "from": 1, "to": 2,
+                                           "learning_rate_scale": 2.0}]}
     rates = learning_rates(folder)
     assert rates[3] == pytest.approx(2 * uninterrupted[3]) and rates[4] == pytest.approx(2 * uninterrupted[4])
 

@@ -71,6 +71,9 @@ class VLBertConfig:
     # the triplet margin (Unicoder-VL's γ, which it does not state; VSE++'s value, whose loss it follows).
     matching_loss: str = "triplet"
     matching_margin: float = field(default=0.2, metadata=at_least(0))
+    # What the task head's outputs stand for, in order (VQA's answers, SNLI-VE's classes); a model folder's
+    # config.json holds them as transformers' id2label and label2id.
+    label_names: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:

@@ -20,9 +20,9 @@ same inputs.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,14 +31,21 @@ from torch import nn
 from transformers import BertConfig
 from transformers.activations import ACT2FN
 from transformers.models.bert.modeling_bert import BertEncoder
+from transformers.utils import ModelOutput
 
 from vlbert import losses
-from vlbert.config import VLBertConfig
+from vlbert.auto import register_config, register_models
+from vlbert.config import VLBertConfig, VLBertConfigError
+from vlbert.model_folder import (CONFIG_NAME, HUB_OPTIONS, ModelFolderError, SavedConfig, model_folder, read_config,
+                                 write_config)
+from vlbert.tokenization import copy_tokenizer, vocabulary_file
 from vlbert.torch_files import load_weights_only
+from vlbert.transformers_config import vlbert_fields
 
 VISUAL_SEGMENT = 2
 WEIGHTS_NAME = "model.safetensors"  # a model folder's weights (transformers' BERT folders name theirs the same)
-CONFIG_NAME = "config.json"
+# transformers' AutoModel passes these to the from_pretrained of the class it loads: its own business.
+AUTO_MODEL_ARGUMENTS = ("_from_auto", "_commit_hash", "trust_remote_code", "adapter_kwargs", "code_revision")
 # Beside them, a detector's weights: an end-to-end stage's tuned detector, an official checkpoint's Fast R-CNN.
 DETECTOR_WEIGHTS = "detector.safetensors"
 
@@ -239,14 +246,16 @@ class VLBertEncoder(nn.Module):
         if not output_attentions:
             return self.bert(embeddings, attention_mask=additive_mask).last_hidden_state[:, :length], None
         with self._recording_attention() as attentions:
-            hidden = self.bert(embeddings, attention_mask=additive_mask).last_hidden_state
+            # output_attentions: transformers 4.x's SDPA attention then runs eagerly and returns its
+            # probabilities; 5.x's reads the config's implementation and takes the argument as a no-op
+            hidden = self.bert(embeddings, attention_mask=additive_mask, output_attentions=True).last_hidden_state
         return hidden, tuple(attentions)
 
     @contextlib.contextmanager
     def _recording_attention(self):
         shared_config = self.bert.config
         previous = shared_config._attn_implementation
-        shared_config._attn_implementation = "eager"  # SDPA does not expose its probabilities
+        shared_config._attn_implementation = "eager"  # SDPA does not expose its probabilities (transformers 5.x)
         attentions: list[torch.Tensor] = []
         hooks = [
             layer.attention.self.register_forward_hook(lambda _module, _inputs, output: attentions.append(output[1]))
@@ -265,12 +274,15 @@ class VLBertEncoder(nn.Module):
 # ----------------------------------------------------------------------------------------------
 
 
+# The outputs are transformers' ModelOutputs: read by name (`output.logits`), by key (`output["logits"]`) or
+# by index (`output[0]`: the loss where one was computed, as transformers' models do), the fields left
+# None counting as absent.
 @dataclass
-class VLBertOutput:
-    last_hidden_state: torch.Tensor  # (B, T + N + 1, H): text, RoIs, [END]
-    attention_mask: torch.Tensor  # (B, T + N + 1) bool
-    text_length: int  # T
-    num_regions: int  # N
+class VLBertOutput(ModelOutput):
+    last_hidden_state: torch.Tensor | None = None  # (B, T + N + 1, H): text, RoIs, [END]
+    attention_mask: torch.Tensor | None = None  # (B, T + N + 1) bool
+    text_length: int | None = None  # T
+    num_regions: int | None = None  # N
     pooled_output: torch.Tensor | None = None  # (B, H) dense + tanh on [CLS]
     attentions: tuple[torch.Tensor, ...] | None = None  # per layer (B, heads, L, L)
 
@@ -307,6 +319,11 @@ class VLBertPreTrainedModel(nn.Module):
     def __init__(self, config: VLBertConfig):
         super().__init__()
         self.config = config
+        # The folder of the tokenizer the model reads its text with, whose files `save_pretrained` copies
+        # beside the weights (the folder it was loaded from, where that holds them; a trainer's vocabulary).
+        self.tokenizer_source: Path | None = None
+        # The keys of the config.json it was loaded from that this version does not know, written back.
+        self.kept_config: dict[str, Any] = {}
 
     def init_weights(self) -> None:
         std = self.config.initializer_range
@@ -334,12 +351,15 @@ class VLBertPreTrainedModel(nn.Module):
         """Task models override this to initialise absent heads from a checkpoint's other heads."""
 
     def save_pretrained(self, directory: str | Path) -> None:
+        """A model folder (vlbert.model_folder): config.json, the weights, and the tokenizer's files where the
+        model knows them (`tokenizer_source`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        config = {"architecture": type(self).__name__, **self.config.to_dict()}
-        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_config(directory, self.config, type(self).__name__, self.kept_config)
         state = {name: tensor.detach().contiguous().cpu() for name, tensor in self.state_dict().items()}
         save_file(state, directory / WEIGHTS_NAME, metadata={"format": "pt"})
+        if self.tokenizer_source is not None:
+            copy_tokenizer(self.tokenizer_source, directory)
 
     # The state-dict names that `from_pretrained` found no weights for under their own names in the
     # checkpoint (another task's, or this task's with other heads: new heads, a pooler): they start from
@@ -353,34 +373,55 @@ class VLBertPreTrainedModel(nn.Module):
         return "" if isinstance(self, VLBertModel) else "vlbert."
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, **config_overrides) -> VLBertPreTrainedModel:
-        """Load a directory written by `save_pretrained`.
+    def from_pretrained(cls, name: str | Path, config: Any = None, **options: Any) -> VLBertPreTrainedModel:
+        """Load a model folder written by `save_pretrained`, named by its path or by a Hugging Face Hub id
+        (`org/name`, vlbert.model_folder). `options`: VLBertConfig fields replacing the saved ones, and
+        HUB_OPTIONS (revision, cache_dir, ...); `config`, a VLBertConfig or transformers'
+        VLBertTransformersConfig (AutoModel passes one), replaces the folder's config.
 
         A checkpoint of another task (typically pre-training) gives the shared VL-BERT weights and
         the heads of the same name (pre-training's relationship head to retrieval's); this task's
         other heads start fresh or from the matching pre-training head (`fresh_weights` names them).
         """
-        directory = Path(directory)
-        values = json.loads((directory / CONFIG_NAME).read_text())
-        architecture = values.pop("architecture", cls.__name__)
-        model = cls(VLBertConfig.from_dict({**values, **config_overrides}))
+        directory, saved = _saved_model(name, options)
+        return cls._from_saved(directory, saved, config, options)
+
+    @classmethod
+    def _from_saved(cls, directory: Path, saved: SavedConfig, config: Any, options: dict[str, Any]
+                    ) -> VLBertPreTrainedModel:
+        for argument in AUTO_MODEL_ARGUMENTS:
+            options.pop(argument, None)
+        fields = (saved.fields if config is None else config.to_dict() if isinstance(config, VLBertConfig)
+                  else vlbert_fields(config))
+        try:
+            model = cls(VLBertConfig.from_dict({**fields, **options}))
+        except VLBertConfigError as exc:
+            source = "from_pretrained's options" if getattr(exc, "key", None) in options else directory / CONFIG_NAME
+            raise VLBertConfigError(f"{source}: {exc}") from None
+        model._load_weights(directory, saved.architecture or cls.__name__)
+        model.kept_config = saved.kept
+        model.tokenizer_source = directory if vocabulary_file(directory) != directory else None
+        return model
+
+    def _load_weights(self, directory: Path, architecture: str) -> None:
+        """The folder's weights, saved by a model of class `architecture`."""
         state = load_file(directory / WEIGHTS_NAME)
-        if architecture == cls.__name__ and set(state) == set(model.state_dict()):
-            model.load_state_dict(state, strict=True)
-            return model
-        # Another task's checkpoint, or this task's with other heads (retrieval's matching head against
-        # its relationship head): the shared weights, and the heads both have.
         saved_prefix = "" if architecture == VLBertModel.__name__ else "vlbert."
         backbone = {name[len(saved_prefix) :]: tensor for name, tensor in state.items() if name.startswith(saved_prefix)}
+        self.check_backbone_shapes(backbone, directory)
+        if architecture == type(self).__name__ and set(state) == set(self.state_dict()):
+            self.load_state_dict(state, strict=True)
+            return
+        # Another task's checkpoint, or this task's with other heads (retrieval's matching head against
+        # its relationship head): the shared weights, and the heads both have.
         heads = {name: tensor for name, tensor in state.items() if not name.startswith(saved_prefix)}
-        model.load_backbone(backbone, source=str(directory))
-        own = model.state_dict()
+        self.load_backbone(backbone, source=str(directory))
+        own = self.state_dict()
         shared_heads = {name: tensor for name, tensor in heads.items() if name in own}
-        model.load_state_dict(shared_heads, strict=False)  # pre-training's relationship head into retrieval's
-        model._init_heads_from(heads)
-        given = {model.backbone_prefix + name for name in backbone} | set(shared_heads)
-        model.fresh_weights = tuple(name for name in own if name not in given)
-        return model
+        self.load_state_dict(shared_heads, strict=False)  # pre-training's relationship head into retrieval's
+        self._init_heads_from(heads)
+        given = {self.backbone_prefix + name for name in backbone} | set(shared_heads)
+        self.fresh_weights = tuple(name for name in own if name not in given)
 
     @classmethod
     def from_bert(cls, bert_directory: str | Path, **config_overrides) -> VLBertPreTrainedModel:
@@ -417,6 +458,16 @@ class VLBertPreTrainedModel(nn.Module):
         model.load_backbone(backbone, source=str(bert_directory), new_ok=True)
         model._init_heads_from(heads)
         return model
+
+    def check_backbone_shapes(self, weights: dict[str, torch.Tensor], directory: Path) -> None:
+        """VLBertConfigError when a saved weight of the shared VL-BERT (names as in `VLBertModel`) has
+        another shape than the folder's config gives it: a config.json edited, or from another model."""
+        own = self.state_dict()
+        for name, tensor in weights.items():
+            expected = own.get(self.backbone_prefix + name)
+            if expected is not None and expected.shape != tensor.shape:
+                raise VLBertConfigError(f"{directory}: its {CONFIG_NAME} does not match its {WEIGHTS_NAME}: {name} "
+                                        f"is {tuple(tensor.shape)} there, {tuple(expected.shape)} for the config")
 
     def load_backbone(self, weights: dict[str, torch.Tensor], source: str, new_ok: bool = False) -> None:
         """Load the shared VL-BERT weights (names as in `VLBertModel`); with `new_ok` (a BERT
@@ -608,24 +659,24 @@ def _copy_transform(target: HeadTransform, state_dict: dict[str, torch.Tensor], 
 
 
 @dataclass
-class PreTrainingOutput:
-    vlbert: VLBertOutput
+class PreTrainingOutput(ModelOutput):
+    loss: torch.Tensor | None = None  # the sum of the losses computed
     # Without mlm_labels, (B, T, vocab): every text position. With them, (M, vocab): only the M
     # labelled positions (mlm_labels != -100, in row-major order), all that the loss reads.
-    mlm_logits: torch.Tensor
-    region_logits: torch.Tensor | None  # (B, N, detector classes)
-    relationship_logits: torch.Tensor | None  # (B, 2)
-    loss: torch.Tensor | None = None
+    mlm_logits: torch.Tensor | None = None
+    region_logits: torch.Tensor | None = None  # (B, N, detector classes)
+    relationship_logits: torch.Tensor | None = None  # (B, 2)
     mlm_loss: torch.Tensor | None = None
     region_loss: torch.Tensor | None = None
     relationship_loss: torch.Tensor | None = None
+    vlbert: VLBertOutput | None = None
 
 
 @dataclass
-class TaskOutput:
-    vlbert: VLBertOutput
-    logits: torch.Tensor
+class TaskOutput(ModelOutput):
     loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    vlbert: VLBertOutput | None = None
 
 
 class VLBertForPreTraining(VLBertPreTrainedModel):
@@ -675,21 +726,19 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
         relationship_logits = (
             self.relationship_head(encoded.pooled_output) if self.relationship_head is not None else None
         )
-        output = PreTrainingOutput(encoded, mlm_logits, region_logits, relationship_logits)
-        terms = []
-        if mlm_labels is not None:
-            output.mlm_loss = losses.masked_lm_loss(mlm_logits, mlm_labels)
-            terms.append(output.mlm_loss)
-        if region_labels is not None and region_logits is not None:
-            output.region_loss = losses.soft_cross_entropy(region_logits, region_labels)
-            terms.append(output.region_loss)
+        mlm_loss = losses.masked_lm_loss(mlm_logits, mlm_labels) if mlm_labels is not None else None
+        region_loss = (losses.soft_cross_entropy(region_logits, region_labels)
+                       if region_labels is not None and region_logits is not None else None)
+        relationship_loss = None
         if relationship_labels is not None:
             if relationship_logits is None:
                 raise ValueError("relationship_labels given but the model has no relationship head")
-            output.relationship_loss = F.cross_entropy(relationship_logits.float(), relationship_labels)
-            terms.append(output.relationship_loss)
-        output.loss = torch.stack(terms).sum() if terms else None
-        return output
+            relationship_loss = F.cross_entropy(relationship_logits.float(), relationship_labels)
+        terms = [term for term in (mlm_loss, region_loss, relationship_loss) if term is not None]
+        return PreTrainingOutput(loss=torch.stack(terms).sum() if terms else None, mlm_logits=mlm_logits,
+                                 region_logits=region_logits, relationship_logits=relationship_logits,
+                                 mlm_loss=mlm_loss, region_loss=region_loss, relationship_loss=relationship_loss,
+                                 vlbert=encoded)
 
 
 class VLBertForQuestionAnswering(VLBertPreTrainedModel):
@@ -715,7 +764,7 @@ class VLBertForQuestionAnswering(VLBertPreTrainedModel):
         rows = torch.arange(answer_positions.shape[0], device=answer_positions.device)
         logits = self.answer_head(encoded.text_hidden_state[rows, answer_positions])
         loss = losses.answer_loss(logits, labels) if labels is not None else None
-        return TaskOutput(encoded, logits, loss)
+        return TaskOutput(loss=loss, logits=logits, vlbert=encoded)
 
 
 class VLBertForMultipleChoice(VLBertPreTrainedModel):
@@ -759,7 +808,7 @@ class VLBertForMultipleChoice(VLBertPreTrainedModel):
         )
         logits = self.choice_head(encoded.pooled_output).view(batch, choices)
         loss = losses.multiple_choice_loss(logits, labels) if labels is not None else None
-        return TaskOutput(encoded, logits, loss)
+        return TaskOutput(loss=loss, logits=logits, vlbert=encoded)
 
 
 class VLBertForReferringExpressions(VLBertPreTrainedModel):
@@ -782,7 +831,7 @@ class VLBertForReferringExpressions(VLBertPreTrainedModel):
         encoded = self.vlbert(**inputs)
         logits = self.region_score_head(encoded.region_hidden_state).squeeze(-1)
         loss = losses.grounding_loss(logits, labels, inputs["box_mask"]) if labels is not None else None
-        return TaskOutput(encoded, logits, loss)
+        return TaskOutput(loss=loss, logits=logits, vlbert=encoded)
 
 
 class VLBertForImageTextMatching(VLBertPreTrainedModel):
@@ -825,7 +874,7 @@ class VLBertForImageTextMatching(VLBertPreTrainedModel):
                                                                     self.config.matching_margin)
         elif labels is not None:
             loss = losses.binary_loss(logits, labels)
-        return TaskOutput(encoded, logits, loss)
+        return TaskOutput(loss=loss, logits=logits, vlbert=encoded)
 
 
 class VLBertForSequenceClassification(VLBertPreTrainedModel):
@@ -847,7 +896,7 @@ class VLBertForSequenceClassification(VLBertPreTrainedModel):
         encoded = self.vlbert(**inputs)
         logits = self.classifier_head(encoded.pooled_output)
         loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
-        return TaskOutput(encoded, logits, loss)
+        return TaskOutput(loss=loss, logits=logits, vlbert=encoded)
 
 
 class PairClassificationHead(nn.Module):
@@ -896,7 +945,7 @@ class VLBertForPairClassification(VLBertPreTrainedModel):
                 raise ValueError(f"labels {tuple(labels.shape)}: expected one label per pair, given to both images")
             labels = labels[:, 0]
         loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
-        return TaskOutput(encoded, logits, loss)
+        return TaskOutput(loss=loss, logits=logits, vlbert=encoded)
 
 
 def _on_host(labels: torch.Tensor) -> bool:
@@ -906,10 +955,22 @@ def _on_host(labels: torch.Tensor) -> bool:
     return labels.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
-def load_pretrained(directory: str | Path) -> VLBertPreTrainedModel:
-    """Load a `save_pretrained` directory as the task model it was saved from."""
-    architecture = json.loads((Path(directory) / CONFIG_NAME).read_text()).get("architecture")
-    if architecture not in TASK_MODELS:
-        raise ValueError(f"{directory}: unknown architecture {architecture!r}; known: {sorted(TASK_MODELS)}")
-    return TASK_MODELS[architecture].from_pretrained(directory)
+def load_pretrained(name: str | Path, **options: Any) -> VLBertPreTrainedModel:
+    """Load a model folder (a path or a Hub id, as `from_pretrained` takes them) as the task model it was
+    saved from; `options` as `from_pretrained`'s."""
+    directory, saved = _saved_model(name, options)
+    if saved.architecture not in TASK_MODELS:
+        raise ModelFolderError(f"{directory / CONFIG_NAME}: unknown architecture {saved.architecture!r}; known: "
+                               f"{', '.join(sorted(TASK_MODELS))}")
+    return TASK_MODELS[saved.architecture]._from_saved(directory, saved, None, options)
+
+
+def _saved_model(name: str | Path, options: dict[str, Any]) -> tuple[Path, SavedConfig]:
+    """The folder of model `name` and its config.json, the HUB_OPTIONS taken out of `options`."""
+    directory = model_folder(name, **{key: options.pop(key) for key in HUB_OPTIONS if key in options})
+    return directory, read_config(directory)
+
+
+register_config()
+register_models()
 

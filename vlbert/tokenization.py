@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,13 @@ from vlbert.losses import IGNORE_INDEX
 MASK_PROBABILITY = 0.15
 MEMO_TEXTS = 1 << 18  # texts a WordPieceMemo keeps: ~70 MB a process
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt")  # what load_tokenizer reads from a folder (tokenizer.json first)
+# What a tokenizer folder may hold (BertTokenizerFast.from_pretrained reads them); a vocabulary file is needed.
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json")
+TOKENIZER_CONFIG = "tokenizer_config.json"
+# The class a copied tokenizer_config.json names where it names none: AutoTokenizer then reads a model folder
+# without knowing its config.json's model type (it takes the fast variant where there is one).
+TOKENIZER_CLASS = "BertTokenizer"
 
 
 class VocabularyError(UserError):
@@ -45,6 +53,24 @@ def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:
         raise VocabularyError(f"{source}: {len(pieces)} word pieces, without {', '.join(missing)}; expected a BERT "
                         "WordPiece vocabulary, one piece a line, with the special pieces")
     return tokenizer
+
+
+def copy_tokenizer(source: str | Path, target: str | Path) -> None:
+    """The tokenizer files of folder `source` (TOKENIZER_FILES) copied into folder `target`, its
+    tokenizer_config.json naming the tokenizer's class (TOKENIZER_CLASS where it names none); nothing
+    where `target` is `source`."""
+    source, target = Path(source), Path(target)
+    if target.exists() and source.resolve() == target.resolve():
+        return
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file() and name != TOKENIZER_CONFIG:
+            shutil.copyfile(source / name, target / name)
+    settings = {}
+    if (source / TOKENIZER_CONFIG).is_file():
+        _check_readable(source / TOKENIZER_CONFIG)
+        settings = json.loads((source / TOKENIZER_CONFIG).read_text(encoding="utf-8-sig"))
+    settings = {"tokenizer_class": TOKENIZER_CLASS, **settings}
+    (target / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
 
 
 def check_vocabulary_size(tokenizer: PreTrainedTokenizerFast, vocab_size: int, vocabulary: str | Path) -> None:

@@ -351,7 +351,120 @@ def _key_lines(node: Any, path: str, lines: dict[str, int]) -> None:
             _key_lines(item, f"{path}[{i}]", lines)
 
 
-def located(name: str, lines: Mapping[str, int], exc: Exception) -> str:
-    """`exc`'s message after the file `name` and, where the file has its key, the line: `run.yaml:7: …`."""
-    line = lines.get(getattr(exc, "key", None) or "")
-    return f"{name}:{line}: {exc}" if getattr(exc, "key", None) and line else f"{name}: {exc}"
+def located(name: str, lines: Mapping[str, int | tuple[str, int]], exc: Exception) -> str:
+    """`exc`'s message after the file `name` and, where the file has its key, the line: `run.yaml:7: …`;
+    a key's line given as (file, line) (`load_with_bases`: a base file's key) names that file."""
+    where = lines.get(getattr(exc, "key", None) or "") if getattr(exc, "key", None) else None
+    name, line = where if isinstance(where, tuple) else (name, where)
+    return f"{name}:{line}: {exc}" if line else f"{name}: {exc}"
+
+
+# ---- key paths: `stages[0].base_lr`, as messages name keys and `--set` sets them ------------------
+
+_KEY_PART = re.compile(r"(?:^|\.)([^.\[\]]+)|\[(\d+)\]")
+
+
+def key_parts(key: str, error: type[Exception] = FieldError) -> list[str | int]:
+    """`stages[0].base_lr` → ["stages", 0, "base_lr"]; an `error` for text that is no key path."""
+    parts = list(_KEY_PART.finditer(key))
+    if not parts or parts[0].group(1) is None or key.startswith(".") or "".join(p.group(0) for p in parts) != key:
+        raise error(f"{key!r}: not a key path (NAME, NAME.KEY, NAME[INDEX].KEY, ...)")
+    return [part.group(1) if part.group(1) is not None else int(part.group(2)) for part in parts]
+
+
+def with_setting(values: Mapping[str, Any], key: str, value: Any, error: type[Exception] = FieldError
+                 ) -> dict[str, Any]:
+    """A copy of mapping `values` with key path `key` set to `value` (a command line's `--set KEY=VALUE`): a
+    mapping's key is set or added, a list's item replaced; `KEY+` appends `value` (a list's items, or it) to
+    the list at KEY. The mappings and lists on the way are new, so `values` stays as it is; an `error` naming
+    `key` for a path through something else, or an item beyond a list's end. The result is checked as the
+    file's values are, by whoever reads it."""
+    append = key.endswith("+")
+    parts = key_parts(key[:-1] if append else key, error)
+
+    def replaced(node: Any, index: int) -> Any:
+        if index == len(parts):
+            if not append:
+                return value
+            if not isinstance(node, list) and node is not None:
+                raise error(f"{key}: {_key_path(parts)} is {describe(node)}, not a list to append to")
+            return [*(node or []), *(value if isinstance(value, list) else [value])]
+        part, where = parts[index], _key_path(parts[:index])
+        if isinstance(part, int):
+            if not isinstance(node, list):
+                raise error(f"{key}: {where} is {describe(node)}, not a list")
+            if part >= len(node):
+                raise error(f"{key}: {where} holds {len(node)} item(s), it has no [{part}]")
+            return [*node[:part], replaced(node[part], index + 1), *node[part + 1:]]
+        if node is None:
+            node = {}
+        if not isinstance(node, Mapping):
+            raise error(f"{key}: {where} is {describe(node)}, not a mapping whose {part!r} could be set")
+        return {**node, part: replaced(node.get(part), index + 1)}
+
+    return replaced(values, 0)
+
+
+def _key_path(parts: list[str | int]) -> str:
+    path = ""
+    for part in parts:
+        path = f"{path}[{part}]" if isinstance(part, int) else join_key(path, part)
+    return path
+
+
+def under_key(path: str, key: str) -> bool:
+    """Whether key path `path` is `key` or lies in its value."""
+    return path == key or path.startswith((key + ".", key + "["))
+
+
+# ---- bases: a config file that builds on another ------------------------------------------------
+
+BASE = "base"  # the key of a config file that names the file it builds on
+
+
+def load_with_bases(path: str | Path, error: type[Exception] = FieldError, name: Callable[[Path], str] = str,
+                    keeps: Callable[[Any], bool] = lambda base: False, expected: str = "a file"
+                    ) -> tuple[Any, dict[str, tuple[str, int]]]:
+    """`load_yaml` of a file whose `base:` names another file (relative to the file naming it; which may
+    name another): the file's mapping merged over its base's, key by key in mappings, a list or other value
+    replacing the base's whole. Returns the merged value and, for each key, the (file, line) it comes from
+    (for `located`); `name` names a file in messages. A `base` that `keeps` (a preset's name) stays in the
+    value for the caller. An `error` for a base that is not text or names no file (`expected` says what it
+    should name), a base that is not a mapping, and a cycle of bases."""
+    return _with_bases(Path(path), error, name, keeps, expected, [])
+
+
+def _with_bases(path: Path, error: type[Exception], name: Callable[[Path], str], keeps: Callable[[Any], bool],
+                expected: str, chain: list[Path]) -> tuple[Any, dict[str, tuple[str, int]]]:
+    values, lines = load_yaml(path, error, name(path))
+    origins = {key: (name(path), line) for key, line in lines.items()}
+    if not isinstance(values, Mapping) or BASE not in values or keeps(values[BASE]):
+        return values, origins
+    here = f"{name(path)}:{lines[BASE]}: {BASE}"
+    base = values[BASE]
+    if not isinstance(base, str) or not base:
+        raise error(f"{here}: expected {expected}, found {describe(base)}")
+    base_path = path.parent / base
+    chain = [*chain, path.resolve()]
+    if base_path.resolve() in chain:
+        cycle = [*chain[chain.index(base_path.resolve()):], base_path.resolve()]
+        raise error(f"{here}: a cycle of bases, {' → '.join(map(str, cycle))}")
+    if not base_path.is_file():
+        raise error(f"{here}: {base!r} is not {expected} ({base_path}: no such file)")
+    base_values, base_origins = _with_bases(base_path, error, name, keeps, expected, chain)
+    if not isinstance(base_values, Mapping):
+        raise error(f"{here}: {base_path} holds {describe(base_values)}, not a mapping to build on")
+    replaced: list[str] = []
+    merged = _merged(base_values, {key: value for key, value in values.items() if key != BASE}, "", replaced)
+    kept = {key: origin for key, origin in base_origins.items() if not any(under_key(key, path) for path in replaced)}
+    return merged, {**kept, **{key: origin for key, origin in origins.items() if key != BASE}}
+
+
+def _merged(base: Any, own: Any, path: str, replaced: list[str]) -> Any:
+    """`own` over `base` (at key path `path`): mappings key by key, anything else replacing the base's
+    whole; the key paths of the base's values replaced whole are added to `replaced`."""
+    if not (isinstance(base, Mapping) and isinstance(own, Mapping)):
+        replaced.append(path)
+        return own
+    return {**base, **{key: _merged(base[key], value, join_key(path, str(key)), replaced) if key in base else value
+                       for key, value in own.items()}}

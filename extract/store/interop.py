@@ -1,4 +1,6 @@
-"""FeatureStore ⇄ the formats other VL code reads: per-image .npz, bottom-up-attention TSV, VQA-style HDF5.
+"""FeatureStore ⇄ the formats other VL code reads: per-image .npz, bottom-up-attention TSV, VQA-style HDF5;
+and, import only, the files other projects write (extract/store/formats: bottom-up-attention.pytorch's
+npz, VL-BERT's JSON, MMF's npy and LMDB, UNITER's LMDB, VinVL's TSV).
 
 TSV (LXMERT's ten fields) and HDF5 carry no whole-image feature: exports drop it (HDF5 keeps it in
 an extra `whole_image_features` dataset), imports without one store the mean of the box features
@@ -14,11 +16,13 @@ under a temporary name renamed into place at the end, so a refused export leaves
 
 Files from others are checked as they are read: an image id that could name a file outside an npz
 export's folder (extract/paths.py) is refused at import and at export, and so is an id met twice
-in one source, or an image size that is not a positive whole number. An import builds the store in
-a staging folder beside `--out` (`.<name>.importing-<pid>`) and renames it into place only when
-every record is in: a failed import leaves no store that `cache verify` could accept, and the
-staging folder of a killed one is removed by the next import into the same `--out`. Neither
-command writes where it reads (`--out` apart from the source).
+in one source, an image size that is not a positive whole number, or a record whose fields, shapes
+or sizes disagree with the meta.json that the source's first record set (one line naming the record
+and the field). An import builds the store in a staging folder beside `--out`
+(`.<name>.importing-<pid>`) and renames it into place only when every record is in: a failed import
+leaves no store that `cache verify` could accept, and the staging folder of a killed one is removed
+by the next import into the same `--out`. Neither command writes where it reads (`--out` apart from
+the source and the files beside it that a format reads).
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from __future__ import annotations
 import base64
 import glob
 import json
-import math
 import os
 import re
 import shutil
@@ -39,10 +42,17 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from extract.paths import check_apart, outside_reason, path_inside
+from extract.store.formats import bua_npz, mmf, uniter, vinvl, vlbert_json
+from extract.store.formats.common import (
+    MEAN_IMAGE_FEATURE, NOMINAL_IMAGE_SIZE, NOMINAL_SIZE_KEY, Records, b64_array, count, files_in, image_id_of,
+    image_size, imported_meta, imported_record, mean_image_feature, with_first,
+)
+from extract.store.formats.image_ids import row_ids
 from extract.store.layout import META, read_meta, shard_dirs, writer_active
 from extract.store.reader import FeatureStore
-from extract.store.schema import FIELDS, StoreError, build_meta
+from extract.store.schema import FIELDS, RecordLayout, StoreError
 from extract.store.writer import FeatureStoreWriter
+from vlbert.errors import UserError
 
 TSV_FIELDS = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
               "num_boxes", "boxes", "features")
@@ -52,7 +62,9 @@ TSV_ID_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
 _TSV_ID_ESCAPED = re.compile(r"\\[\\tnr]")
 _TSV_ID_UNESCAPES = {escaped: character for character, escaped in TSV_ID_ESCAPES.items()}
 IMPORT_BATCH = 256
-MEAN_IMAGE_FEATURE = "mean of the box features (the source has no whole-image feature)"
+# The files beside a source that some formats read (Format.options), by their `cache import` option.
+IMPORT_FILES = {"ids": "the image ids of an h5 file without image_ids",
+                "labels": "vinvl-tsv's predictions or label TSV"}
 
 
 @dataclass(frozen=True)
@@ -75,16 +87,21 @@ CONTENTS = {
                              lambda meta: meta["mask_variants"]["count"] > 0),
     "detector": Content("the detector config", "end-to-end stages cannot use it",
                         lambda meta: bool((meta.get("detector") or {}).get("config"))),
+    "image_size": Content("the image sizes", f"boxes are fractions of a nominal {NOMINAL_IMAGE_SIZE}-pixel square "
+                          f"(meta.json {NOMINAL_SIZE_KEY}): their geometry is kept, their pixels are not",
+                          lambda meta: meta.get(NOMINAL_SIZE_KEY) is None),
 }
 
 
 @dataclass(frozen=True)
 class Format:
-    export: Callable[[FeatureStore, Path], None]
-    # (source, feature dtype) → (meta, records as (where in the source, image id, record))
-    read: Callable[[Path, str], tuple[dict[str, Any], Iterator[tuple[str, str, dict]]]]
+    source: str  # what `cache import` reads: "a folder of .npz files"
+    # (source, feature dtype, the `options` given) → (meta, records as (where in the source, image id, record))
+    read: Callable[..., tuple[dict[str, Any], Records]]
     carries: tuple[str, ...]  # the CONTENTS it can hold
+    export: Callable[[FeatureStore, Path], None] | None = None  # None: read by `cache import` only
     export_notes: Callable[[FeatureStore], list[str]] = lambda store: []  # how it changes what it exports
+    options: tuple[str, ...] = ()  # the IMPORT_FILES its reader takes
 
 
 def export_store(root: str | Path, fmt: str, out: str | Path) -> int:
@@ -92,6 +109,8 @@ def export_store(root: str | Path, fmt: str, out: str | Path) -> int:
     A damaged record, or records that disagree with meta.json, stop it with nothing written."""
     out = Path(out)
     form = _format(fmt)
+    if form.export is None:
+        raise StoreError(f"format {fmt!r} is read by `cache import` only; export to one of {', '.join(EXPORT_FORMATS)}")
     check_apart(out, (("CACHE", root),))
     if fmt == "npz" and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise StoreError(f"{out}: exists and is not an empty directory; export npz files to a new one")
@@ -115,18 +134,26 @@ def export_store(root: str | Path, fmt: str, out: str | Path) -> int:
         return len(store)
 
 
-def import_store(src: str | Path, fmt: str, out: str | Path, feature_dtype: str = "float16") -> int:
-    """Writes the records in `src` (a file, or for npz a directory) into a new FeatureStore `out`
+def import_store(src: str | Path, fmt: str, out: str | Path, feature_dtype: str = "float16",
+                 ids: str | Path | None = None, labels: str | Path | None = None) -> int:
+    """Writes the records in `src` (what `FORMATS[fmt].source` says) into a new FeatureStore `out`
     (absent, or an empty folder) and returns how many it holds; warns, field by field, what the
-    result lacks and why. Any problem in the source leaves no `out`."""
+    result lacks and why. `ids` and `labels` name the files beside it that some formats read
+    (`IMPORT_FILES`). Any problem in the source leaves no `out`."""
     form = _format(fmt)
     src, out = Path(src), Path(out)
+    files = {name: Path(path) for name, path in (("ids", ids), ("labels", labels)) if path is not None}
     if not src.exists():
-        raise StoreError(f"{src}: no such {'directory' if fmt == 'npz' else 'file'}")
-    check_apart(out, (("SRC", src),))
+        raise StoreError(f"{src}: no such file or folder (the {fmt} format reads {form.source})")
+    for name, path in files.items():
+        if name not in form.options:
+            raise UserError(f"--{name} {path}: the {fmt} format reads no such file (--{name}: {IMPORT_FILES[name]})")
+        if not path.is_file():
+            raise StoreError(f"{path}: no such file (--{name})")
+    check_apart(out, (("SRC", src), *((f"--{name}", path) for name, path in files.items())))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise StoreError(f"{out}: exists and is not an empty folder; import into a new one")
-    meta, records = form.read(src, feature_dtype)
+    meta, records = form.read(src, feature_dtype, **files)
     for name, content in CONTENTS.items():
         if not content.present(meta):
             reason = "not in the source" if name in form.carries else f"the {fmt} format does not carry it"
@@ -134,27 +161,40 @@ def import_store(src: str | Path, fmt: str, out: str | Path, feature_dtype: str 
     _sweep_killed_imports(out)
     staging = _beside(out, "importing")
     try:
-        count = 0
+        stored = 0
         with FeatureStoreWriter(staging, meta) as writer:
-            for batch in _chunks(_checked_ids(src, records), IMPORT_BATCH):
+            for batch in _chunks(_checked(src, records, meta), IMPORT_BATCH):
                 writer.commit(dict(batch))
-                count += len(batch)
+                stored += len(batch)
         os.rename(staging, out.resolve())  # replaces an empty folder, as a whole
     finally:
         _remove(staging)
-    return count
+    return stored
 
 
-def _checked_ids(src: Path, records: Iterable[tuple[str, str, dict]]) -> Iterator[tuple[str, dict]]:
-    """(image id, record) of each of `records`; StoreError for an id met twice, naming both places."""
+def _checked(src: Path, records: Iterable[tuple[str, str, dict]], meta: dict) -> Iterator[tuple[str, dict]]:
+    """(image id, record) of each of `records`; StoreError for an id met twice, naming both places, or
+    a record whose fields and shapes disagree with `meta` (which the source's first record set)."""
+    layout = RecordLayout({**meta, "features": {**meta["features"], "dtype": "float32"}})
     seen: dict[str, str] = {}
     for where, image_id, record in records:
         _check_id(image_id, f"{src} {where}")
         if image_id in seen:
             raise StoreError(f"{src}: image id {image_id!r} is on {seen[image_id]} and again on {where}; a store "
                              "holds each id once")
+        problems = layout.problems(_widened(record))
+        if problems:
+            raise StoreError(f"{src} {where}: {'; '.join(problems)} (every record of a store holds the fields and "
+                             "shapes that its meta.json names: here, those of the source's first record)")
         seen[image_id] = where
         yield image_id, record
+
+
+def _widened(record: dict) -> dict:
+    """The record with its feature and probability fields as float32, which the check of its layout
+    expects: the writer casts them to the store's dtype, whatever the source's was."""
+    return {name: value.astype(np.float32, copy=False) if FIELDS.get(name, ("",))[0] in ("feature", "probability")
+            else value for name, value in record.items()}
 
 
 def _check_id(image_id: str, where: str) -> None:
@@ -203,29 +243,6 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
-def _imported_meta(feature_dim: int, feature_dtype: str, source: str, has_objects: bool, has_attributes: bool,
-                   image_feature: str = MEAN_IMAGE_FEATURE) -> dict[str, Any]:
-    return build_meta(feature_dim=feature_dim, feature_dtype=feature_dtype, mode="imported", source=source,
-                      has_objects=has_objects, has_attributes=has_attributes, image_feature_source=image_feature)
-
-
-def _image_size(value: Any, name: str, where: str) -> int:
-    """An image's height or width as a file gives it (text, a number, a 0-d array): a positive whole
-    number of pixels; StoreError naming `where` otherwise."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if not (math.isfinite(number) and number >= 1 and number.is_integer()):
-        shown = value.item() if isinstance(value, (np.ndarray, np.generic)) and np.size(value) == 1 else value
-        raise StoreError(f"{where}: {name} {shown!r} is not a positive whole number of pixels")
-    return int(number)
-
-
-def _mean_image_feature(features: np.ndarray) -> np.ndarray:
-    return features.astype(np.float32).mean(axis=0) if len(features) else np.zeros(features.shape[1], np.float32)
-
-
 # ---- npz: one file per image, plus the store's meta.json -------------------------------------------
 
 def _export_npz(store: FeatureStore, out: Path) -> None:
@@ -239,36 +256,31 @@ def _export_npz(store: FeatureStore, out: Path) -> None:
                  num_boxes=np.int64(len(record["boxes"])), box_source=np.str_(record["box_source"]))
 
 
-def _import_npz(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]:
-    if not src.is_dir():
-        raise StoreError(f"{src}: not a folder (an npz import reads a folder of .npz files)")
-    files = sorted(src.rglob("*.npz"))
-    if not files:
-        raise StoreError(f"{src}: no .npz files")
+def _import_npz(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Records]:
+    files = files_in(src, ".npz", "npz")
+    parsed = ((f"file {path.relative_to(src).as_posix()}", image_id_of(path, src, ".npz"), *_npz_record(path))
+              for path in files)
+    (_, _, first, whole), parsed = with_first(parsed, src)
     if (src / META).is_file():  # exported by a FeatureStore: keep what it recorded
         meta = {**read_meta(src), "source": f"npz:{src}"}
         meta["features"] = {**meta["features"], "dtype": feature_dtype}
     else:
-        first = _read_npz(files[0])
-        meta = _imported_meta(first["features"].shape[1], feature_dtype, f"npz:{src}", "objects_id" in first,
-                              "attrs_id" in first, "imported" if "image_feature" in first else MEAN_IMAGE_FEATURE)
-        if "class_probs" in first:
-            meta["class_probs"] = {"num_classes": first["class_probs"].shape[1], "top_k": None}
+        meta = imported_meta(first, feature_dtype, f"npz:{src}", "imported" if whole else MEAN_IMAGE_FEATURE)
         if "mask_boxes" in first:
             meta["mask_variants"]["count"] = first["mask_boxes"].shape[0]
+    return meta, ((where, image_id, record) for where, image_id, record, _ in parsed)
 
-    def records():
-        for path in files:
-            name = path.relative_to(src).as_posix()
-            arrays = _read_npz(path)
-            record = {k: v for k, v in arrays.items() if k in FIELDS}
-            record.setdefault("image_feature", _mean_image_feature(record["features"]))
-            record.update(image_h=_image_size(arrays.get("image_h"), "image_h", str(path)),
-                          image_w=_image_size(arrays.get("image_w"), "image_w", str(path)),
-                          box_source=str(arrays["box_source"]) if "box_source" in arrays else "imported")
-            yield f"file {name}", name.removesuffix(".npz"), record
 
-    return meta, records()
+def _npz_record(path: Path) -> tuple[dict[str, Any], bool]:
+    """The record of one image's .npz file, and whether the file held its whole-image feature."""
+    arrays = _read_npz(path)
+    record = {k: v for k, v in arrays.items() if k in FIELDS}
+    whole = "image_feature" in record
+    record.setdefault("image_feature", mean_image_feature(record["features"]))
+    record.update(image_h=image_size(arrays.get("image_h"), "image_h", str(path)),
+                  image_w=image_size(arrays.get("image_w"), "image_w", str(path)),
+                  box_source=str(arrays["box_source"]) if "box_source" in arrays else "imported")
+    return record, whole
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -289,11 +301,9 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
 # ---- TSV: bottom-up-attention / LXMERT --------------------------------------------------------------
 
 def _b64(array: np.ndarray | None, dtype: str) -> str:
-    return "" if array is None else base64.b64encode(np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()).decode()
-
-
-def _unb64(text: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape).astype(dtype)
+    if array is None:
+        return ""
+    return base64.b64encode(np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()).decode()
 
 
 def escape_tsv_id(image_id: str) -> str:
@@ -324,27 +334,23 @@ def _export_tsv(store: FeatureStore, out: Path) -> None:
             f.write("\t".join(row) + "\n")
 
 
-def _import_tsv(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]:
+def _import_tsv(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Records]:
     # Split by hand rather than with csv: base64 fields exceed csv's default field size limit.
     def rows():
         with src.open(encoding="utf-8") as f:
             try:
                 for number, line in enumerate(f, 1):
                     if line.strip():
-                        record = _tsv_row(src, number, line)
-                        yield f"line {number}", record.pop("image_id"), record
+                        image_id, record = _tsv_row(src, number, line)
+                        yield f"line {number}", image_id, record
             except UnicodeDecodeError as exc:
                 raise StoreError(f"{src}: not UTF-8 text ({exc})") from None
 
-    _, _, first = next(rows(), (None, None, None))
-    if first is None:
-        raise StoreError(f"{src}: no rows")
-    meta = _imported_meta(first["features"].shape[1], feature_dtype, f"tsv:{src}",
-                          "objects_id" in first, "attrs_id" in first)
-    return meta, rows()
+    (_, _, first), records = with_first(rows(), src)
+    return imported_meta(first, feature_dtype, f"tsv:{src}"), records
 
 
-def _tsv_row(src: Path, number: int, line: str) -> dict[str, Any]:
+def _tsv_row(src: Path, number: int, line: str) -> tuple[str, dict[str, Any]]:
     fields = line.rstrip("\n").split("\t")
     names = {len(TSV_FIELDS): TSV_FIELDS, len(TSV_FIELDS_ORIGINAL): TSV_FIELDS_ORIGINAL}.get(len(fields))
     if names is None:
@@ -352,22 +358,15 @@ def _tsv_row(src: Path, number: int, line: str) -> dict[str, Any]:
                          f"{len(TSV_FIELDS)} ({', '.join(TSV_FIELDS)}) or {len(TSV_FIELDS_ORIGINAL)}")
     row = dict(zip(names, fields))
     where = f"{src} line {number}"
-    try:
-        n = int(row["num_boxes"])
-        boxes = _unb64(row["boxes"], "float32", (n, 4))
-        features = _unb64(row["features"], "float32", (n, -1))
-        record = {"image_id": unescape_tsv_id(row.get("img_id", row.get("image_id"))), "boxes": boxes,
-                  "features": features,
-                  "image_feature": _mean_image_feature(features), "box_source": "imported"}
-        for name, dtype in (("objects_id", "int64"), ("objects_conf", "float32"),
-                            ("attrs_id", "int64"), ("attrs_conf", "float32")):
-            if row.get(name):
-                record[name] = _unb64(row[name], dtype, (n,))
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise StoreError(f"{where}: malformed field ({exc})") from None
-    record.update(image_h=_image_size(row.get("img_h", row.get("image_h")), "img_h", where),
-                  image_w=_image_size(row.get("img_w", row.get("image_w")), "img_w", where))
-    return record
+    n = count(row["num_boxes"], "num_boxes", where)
+    optional = {name: b64_array(row[name], dtype, n, name, where, columns=1)[:, 0]
+                for name, dtype in (("objects_id", "int64"), ("objects_conf", "float32"),
+                                    ("attrs_id", "int64"), ("attrs_conf", "float32")) if row.get(name)}
+    record = imported_record(where, b64_array(row["boxes"], "float32", n, "boxes", where, columns=4),
+                             b64_array(row["features"], "float32", n, "features", where),
+                             image_size(row.get("img_h", row.get("image_h")), "img_h", where),
+                             image_size(row.get("img_w", row.get("image_w")), "img_w", where), **optional)
+    return unescape_tsv_id(row.get("img_id", row.get("image_id"))), record
 
 
 # ---- HDF5: VQA bottom-up ports ----------------------------------------------------------------------
@@ -405,51 +404,67 @@ def _export_h5(store: FeatureStore, out: Path) -> None:
         f.create_dataset("image_w", data=sizes[:, 1])
 
 
-def _import_h5(src: Path, feature_dtype: str) -> tuple[dict[str, Any], Iterator]:
+def _import_h5(src: Path, feature_dtype: str, ids: Path | None = None) -> tuple[dict[str, Any], Records]:
+    """An HDF5 file of padded rows; its image ids in its `image_ids` dataset, or in the file `ids`."""
     import h5py
 
     try:
         f = h5py.File(src, "r")
     except OSError as exc:
         raise StoreError(f"{src}: not a readable HDF5 file ({exc})") from None
-    missing = [name for name in ("image_features", "image_bb", "image_ids") if name not in f]
+    try:
+        image_ids = _h5_layout_and_ids(f, src, ids)
+    except StoreError:
+        f.close()
+        raise
+    (_, _, first), records = with_first(_h5_records(f, src, image_ids), src)
+    whole = "imported" if "whole_image_features" in f else MEAN_IMAGE_FEATURE
+    return imported_meta(first, feature_dtype, f"h5:{src}", whole), records
+
+
+def _h5_layout_and_ids(f: Any, src: Path, ids: Path | None) -> list[str]:
+    """The file's image ids, one a row, after checking that it holds the datasets an import reads."""
+    needed = ("image_features", "image_bb") + (() if ids else ("image_ids",))
+    missing = [name for name in needed if name not in f]
+    if "image_ids" in missing:
+        missing[missing.index("image_ids")] = "image_ids (or give --ids FILE: imgid2idx.pkl or a .json of the ids)"
     if "image_h" not in f and "spatial_features" not in f:
         missing.append("image_h (or spatial_features, to recover the image size from)")
     if missing:
-        f.close()
         raise StoreError(f"{src}: missing dataset(s) {', '.join(missing)}")
-    has_whole = "whole_image_features" in f
-    meta = _imported_meta(f["image_features"].shape[2], feature_dtype, f"h5:{src}", False, False,
-                          "imported" if has_whole else MEAN_IMAGE_FEATURE)
+    if f["image_features"].ndim != 3:
+        raise StoreError(f"{src}: image_features has shape {f['image_features'].shape}, expected (images, boxes, D) "
+                         "(a file of all boxes in one list, indexed by pos_boxes, is not read)")
+    if ids is not None:
+        return row_ids(ids, len(f["image_features"]))
+    image_ids = []
+    for row, stored_id in enumerate(f["image_ids"][:]):
+        try:
+            image_ids.append(stored_id.decode() if isinstance(stored_id, bytes) else str(stored_id))
+        except UnicodeDecodeError as exc:
+            raise StoreError(f"{src} row {row}: image id {stored_id!r} is not UTF-8 text ({exc.reason})") from None
+    return image_ids
 
-    def records():
-        with f:
-            counts = f["num_boxes"][:] if "num_boxes" in f else np.full(len(f["image_ids"]), f["image_bb"].shape[1])
-            for row, stored_id in enumerate(f["image_ids"][:]):
-                where = f"{src} row {row}"
-                try:
-                    image_id = stored_id.decode() if isinstance(stored_id, bytes) else str(stored_id)
-                except UnicodeDecodeError as exc:
-                    raise StoreError(f"{where}: image id {stored_id!r} is not UTF-8 text ({exc.reason})") from None
-                try:
-                    n = int(counts[row])
-                    boxes = f["image_bb"][row, :n].astype(np.float32)
-                    features = f["image_features"][row, :n]
-                    if "image_h" in f:
-                        size = f["image_h"][row], f["image_w"][row]
-                    else:
-                        size = _size_from_spatial(src, image_id, boxes, f["spatial_features"][row, :n])
-                except StoreError:
-                    raise
-                except (IndexError, KeyError, ValueError, TypeError, OverflowError) as exc:
-                    raise StoreError(f"{where}: malformed ({exc})") from None
-                whole = f["whole_image_features"][row] if has_whole else _mean_image_feature(features)
-                record = {"boxes": boxes, "features": features, "image_h": _image_size(size[0], "image_h", where),
-                          "image_w": _image_size(size[1], "image_w", where), "image_feature": whole,
-                          "box_source": "imported"}
-                yield f"row {row}", image_id, record
 
-    return meta, records()
+def _h5_records(f: Any, src: Path, image_ids: list[str]) -> Records:
+    with f:
+        counts = f["num_boxes"][:] if "num_boxes" in f else np.full(len(image_ids), f["image_bb"].shape[1])
+        for row, image_id in enumerate(image_ids):
+            where = f"{src} row {row}"
+            try:
+                n = int(counts[row])
+                boxes = f["image_bb"][row, :n].astype(np.float32)
+                features = f["image_features"][row, :n]
+                if "image_h" in f:
+                    size = f["image_h"][row], f["image_w"][row]
+                else:
+                    size = _size_from_spatial(src, image_id, boxes, f["spatial_features"][row, :n])
+                whole = f["whole_image_features"][row] if "whole_image_features" in f else None
+            except StoreError:
+                raise
+            except (IndexError, KeyError, ValueError, TypeError, OverflowError) as exc:
+                raise StoreError(f"{where}: malformed ({exc})") from None
+            yield f"row {row}", image_id, imported_record(where, boxes, features, *size, image_feature=whole)
 
 
 def _size_from_spatial(src: Path, image_id: str, boxes: np.ndarray, spatial: np.ndarray) -> tuple[float, float]:
@@ -465,7 +480,20 @@ def _size_from_spatial(src: Path, image_id: str, boxes: np.ndarray, spatial: np.
 
 
 FORMATS: dict[str, Format] = {
-    "npz": Format(_export_npz, _import_npz, carries=tuple(CONTENTS)),
-    "tsv": Format(_export_tsv, _import_tsv, carries=("objects", "attributes"), export_notes=_tsv_export_notes),
-    "h5": Format(_export_h5, _import_h5, carries=("image_feature",)),
+    "npz": Format("a folder of .npz files", _import_npz, carries=tuple(CONTENTS), export=_export_npz),
+    "tsv": Format("a TSV file", _import_tsv, carries=("objects", "attributes", "image_size"), export=_export_tsv,
+                  export_notes=_tsv_export_notes),
+    "h5": Format("an HDF5 file", _import_h5, carries=("image_feature", "image_size"), export=_export_h5,
+                 options=("ids",)),
+    "bua-npz": Format("a folder of bottom-up-attention.pytorch's .npz files", bua_npz.read,
+                      carries=("objects", "attributes", "image_size")),
+    "vlbert-json": Format("a folder or a zip of VL-BERT's per-image .json files", vlbert_json.read,
+                          carries=("image_feature", "class_probs", "image_size")),
+    "mmf-npy": Format("a folder of MMF's <id>.npy and <id>_info.npy files", mmf.read_npy,
+                      carries=("objects", "class_probs", "image_size")),
+    "mmf-lmdb": Format("MMF's LMDB (a folder, or its data file)", mmf.read_lmdb,
+                       carries=("objects", "class_probs", "image_size")),
+    "uniter-lmdb": Format("UNITER's img_db LMDB (a folder, or its data file)", uniter.read, carries=("class_probs",)),
+    "vinvl-tsv": Format("VinVL's features.tsv", vinvl.read, carries=("image_size",), options=("labels",)),
 }
+EXPORT_FORMATS = [name for name, form in FORMATS.items() if form.export is not None]

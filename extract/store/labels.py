@@ -6,6 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+# A name longer than this is cut with "…": a class or attribute is named in a few words, and meta.json
+# is anyone's (Pillow refuses to draw a million characters; no picture shows more than a few dozen).
+NAME_CHARACTERS = 40
+
 
 @dataclass(frozen=True)
 class Naming:
@@ -48,4 +52,7 @@ class Naming:
 
 
 def _name(names: list[str], index: int, what: str) -> str:
-    return names[index] if 0 <= index < len(names) else f"{what} {index}"
+    if not 0 <= index < len(names):
+        return f"{what} {index}"
+    name = str(names[index])
+    return name if len(name) <= NAME_CHARACTERS else name[:NAME_CHARACTERS - 1] + "…"

@@ -17,6 +17,7 @@ from extract.locks import is_held
 from extract.store.lmdb_file import DamagedFileError, check_data_file
 from extract.store.schema import MAX_KEY_BYTES, StoreError, check_meta
 from vlbert.errors import NO_ROOM
+from vlbert.records import read_record
 
 META = "meta.json"
 META_LOCK = ".meta.lock"  # held while meta.json is created or updated
@@ -145,14 +146,10 @@ def release_shard(path: Path) -> None:
 
 
 def read_meta(root: Path) -> dict[str, Any]:
-    path = root / META
-    if not path.is_file():
+    meta = read_record(root / META, f"a FeatureStore's {META}", StoreError)
+    if meta is None:
         raise StoreError(f"{root}: not a FeatureStore (no {META})")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreError(f"{path}: unreadable ({exc})") from None
-    check_meta(meta, str(path))
+    check_meta(meta, str(root / META))
     return meta
 
 

@@ -18,6 +18,7 @@ from extract.config import SELECTION_FIELDS
 from extract.kernels import CPU_CAPABILITIES
 from extract.store import q8
 from vlbert.errors import FAILED, USAGE, UserError
+from vlbert.versions import VERSIONS, environment_versions
 
 SCHEMA_NAME = "vlbert-feature-store"
 SCHEMA_VERSION = 3  # 2: records carry checksums; 3: feature fields may be stored encoded (q8)
@@ -53,9 +54,10 @@ BOX_SOURCES = ("proposals", "regressed", "given", "imported")
 
 # meta.json entries that may differ between runs writing the same store (see `meta_mismatches`).
 # cpu_capabilities: the CPU kernel families of the runs that wrote a store; a resume on another CPU
-# adds its own (extract/store/writer.py).
+# adds its own (extract/store/writer.py). versions: the environment that created it (vlbert.versions), a
+# record: a resume with other versions writes the same records.
 VOLATILE_META = ("created", "detector.source", "detector.checkpoint", "images_root", "source", "schema_version",
-                 CPU_CAPABILITIES)
+                 CPU_CAPABILITIES, VERSIONS)
 
 
 class StoreError(UserError):
@@ -221,6 +223,7 @@ def build_meta(*, feature_dim: int, feature_dtype: str = "float16", mode: str,
         "images_root": images_root,
         "source": source,
         CPU_CAPABILITIES: None if cpu_capabilities is None else list(cpu_capabilities),
+        VERSIONS: [environment_versions()],  # the environments that wrote it, as run.json's (one: creating it)
     }
 
 

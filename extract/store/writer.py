@@ -14,9 +14,10 @@ from typing import Any, Callable, Mapping
 
 import lmdb
 
-from extract.atomic import remove, temporaries, write_atomically
+from extract.atomic import made_folder, remove, temporaries, write_atomically
 from extract.kernels import CPU_CAPABILITIES, with_capabilities
 from extract.locks import holding, lock_holder, take_lock
+from extract.paths import checked
 from extract.store.layout import (
     FAILURES, FAILURES_DB, META, META_LOCK, RECORDS_DB, SHARDS, acquire_shard, check_shard, failure_key, failures_in,
     lmdb_errors, open_shard, read_meta, release_shard, shard_dirs, shard_name, writer_lock_path,
@@ -33,11 +34,11 @@ from extract.store.schema import (
 
 DEFAULT_MAP_SIZE = 1 << 30  # grows by doubling when full; LMDB only reserves address space
 # meta.json entries that stores written before the entry existed lack: (path, the value they had).
-# Entries newer code records that older stores lack, with the value the older code used: resuming such
-# a store with that value is no mismatch (the precision and res5 layout options; ResNeXt groups in the
-# detector config).
+# Entries newer code records that older stores lack, with the value the older code used by default:
+# resuming such a store with that value is no mismatch (the precision, res5 layout and JPEG decoding
+# options; ResNeXt groups in the detector config).
 ENTRIES_ADDED_LATER = ((("detector", "precision"), "fp32"), (("detector", "res5_layout"), "dilated"),
-                       (("detector", "config", "num_groups"), 1))
+                       (("detector", "config", "num_groups"), 1), (("detector", "jpeg_decoding"), "workers"))
 
 
 def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -49,14 +50,16 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     version; a run on a CPU of another kernel family adds it to `cpu_capabilities` (a store from
     before that record gets none: its earlier records' families are unknown).
     """
-    root.mkdir(parents=True, exist_ok=True)
+    made_folder(root)
     path = root / META
     with holding(root / META_LOCK):
         remove([tmp for tmp in temporaries(root) if tmp.name.startswith(f".{META}.")])
         if not path.exists():
             write_atomically(path, json.dumps(meta, indent=2) + "\n")
-        recorded = _with_entries_added_later(read_meta(root), meta)
-        problems = meta_mismatches(recorded, meta)
+        recorded, assumed = _with_entries_added_later(read_meta(root), meta)
+        problems = [problem + (" (the store is older than this entry: taken to have had it so)"
+                               if problem.partition(":")[0] in assumed else "")
+                    for problem in meta_mismatches(recorded, meta)]
         if problems:
             raise StoreMismatchError(
                 f"{root} was written with other settings; refusing to mix records "
@@ -70,9 +73,11 @@ def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     return recorded
 
 
-def _with_entries_added_later(recorded: dict[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+def _with_entries_added_later(recorded: dict[str, Any], wanted: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
     """`recorded`, with each entry of ENTRIES_ADDED_LATER that it lacks and `wanted` has set to the
-    value the older store had, so that resuming it with that value is no mismatch."""
+    value the older store had, so that resuming it with that value is no mismatch; and the names
+    (`detector.precision`) of the entries so set."""
+    assumed = set()
     for path, value in ENTRIES_ADDED_LATER:
         *parents, name = path
         have, want = recorded, wanted
@@ -83,7 +88,8 @@ def _with_entries_added_later(recorded: dict[str, Any], wanted: Mapping[str, Any
         else:
             if name not in have and name in want:
                 have[name] = value
-    return recorded
+                assumed.add(".".join(path))
+    return recorded, assumed
 
 
 class FeatureStoreWriter:
@@ -93,8 +99,7 @@ class FeatureStoreWriter:
                  initial_map_size: int = DEFAULT_MAP_SIZE) -> None:
         self.root = Path(root)
         self.meta = ensure_meta(self.root, meta)
-        (self.root / SHARDS).mkdir(exist_ok=True)
-        self.path = self.root / SHARDS / shard_name(*shard)
+        self.path = checked(made_folder(self.root / SHARDS) / shard_name(*shard))
         self._lock = take_lock(writer_lock_path(self.path))
         if self._lock is None:
             raise StoreError(f"{self.path}: another process is writing this shard "

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from pipelines.commands.values import FiniteFloatRange
 from train.analysis.parses import PARSERS
 from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS
 
@@ -61,11 +62,11 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
     """Per layer and head, the share of phrases whose most-attended RoI has IoU ≥ 0.5 with the
     annotated box, against a random RoI and the most confident RoI: OUT/grounding.json,
     OUT/grounding.png (heat map) and OUT/examples/*.png (the best head's attention)."""
-    from extract.paths import check_apart
+    from extract.paths import output_folder
     from train.analysis.grounding import analyze_grounding
     from train.analysis.verdicts import grounding_verdicts
 
-    check_apart(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
+    output_folder(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
                       ("--vocabulary", vocabulary), ("--images", images)))
     result = analyze_grounding(model_dir, store, annotations, vocabulary, out, phrase_format, images=images,
                                examples=examples, max_items=max_items, batch_size=batch_size, device=device,
@@ -103,7 +104,7 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
 @click.option("--plot", "plot", multiple=True,
               help="A relation to draw as VisualBERT's Figure 4 (its label in the parses, or a Stanford name of "
                    "the paper's table); repeat for several. Default: pobj, nsubj and amod where they occur.")
-@click.option("--min-region-attention", type=click.FloatRange(0.0, 1.0, max_open=True),
+@click.option("--min-region-attention", type=FiniteFloatRange(0.0, 1.0, max_open=True),
               help="Choose best heads among those giving more than this share of their attention to the RoIs "
                    "(the paper: 0.2). Default: every head.")
 @click.option("--max-items", type=click.IntRange(min=1), help="Analyse only the first N captions.")
@@ -116,11 +117,11 @@ def syntax_command(model_dir: Path, store: Path, annotations: Path, parses: Path
     whose w2 attends most to a RoI with IoU ≥ 0.5 with w1's box, against a random RoI and the most
     confident RoI (VisualBERT's Table 2): OUT/syntax.json, OUT/syntax.md (the table, the paper's
     figures beside), OUT/relations.png (relations × heads) and OUT/layers/<relation>.png (Figure 4)."""
-    from extract.paths import check_apart
+    from extract.paths import output_folder
     from train.analysis.syntax import analyze_syntax
     from train.analysis.verdicts import syntax_verdicts
 
-    check_apart(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
+    output_folder(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
                       ("--parses", parses), ("--vocabulary", vocabulary)))
     result = analyze_syntax(model_dir, store, annotations, vocabulary, out, parses=parses, parser=parser,
                             plot=list(plot) or None, min_region_attention=min_region_attention, max_items=max_items,
@@ -161,10 +162,10 @@ def attention_command(model_dir: Path, store: Path, annotations: Path, item: int
     """One sample's attention from each word to each region, every layer and head: OUT/attention.png
     (heat maps, layers × heads), OUT/attention.json, and with --word OUT/word-<position>.png (the
     regions over the image shaded by that word's attention, VisualBERT's Figure 3)."""
-    from extract.paths import check_apart
+    from extract.paths import output_folder
     from train.analysis.attention import analyze_attention
 
-    check_apart(out, (("MODEL", model_dir), ("STORE", store), ("--annotations", annotations),
+    output_folder(out, (("MODEL", model_dir), ("STORE", store), ("--annotations", annotations),
                       ("--vocabulary", vocabulary), ("--images", images)))
     result = analyze_attention(model_dir, store, annotations, vocabulary, out, item, kind, word, images, device,
                                max_length, fresh_weights, log=click.echo)
@@ -202,11 +203,11 @@ def words_command(model_dir: Path, store: Path, annotations: Path, vocabulary: P
     """Every word of every caption masked alone and predicted with the caption's own image and with
     another image's regions: the accuracies and their paired difference (the image's part in the
     predictions), in all, per --group and per word: OUT/words.md, OUT/words.json."""
-    from extract.paths import check_apart
+    from extract.paths import output_folder
     from train.analysis.masked_words import analyze_masked_words
     from train.analysis.verdicts import words_verdicts
 
-    check_apart(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
+    output_folder(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
                       ("--vocabulary", vocabulary)))
     result = analyze_masked_words(model_dir, store, annotations, vocabulary, out, groups, max_items, batch_size,
                                   device, max_length, fresh_weights)

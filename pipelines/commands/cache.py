@@ -6,8 +6,9 @@ from pathlib import Path
 import click
 
 from extract.store.audit import store_info, verify_store
-from extract.store.interop import FORMATS, export_store, import_store
+from extract.store.interop import EXPORT_FORMATS, FORMATS, IMPORT_FILES, export_store, import_store
 from extract.store.schema import FEATURE_ENCODINGS, StoreError, feature_dtype_help
+from pipelines.commands.values import FiniteFloatRange
 
 _store_path = click.Path(exists=True, file_okay=False, path_type=Path)
 
@@ -63,7 +64,7 @@ def verify_command(cache: Path) -> None:
 
 @cache_group.command("export")
 @click.argument("cache", type=_store_path)
-@click.option("--format", "fmt", required=True, type=click.Choice(list(FORMATS)))
+@click.option("--format", "fmt", required=True, type=click.Choice(EXPORT_FORMATS))
 @click.option("--out", required=True, type=click.Path(path_type=Path),
               help="npz: a new or empty directory (OUT/<id>.npz); tsv, h5: a file. Not in CACHE, nor holding it.")
 def export_command(cache: Path, fmt: str, out: Path) -> None:
@@ -84,15 +85,20 @@ def export_command(cache: Path, fmt: str, out: Path) -> None:
               help="New FeatureStore (absent, or an empty folder; not in SRC).")
 @click.option("--feature-dtype", type=click.Choice(list(FEATURE_ENCODINGS)), default="float16", show_default=True,
               help=feature_dtype_help())
-def import_command(src: Path, fmt: str, out: Path, feature_dtype: str) -> None:
-    """Build a FeatureStore from SRC (npz directory, TSV or HDF5 file); warns, field by field, what
-    the source format cannot carry.
+@click.option("--ids", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help=f"h5: {IMPORT_FILES['ids']} (imgid2idx.pkl, or .json: {{id: row}} or a list of ids by row).")
+@click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help=f"vinvl-tsv: {IMPORT_FILES['labels']}, for the image sizes (without it: a nominal size).")
+def import_command(src: Path, fmt: str, out: Path, feature_dtype: str, ids: Path | None, labels: Path | None) -> None:
+    """Build a FeatureStore from SRC, in the format another project wrote it (docs/extraction.md
+    lists them); warns, field by field, what the source format cannot carry.
 
     The store is built beside OUT and renamed into place when every record is in: an image id
     given twice, one that could name a file outside an npz export's folder, an image size that is
-    not a positive whole number, or any malformed line stops it with no OUT left.
+    not a positive whole number, a record unlike the first (a missing field, a wrong shape), or any
+    malformed line, base64 field or pickle stops it with no OUT left.
     """
-    count = import_store(src, fmt, out, feature_dtype)
+    count = import_store(src, fmt, out, feature_dtype, ids=ids, labels=labels)
     click.echo(f"{count} records → {out}")
 
 
@@ -105,7 +111,7 @@ def import_command(src: Path, fmt: str, out: Path, feature_dtype: str) -> None:
               help="Folder of the pictures: OUT/<id>.png (not in CACHE or the images).")
 @click.option("--variant", type=click.IntRange(min=0), help="Hatch the boxes whose pixels masked-pixel variant K hid.")
 @click.option("--top", type=click.IntRange(min=1), help="Draw only the N most confident boxes.")
-@click.option("--min-score", type=click.FloatRange(0.0, 1.0),
+@click.option("--min-score", type=FiniteFloatRange(0.0, 1.0),
               help="Draw only boxes whose class score is at least this.")
 @click.option("--sheet", is_flag=True, help="Also write OUT/sheet.png: every picture on one contact sheet.")
 def show_command(cache: Path, ids: tuple[str, ...], images: str | None, out: Path, variant: int | None,
@@ -114,10 +120,8 @@ def show_command(cache: Path, ids: tuple[str, ...], images: str | None, out: Pat
     scores (names from the store's meta.json), the whole-image box dashed, the pixels of a masked
     variant hatched. An ID the store lacks, or whose image is not found, is named in one line and the
     others are drawn; exit status 1 when any is left out."""
-    from extract.paths import check_apart
     from pipelines.cache_show import show_records
 
-    check_apart(out, (("CACHE", cache), ("--images", images)))
     result = show_records(cache, list(ids), out, images, variant, top, min_score, sheet, log=click.echo)
     if result.note:
         click.echo(f"Note: {result.note}")

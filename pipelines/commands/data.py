@@ -4,6 +4,7 @@ from pathlib import Path
 
 import click
 
+from pipelines.commands.values import FiniteFloatRange
 from train.data.prepare import SourceOption, prepare_dataset
 from train.data.sources import SOURCES
 
@@ -33,7 +34,7 @@ whole preparation succeeded; a failed one leaves --out as it was, and one that k
 @click.option("--images", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The images root (default: --root; vcr: --root/vcr1images).")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder; not --root or --images, nor inside or holding them.")
-@click.option("--max-missing", type=click.FloatRange(0, 1),
+@click.option("--max-missing", type=FiniteFloatRange(0, 1),
               help="Fail when a split misses a larger share of its items' images (0-1; default: never).")
 def prepare_command(source: str, root: Path, images: Path | None, out: Path, max_missing: float | None,
                     **options) -> None:

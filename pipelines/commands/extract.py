@@ -11,6 +11,7 @@ from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, RES5_LAYOUTS
 from extract.presets import PRESETS
 from extract.jpeg import DEFAULT_JPEG_DECODING, JPEG_DECODING
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
+from pipelines.commands.values import FiniteFloatRange
 
 
 def _top_k(value: str) -> int | None:
@@ -69,7 +70,7 @@ def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Pat
               help="Class probabilities kept per box for masked-RoI targets; 'all' keeps the full distribution.")
 @click.option("--mask-variants", default=0, show_default=True, type=click.IntRange(min=0),
               help="Masked-pixel variants per image (K).")
-@click.option("--mask-prob", default=0.15, show_default=True, type=click.FloatRange(0, 1),
+@click.option("--mask-prob", default=0.15, show_default=True, type=FiniteFloatRange(0, 1),
               help="Probability of masking each box in a variant (at least one box is masked).")
 @click.option("--mask-seed", default=0, show_default=True, type=int)
 @click.option("--shard", default=None, metavar="i/n",

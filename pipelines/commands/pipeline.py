@@ -39,12 +39,14 @@ def pipeline_group() -> None:
               help="Steps at once (local executor) [default: as many as the cores and GPUs allow]; 1 runs them "
                    "one after another in this process.")
 @click.option("--threads", type=click.IntRange(min=1),
-              help="CPU threads of every step's processes (local executor) [default: the free cores shared "
-                   "among the steps starting]; results are bitwise the same for the same count.")
+              help="CPU threads of every step's processes [default: the free cores shared among the steps "
+                   "starting; on Slurm, slurm.cpus_per_task, which --threads sets]; results are bitwise the "
+                   "same for the same count.")
 @click.option("--executor", type=click.Choice(list(EXECUTORS)), default=DEFAULT, show_default=True,
               help="local: this machine; slurm: a job per step through submitit (settings: slurm.KEY).")
 @click.option("--wait", is_flag=True,
-              help="slurm: wait for the jobs and report their end [default: submit and return].")
+              help="slurm: wait for the jobs and report their end [default: submit and return]; the local "
+                   "executor always waits.")
 def run_command(file: Path, settings: tuple[str, ...], out: Path | None, jobs: int | None, threads: int | None,
                 executor: str, wait: bool) -> None:
     """Run FILE's steps, each into its own folder under the output folder, every step whose inputs

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import click
 
+from pipelines.commands.values import FiniteFloatRange
 from pipelines.world import ATTRIBUTE_NAMES, WorldConfig, generate_world
 from pipelines.world.generate import split_sizes
 from pipelines.world.scene import MAX_OBJECTS
@@ -20,7 +21,7 @@ def world_group() -> None:
 @click.option("--images", default=1000, show_default=True, help="Images in all; a fifth go to the val split unless "
               "--val-images says otherwise.")
 @click.option("--seed", default=0, show_default=True)
-@click.option("--annotated-fraction", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+@click.option("--annotated-fraction", default=1.0, show_default=True, type=FiniteFloatRange(0, 1, min_open=True),
               help="The share of training images that keep their VQA questions and referring expressions "
                    "(all keep their captions): a low-data fine-tuning regime.")
 @click.option("--max-objects", default=MAX_OBJECTS, show_default=True, type=click.IntRange(1, MAX_OBJECTS),
@@ -35,7 +36,9 @@ def generate(out_dir: Path, images: int, seed: int, annotated_fraction: float, m
         split_sizes(images, val_images)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--val-images") from None
-    meta = generate_world(out_dir, images, seed, WorldConfig(annotated_fraction=annotated_fraction,
+    from extract.paths import output_folder
+
+    meta = generate_world(output_folder(out_dir), images, seed, WorldConfig(annotated_fraction=annotated_fraction,
                                                              max_objects=max_objects, val_images=val_images))
     click.echo(f"{out_dir}: {meta['splits']['train']} train, {meta['splits']['val']} val images, corpus.txt")
 
@@ -47,10 +50,10 @@ def entities_command(world_dir: Path, out: Path) -> None:
     """Write WORLD in Flickr30K Entities' layout to OUT (train.txt, val.txt, Sentences/, Annotations/,
     flickr30k-images/) with CoNLL-U parses of the captions (train.conllu, val.conllu), for `vlbert
     analyze grounding --format flickr30k-entities` and `vlbert analyze syntax`."""
-    from extract.paths import check_apart
+    from extract.paths import output_folder
     from pipelines.world.entities import write_world_entities
 
-    check_apart(out, (("--world", world_dir),))
+    output_folder(out, (("--world", world_dir),))
     counts = write_world_entities(world_dir, out)
     click.echo(f"{out}: " + ", ".join(f"{split}.txt and {split}.conllu ({count} captions)"
                                       for split, count in counts.items()))
@@ -62,10 +65,10 @@ def entities_command(world_dir: Path, out: Path) -> None:
 def corpora_command(world_dir: Path, out_dir: Path) -> None:
     """Write WORLD's images as Conceptual Captions' and SBU Captions' published files and their
     img2dataset webdataset shards to OUT (pipelines/configs/pretrain_cc_sbu.yaml reads them)."""
-    from extract.paths import check_apart
+    from extract.paths import output_folder
     from pipelines.world.corpus_files import write_corpus_files
 
-    check_apart(out_dir, (("--world", world_dir),))
+    output_folder(out_dir, (("--world", world_dir),))
     rows = write_corpus_files(world_dir, out_dir)
     click.echo(f"{out_dir}: " + ", ".join(f"{folder} {count} rows" for folder, count in rows.items()))
 

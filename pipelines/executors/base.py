@@ -29,8 +29,9 @@ from typing import Any, Callable, Iterator
 from extract.atomic import write_atomically
 from extract.locks import is_held, lock_holder, take_lock
 from extract.progress import progress_summary
-from pipelines.execution import STATE_FOLDER, Step, decide, read_mapping, read_stamp
+from pipelines.execution import STATE_FOLDER, Step, decide, read_stamp
 from vlbert.errors import FAILED, UserError
+from vlbert.records import read_record
 
 Log = Callable[[str], None]
 STATE_FILE = "state.json"
@@ -130,15 +131,22 @@ class Executor(ABC):
         """In a step's process: what identifies the launch it belongs to, from the environment this
         executor gave it (its job environment); None outside one."""
 
+    # Whether its `run` returns only once every step has ended: `wait` then asks nothing more of it.
+    waits = True
+    # For a run option of another executor that it has no use for: what does that work here, said when
+    # the option is refused.
+    instead: dict[str, str] = {}
+
     def taken(self, options: dict[str, Any]) -> dict[str, Any]:
-        """The options its `run` takes (its keyword-only parameters); one it does not take is refused when
-        given (not None or False)."""
+        """The options its `run` takes (its keyword-only parameters), `wait` dropped where it waits anyway;
+        one it does not take is refused when given (not None or False), with what does its work here."""
         own = [name for name, parameter in inspect.signature(self.run).parameters.items()
                if parameter.kind is parameter.KEYWORD_ONLY]
-        given = [name for name, value in options.items()
-                 if name not in own and value is not None and value is not False]
+        given = [name for name, value in options.items() if name not in own and value is not None and value is not False
+                 and not (name == "wait" and self.waits)]
         if given:
-            raise CannotRun(f"{', '.join(given)}: not an option of the {self.name} executor")
+            raise CannotRun("; ".join(f"{name}: not an option of the {self.name} executor"
+                                      + (f" ({self.instead[name]})" if name in self.instead else "") for name in given))
         return {name: value for name, value in options.items() if name in own}
 
     def status(self, pipeline) -> list[StepStatus]:
@@ -156,8 +164,8 @@ def _status(step: Step, launch: Launch, rows: dict[str, StepStatus], going_on: b
     if decide(step, record) == "done":
         return StepStatus(step.name, State.DONE, launch.job, log)
     if launch.state is State.RUNNING:
-        return StepStatus(step.name, State.RUNNING, launch.job, log,
-                          progress_summary(sorted(step.folder.glob(".progress*.json"))))
+        progress = progress_summary(sorted(step.folder.glob(".progress*.json")))
+        return StepStatus(step.name, State.RUNNING, launch.job, log, "; ".join(filter(None, (launch.detail, progress))))
     if launch.state is State.QUEUED:
         return StepStatus(step.name, State.QUEUED, launch.job, log, launch.detail)
     unrun = next((name for name in step.reads if rows[name].state in UNDONE), None)
@@ -230,7 +238,7 @@ def updating_state(out: Path) -> Iterator[dict[str, Any]]:
 def read_state(out: Path) -> dict[str, Any]:
     """{"executor": name, "steps": {step: {...what its executor recorded...}}, ...}; {} before any run.
     A state file that cannot be read is a StateUnreadable naming it."""
-    return read_mapping(state_file(out), "the record of what ran", StateUnreadable) or {}
+    return read_record(state_file(out), "the record of what ran", StateUnreadable) or {}
 
 
 def launched_steps(out: Path, executor: str) -> dict[str, dict[str, Any]]:

@@ -18,8 +18,11 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from pipelines.executors.processes import end_with_scheduler
+
 # What a heavy step's process imports anyway; the server imports them once.
 PRELOAD = ["torch", "pipelines.cli", "pipelines.execution", "train.engine.trainer", "extract.job"]
+SAFE_PATH = "PYTHONSAFEPATH"
 
 
 def _context():
@@ -30,11 +33,21 @@ def _context():
 
 def warm_up() -> None:
     """Starts the server (if it is not running) without waiting for its imports: they then overlap
-    whatever runs before the first heavy step."""
+    whatever runs before the first heavy step. The server runs as `python -c ...`, which puts the
+    current folder first on its import path (and Python 3.11's server ignores the path it is given):
+    it starts with PYTHONSAFEPATH, so that a train.py there does not stand in for the project's `train`."""
     _context()
     from multiprocessing import forkserver
 
-    forkserver.ensure_running()
+    before = os.environ.get(SAFE_PATH)
+    os.environ[SAFE_PATH] = "1"
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ[SAFE_PATH]
+        else:
+            os.environ[SAFE_PATH] = before
 
 
 def shut_down() -> None:
@@ -55,6 +68,7 @@ class ForkedProcess:
     def __init__(self, arguments: list[str], env: dict[str, str], log_file: Path,
                  command: Callable[[list[str]], None] | None = None) -> None:
         """`command` (a module-level function, default the `vlbert` command) runs with `arguments`."""
+        warm_up()  # the server, where it is not running yet
         self._process = _context().Process(target=_step_process, args=(arguments, env, str(log_file),
                                                                          command or _vlbert))
         self._process.start()
@@ -75,8 +89,8 @@ class ForkedProcess:
 def _step_process(arguments: list[str], env: dict[str, str], log_file: str,
                   command: Callable[[list[str]], None]) -> None:
     """In the forked child: a session of its own (the scheduler stops a step by its process group),
-    the step's environment, its output appended to its log; then the command, whose SystemExit is
-    the process's exit status."""
+    the step's environment (ending with the scheduler it names), its output appended to its log; then
+    the command, whose SystemExit is the process's exit status."""
     os.setsid()
     # A forkserver's child inherits "forkserver" as its start method: the step's own workers (the
     # DataLoader's, the decoding pool's) would each be started by a new server that imports
@@ -84,6 +98,7 @@ def _step_process(arguments: list[str], env: dict[str, str], log_file: str,
     multiprocessing.set_start_method(None, force=True)
     os.environ.clear()
     os.environ.update(env)
+    end_with_scheduler()  # the scheduler is not this process's parent: the server is
     sys.stdout.flush()
     sys.stderr.flush()
     log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -26,7 +26,13 @@ within this machine's cores and GPUs.
 - The run's scheduler is recorded in the state file with its pid and what tells that process from a
   later one given the same pid (the boot and its start time); `cancel` signals it only while the run
   lock is held and that process is still the one recorded: a dead or reused pid is reported, never
-  signalled. A step's processes are recorded the same way, so a reused pid never shows as running.
+  signalled, and a pid that is not a process's (0, -1, 1, true, beyond pid_max, this process's own or
+  its group's) or has no identity recorded is a damaged record, named in one line. A step's processes
+  are recorded the same way, so a reused pid never shows as running.
+- A step's processes end with the scheduler, however it ends (kill -9 included: processes.py): they
+  stop as on its SIGTERM, and a rerun waits for those of the last run still stopping, then resumes.
+- Every process started runs with PYTHONSAFEPATH (`python -P`), torch's launcher and its ranks too: a
+  `train.py` in the folder the run started from does not stand in for the project's `train`.
 """
 
 from __future__ import annotations
@@ -46,10 +52,15 @@ from typing import Any, Callable, Iterator, TextIO
 from extract.progress import PROGRESS_VARIABLE, progress_summary
 from pipelines.execution import Step, StepSpec, new_attempt, recorded, resumed_threads, run_here, run_spec, state
 from pipelines.executors.base import (
-    Executor, Launch, State, StepsFailed, last_error, launched_steps, read_state, run_going_on, updating_state,
+    Executor, Launch, State, StateUnreadable, StepsFailed, last_error, launched_steps, read_state, run_going_on,
+    state_file, updating_state,
 )
 from pipelines.executors.board import StatusBoard
-from pipelines.executors.forked import ForkedProcess, shut_down, warm_up
+from pipelines.executors.forked import SAFE_PATH, ForkedProcess, shut_down, warm_up
+from pipelines.executors.processes import (
+    ENDING_GRACE_S, process_identity, recorded_pid, scheduler_variable, wait_for_end,
+)
+from pipelines.executors.shard_limits import local_processes, too_many_shards
 from pipelines.steps import KINDS
 from vlbert.errors import Stopped, error_line, exit_status
 
@@ -128,7 +139,7 @@ class LocalExecutor(Executor):
                 # each step sees only the GPUs it is given, as cuda:0, cuda:1, ...
                 problems.append(where + f"device {step.params['device']}: steps side by side are each given their "
                                 "GPUs; name cuda or auto (or run them one after another with --jobs 1)")
-        return problems
+        return problems + too_many_shards(pipeline, *local_processes())
 
     def run(self, pipeline, log: Log, *, jobs: int | None = 1, threads: int | None = None,
             gpus: list[str] | None = None, status_stream: TextIO | None = None) -> None:
@@ -137,47 +148,106 @@ class LocalExecutor(Executor):
 
     def launches(self, pipeline) -> tuple[dict[str, Launch], bool]:
         return {name: launch for name, entry in launched_steps(pipeline.out, NAME).items()
-                if (launch := _launch_of(entry)) is not None}, run_going_on(pipeline.out)
+                if (launch := _launch_of(pipeline.out, name, entry)) is not None}, run_going_on(pipeline.out)
 
     def cancel(self, pipeline, log: Log) -> None:
         """Stops a local run of the pipeline: SIGTERM to its scheduler, which stops every running step;
         only while the run goes on and its recorded scheduler is still that process."""
         out = pipeline.out
-        recorded = read_state(out)
-        scheduler = recorded.get("scheduler") if recorded.get("executor") == NAME else None
-        unclosed = scheduler is not None and "ended" not in scheduler
+        scheduler = _recorded_scheduler(out)
         if not run_going_on(out):
             log(f"{out}: no run of this pipeline is going on"
-                + (f"; its last run's scheduler (process {scheduler['pid']} on {scheduler['host']}) ended without "
-                   "recording its end (killed?), so that pid was not signalled" if unclosed else ""))
-        elif not unclosed:
+                + (f"; its last run's scheduler (process {scheduler.pid} on {scheduler.host}) ended without "
+                   "recording its end (killed?), so that pid was not signalled" if scheduler else ""))
+        elif scheduler is None:
             log(f"{out}: a run of this pipeline is going on, but it recorded no local scheduler: nothing was "
                 "signalled (`vlbert pipeline status` shows what runs)")
-        elif scheduler["host"] != socket.gethostname():
-            log(f"{out}: the run's scheduler is process {scheduler['pid']} on host {scheduler['host']}: run "
+        elif scheduler.host != socket.gethostname():
+            log(f"{out}: the run's scheduler is process {scheduler.pid} on host {scheduler.host}: run "
                 "`vlbert pipeline cancel` there")
-        elif process_identity(scheduler["pid"]) != scheduler.get("identity"):
-            log(f"{out}: process {scheduler['pid']} is no longer the run's scheduler (its pid was taken by another "
+        elif scheduler.pid in (os.getpid(), os.getpgrp()):
+            raise _damaged(out, f"its scheduler's pid {scheduler.pid} is this process's own or its process "
+                                "group's", ": nothing was signalled")
+        elif process_identity(scheduler.pid) != scheduler.identity:
+            log(f"{out}: process {scheduler.pid} is no longer the run's scheduler (its pid was taken by another "
                 "process): nothing was signalled")
         else:
-            os.kill(scheduler["pid"], signal.SIGTERM)
-            log(f"{out}: asked the run (process {scheduler['pid']}) to stop; its steps resume on a rerun")
+            os.kill(scheduler.pid, signal.SIGTERM)
+            log(f"{out}: asked the run (process {scheduler.pid}) to stop; its steps resume on a rerun")
 
     def attempt(self) -> str | None:
         return os.environ.get(ATTEMPT_VARIABLE)
 
 
-def _launch_of(entry: dict[str, Any]) -> Launch | None:
+@dataclass(frozen=True)
+class RecordedScheduler:
+    pid: int
+    identity: str
+    host: str
+
+
+def _recorded_scheduler(out: Path) -> RecordedScheduler | None:
+    """The local scheduler that the state file of `out` records without its end; None when it records
+    none (another executor ran last) or its end. Nothing is signalled on the word of a record that is
+    not one (a pid that is not a process's, no identity, no host): StateUnreadable naming the file."""
+    recorded = read_state(out)
+    scheduler = recorded.get("scheduler") if recorded.get("executor") == NAME else None
+    if scheduler is None or isinstance(scheduler, dict) and "ended" in scheduler:
+        return None
+    if not isinstance(scheduler, dict):
+        raise _damaged(out, "its scheduler is not a record", ": nothing was signalled")
+    try:
+        pid = recorded_pid(scheduler.get("pid"))
+    except ValueError as exc:
+        raise _damaged(out, f"its scheduler's pid: {exc}", ": nothing was signalled") from None
+    identity, host = scheduler.get("identity"), scheduler.get("host")
+    if not isinstance(identity, str):
+        raise _damaged(out, f"no identity (start time and boot) of its scheduler, process {pid}",
+                       ": nothing was signalled")
+    if not (isinstance(host, str) and host.isprintable() and 0 < len(host) <= 255):
+        raise _damaged(out, f"no host name of its scheduler, process {pid}", ": nothing was signalled")
+    return RecordedScheduler(pid, identity, host)
+
+
+def _launch_of(out: Path, step: str, entry: dict[str, Any]) -> Launch | None:
     """What the scheduler recorded of a step's launch, as a Launch; None when it ended well."""
     attempts = (entry["attempt"],) if "attempt" in entry else ()
     if entry.get("state") == "failed":
         return Launch(State.FAILED, detail=entry.get("error", ""), attempts=attempts)
+    if entry.get("state") == State.NOT_RUN.value:  # never launched: a step it reads failed
+        return Launch(State.CANCELLED, detail=entry.get("error", ""))
     if entry.get("state") not in ("running", "stopped"):
         return None
-    alive = [pid for pid, identity in entry.get("processes", {}).items() if process_identity(int(pid)) == identity]
+    alive = [str(pid) for pid in _live_processes(out, step, entry)]
     if entry["state"] == "running" and alive:
         return Launch(State.RUNNING, ",".join(alive), attempts=attempts)
     return Launch(State.STOPPED, detail="resumes on a rerun", attempts=attempts)
+
+
+def _recorded_processes(out: Path, step: str, entry: dict[str, Any]) -> dict[int, str | None]:
+    """The processes the state file of `out` records for a step's launch, {pid: identity}; a pid that
+    is not a process's is StateUnreadable naming the file."""
+    processes = entry.get("processes", {})
+    if not isinstance(processes, dict):
+        raise _damaged(out, f"step {step!r}: its processes are not a record")
+    pids = {}
+    for key, identity in processes.items():
+        try:  # a JSON object's keys are strings: the pid's digits
+            pid = recorded_pid(int(key) if key.isascii() and key.isdigit() and len(key) <= 10 else key)
+        except ValueError as exc:
+            raise _damaged(out, f"step {step!r}: a process's pid: {exc}") from None
+        pids[pid] = identity if isinstance(identity, str) else None  # none: it ended before it was recorded
+    return pids
+
+
+def _live_processes(out: Path, step: str, entry: dict[str, Any]) -> dict[int, str]:
+    """The step's recorded processes that still run: {pid: identity}."""
+    return {pid: identity for pid, identity in _recorded_processes(out, step, entry).items()
+            if identity is not None and process_identity(pid) == identity}
+
+
+def _damaged(out: Path, problem: str, consequence: str = "") -> StateUnreadable:
+    return StateUnreadable(f"{state_file(out)}: damaged ({problem}){consequence}")
 
 
 def visible_gpus() -> list[str]:
@@ -187,17 +257,6 @@ def visible_gpus() -> list[str]:
     import torch
 
     return [str(index) for index in range(torch.cuda.device_count())]
-
-
-def process_identity(pid: int) -> str | None:
-    """What tells process `pid` from a later one given the same pid: the boot and the time it started
-    (Linux's /proc); None when no such process runs."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-    return f"{boot}/{fields[19]}"  # field 22 of stat, the start time: the 20th after the command's ")"
 
 
 class Scheduler:
@@ -219,6 +278,7 @@ class Scheduler:
         self.attempts: dict[str, str] = {}
         self.resumed_threads: dict[str, int | None] = {}  # an interrupted step's: it resumes with them
         self.stopping: int | None = None
+        self.scheduler = scheduler_variable()  # what tells this process to the steps it starts
         # Whether this run started steps from the fork server (forked.py), which it then stops. Not
         # otherwise: stopping a server that someone else started waits for every process holding its
         # pipe, a failed inline step's DataLoader workers too.
@@ -228,6 +288,7 @@ class Scheduler:
 
     def run(self) -> None:
         """The loop, under the run lock that the caller holds (base.running), recorded in the state file."""
+        self._wait_for_the_last_run()
         with updating_state(self.pipeline.out) as records:
             records.clear()
             records.update(executor=NAME, scheduler={"pid": os.getpid(), "identity": process_identity(os.getpid()),
@@ -241,6 +302,21 @@ class Scheduler:
             with updating_state(self.pipeline.out) as records:
                 records["scheduler"]["ended"] = time.time()
         self._report()
+
+    def _wait_for_the_last_run(self) -> None:
+        """Waits for the processes of the last run's steps that outlived their scheduler (killed outright:
+        this run holds the lock it held): they are stopping (processes.end_with_scheduler), and their steps
+        resume here once they let go of their locks. After the grace they are killed; this run then goes on."""
+        out = self.pipeline.out
+        left = {pid: identity for name, entry in launched_steps(out, NAME).items()
+                for pid, identity in _live_processes(out, name, entry).items() if pid != os.getpid()}
+        if not left:
+            return
+        self.board.event(f"waiting for {len(left)} process(es) of the last run's steps to stop, as they do when "
+                         f"their scheduler has ended: {', '.join(map(str, left))}")
+        deadline = time.monotonic() + ENDING_GRACE_S + 1.0
+        for pid, identity in left.items():
+            wait_for_end(pid, identity, max(deadline - time.monotonic(), 0.0))
 
     def _loop(self) -> None:
         while self.waiting or self.ready or self.running:
@@ -326,8 +402,11 @@ class Scheduler:
         log_start = step.log_file.stat().st_size if step.log_file.exists() else 0
         spec = StepSpec(step, NAME, threads, "shard" if task.shard is not None else "").write()
         # The cores it is given, all its processes together: its DataLoader workers fit within them.
+        # PYTHONSAFEPATH: no folder of the user's is on the import path of the step's processes (torch's
+        # launcher starts its ranks as `python -u -m pipelines`, without -P); the scheduler's identity:
+        # they end with it (processes.py).
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), CORES_VARIABLE: str(task.processes * threads),
-               "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+               "CUDA_VISIBLE_DEVICES": ",".join(gpus), SAFE_PATH: "1", **self.scheduler,
                ATTEMPT_VARIABLE: self.attempts[step.name], PROGRESS_VARIABLE: str(step.progress_file(task.shard))}
         if _forked(task):
             self.forking = True

@@ -162,10 +162,10 @@ def _input_paths(chosen: AnalysisParams) -> list[tuple[str, str | None]]:
 
 def analyze(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     """The analysis, its outputs in the step's folder (an interrupted one starts again)."""
-    from extract.paths import check_apart
+    from extract.paths import output_folder
 
     chosen = analysis_params(params)
-    check_apart(folder, _input_paths(chosen), "the step's folder")  # it holds no input it would write over
+    output_folder(folder, _input_paths(chosen), "the step's folder")  # it holds no input it would write over
     log(f"{chosen.analysis}: {ANALYSES[chosen.analysis].run(chosen, folder)}; {folder}")
 
 

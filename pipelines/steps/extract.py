@@ -7,6 +7,7 @@ import collections.abc
 import dataclasses
 import functools
 import inspect
+import itertools
 import operator
 import types
 import typing
@@ -121,6 +122,8 @@ def _verify_extract(params: dict[str, Any], folder: Path, known: Foreknown) -> l
             find_shards(images)  # a pattern of tar shards that matches none
         except UserError as exc:
             problems.insert(0, str(exc))
+    if not problems:
+        problems += _shard_problems(options, _extract_layout(params).shards, known)
     problems += device_problems(options["device"], [options["precision"]], known)
     detector = options["detector"]
     prefix = next(backend.prefix for backend in BACKENDS if detector.startswith(backend.prefix))
@@ -134,6 +137,36 @@ def _verify_extract(params: dict[str, Any], folder: Path, known: Foreknown) -> l
         except (ConfigError, Res5LayoutError) as exc:
             problems.append(str(exc))  # it names the detector
     return problems
+
+
+def _shard_problems(options: dict[str, Any], shards: int, known: Foreknown) -> list[str]:
+    """More shards than the job has images to share out, where they can be counted at load (the images
+    are no earlier step's output; a boxes file's entries are not counted): more would only start
+    processes with nothing to do. Counting stops past `shards`, so it takes no longer than that."""
+    from extract.images import count_images
+    from extract.shards import find_shards, names_shards
+
+    images, listed = options["images"], options["image_list"]
+    if shards == 1 or not known.checkable(images) or options["boxes"] is not None:
+        return []
+    if names_shards(images):  # each process reads whole tar shards
+        count, what = len(find_shards(images)[1]), f"tar shards of {images}"
+    elif listed is not None:
+        if not known.checkable(listed):
+            return []
+        count, what = _count_lines(Path(listed), shards), f"images the list {listed} names"
+    elif Path(images).is_dir():
+        count, what = count_images(images, shards), f"images under {images}"
+    else:
+        return []
+    # None at all: the job says so when it starts
+    return [f"shards {shards}: more than the {count} {what}: at most {count}"] if 0 < count < shards else []
+
+
+def _count_lines(path: Path, most: int) -> int:
+    """The lines of text file `path` that are not blank, counted up to `most` + 1."""
+    with path.open("rb") as file:
+        return sum(1 for _ in itertools.islice((line for line in file if line.strip()), most + 1))
 
 
 KIND = StepKind(extract, _extraction_options, lambda params: field_names(_extraction_params())(params),

@@ -55,14 +55,15 @@ def rebuild_page(pipeline) -> tuple[Path, list[str]]:
     """report.html of a loaded pipeline's run, in its report step's folder (the output folder itself
     when it has none, showing every train step); what is missing from it, one line each."""
     from pipelines.report_html import HTML_FILE, write_html_report
+    from pipelines.runner import declare_out
 
+    declare_out(pipeline)  # apart from the run's inputs, and no picture written through a symlink out of it
     step = next((step for step in pipeline.steps if step.kind == "report"), None)
     page = (step.folder if step is not None else pipeline.out) / HTML_FILE
-    steps = [(each.name, each.folder, each.kind) for each in pipeline.steps]
     if step is None:
-        return page, write_html_report(pipeline.out, page, steps)
+        return page, write_html_report(pipeline.out, page, pipeline)
     chosen = report_params(step.params)
-    return page, write_html_report(pipeline.out, page, steps, chosen.runs, chosen.pairs())
+    return page, write_html_report(pipeline.out, page, pipeline, chosen.runs, chosen.pairs())
 
 
 def _verify_report(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:

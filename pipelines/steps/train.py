@@ -91,11 +91,13 @@ def train(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
 
 
 def _train_outcome(params: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """Each stage's precision as it ran (`auto` resolved); with `seeds`, for each seed's run."""
+    """Each stage's precision as it ran (`auto` resolved), with `seeds` for each seed's run; and where
+    each rank ran (host, Slurm node) in the last session (RunFolder.world)."""
     runs = RunFolder(folder).runs()
-    if len(runs) == 1 and runs[0].seed is None:
-        return {"precision": runs[0].precisions()}
-    return {"precision": {str(run.seed): run.precisions() for run in runs}}
+    single = len(runs) == 1 and runs[0].seed is None
+    precision = runs[0].precisions() if single else {str(run.seed): run.precisions() for run in runs}
+    ranks = runs[-1].world().get("ranks") if runs else None
+    return {"precision": precision, **({"ranks": ranks} if ranks else {})}
 
 
 def _verify_train(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:

@@ -4,7 +4,6 @@ built from annotation and text files."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,11 +11,6 @@ from typing import Any
 from pipelines.steps.base import Foreknown, Log, StepKind, field_names, missing_paths, parse
 from train.engine.errors import RunConfigError
 from vlbert.typed_config import EXISTING_PATHS, at_least
-
-
-# What a tokenizer folder may hold (BertTokenizerFast.from_pretrained reads them); vocab.txt is needed.
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json")
 
 
 @dataclass
@@ -51,9 +45,9 @@ def vocabulary(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> 
 
         write_world_vocabulary(chosen.world, folder)
     elif chosen.given is not None:
-        for name in TOKENIZER_FILES:
-            if (Path(chosen.given) / name).is_file():
-                shutil.copyfile(Path(chosen.given) / name, folder / name)
+        from vlbert.tokenization import copy_tokenizer
+
+        copy_tokenizer(chosen.given, folder)
         log(f"vocabulary: {chosen.given}'s tokenizer")
     else:
         from train.data.wordpiece import build_vocabulary

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from extract.atomic import made_folder, write_atomically
 from pipelines.world.generate import load_split
 from pipelines.world.shards import image_rows, write_img2dataset
 from train.data.sources.captions import CC_FILES
@@ -35,12 +36,12 @@ def write_corpus_files(world: str | Path, out: str | Path) -> dict[str, int]:
     cut = len(train) * 2 // 3
     parts = {"training": train[:cut], "validation": val, IMAGES_FOLDER: train[cut:]}
     rows = {folder: _download(world, out, folder, records) for folder, records in parts.items()}
-    (out / CC_FOLDER).mkdir(parents=True, exist_ok=True)
     for split, name in CC_FILES.items():
-        (out / CC_FOLDER / name).write_text("".join(f"{row['caption']}\t{row['url']}\n" for row in rows[split]))
-    (out / SBU_FOLDER).mkdir(parents=True, exist_ok=True)
+        write_atomically(made_folder(out / CC_FOLDER) / name,
+                         "".join(f"{row['caption']}\t{row['url']}\n" for row in rows[split]))
     for name, column in ((URLS, "url"), (CAPTIONS, "caption")):
-        (out / SBU_FOLDER / name).write_text("".join(f"{row[column]}\n" for row in rows[IMAGES_FOLDER]))
+        write_atomically(made_folder(out / SBU_FOLDER) / name,
+                         "".join(f"{row[column]}\n" for row in rows[IMAGES_FOLDER]))
     return {folder: len(folder_rows) for folder, folder_rows in rows.items()}
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
 from pipelines.world.generate import SPLITS, load_split
 from pipelines.world.language import BACKGROUND_WORDS, object_name, spatial_relation, with_article
 from pipelines.world.nlvr2 import link_file
@@ -275,7 +275,7 @@ def write_world_entities(world: str | Path, out: str | Path) -> dict[str, int]:
     world, out = Path(world), Path(out)
     splits = {split: load_split(world, split) for split in SPLITS}  # a folder that is no world: nothing written
     for folder in ("Sentences", "Annotations", "flickr30k-images"):
-        (out / folder).mkdir(parents=True, exist_ok=True)
+        made_folder(out / folder)
     counts = {}
     for split, records in splits.items():
         parses = []

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
+from extract.paths import checked
 from pipelines.world.corpus import corpus_sentences
 from pipelines.world.language import captions, questions, referring_expressions
 from pipelines.world.render import render_scene
@@ -91,14 +92,14 @@ def generate_world(out_dir: str | Path, num_images: int = 1000, seed: int = 0,
     sizes = split_sizes(num_images, config.val_images)
     index = 0
     for split in SPLITS:
-        (out_dir / "images" / split).mkdir(parents=True, exist_ok=True)
-        with (out_dir / f"{split}.jsonl").open("w") as annotations:
+        made_folder(out_dir / "images" / split)
+        with checked(out_dir / f"{split}.jsonl").open("w") as annotations:
             for _ in range(sizes[split]):
                 rng = np.random.default_rng([seed, index])
                 scene = sample_scene(rng, config.max_objects)
                 image_id = f"{index:06d}"
                 file = f"images/{split}/{image_id}.png"
-                Image.fromarray(render_scene(scene, rng)).save(out_dir / file)
+                Image.fromarray(render_scene(scene, rng)).save(checked(out_dir / file))
                 annotated = split != "train" or _keeps_annotations(seed, index, config.annotated_fraction)
                 annotations.write(json.dumps(image_record(image_id, file, scene, rng, config, annotated)) + "\n")
                 index += 1

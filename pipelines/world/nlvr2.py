@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
 from pipelines.world.generate import load_split
 from pipelines.world.vocabulary import CLASS_NAMES
 
@@ -39,7 +39,7 @@ def write_world_nlvr2(world: str | Path, out: str | Path) -> dict[str, int]:
     counts = {}
     for world_split, split in SPLITS.items():
         records = load_split(world, world_split)
-        (out / split).mkdir(parents=True, exist_ok=True)
+        made_folder(out / split)
         lines = []
         for set_id, left in enumerate(records):
             for pair_id in range(PAIRS_PER_SET):

@@ -30,7 +30,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
+from extract.paths import checked
 from pipelines.world.generate import SPLITS, load_split
 
 OUTPUT_FORMATS = ("webdataset", "files")
@@ -65,7 +66,7 @@ def write_img2dataset(world: str | Path, out: str | Path, output_format: str = "
     if output_format not in OUTPUT_FORMATS:
         raise ValueError(f"output_format {output_format!r}: expected one of {', '.join(OUTPUT_FORMATS)}")
     world, out = Path(world), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    made_folder(out)
     rows = world_rows(world) if rows is None else rows
     key_digits = math.ceil(math.log10(samples_per_shard)) + SHARD_DIGITS
     written = []
@@ -83,11 +84,10 @@ def write_img2dataset(world: str | Path, out: str | Path, output_format: str = "
         else:
             for result, members in samples:
                 for extension, data in members.items():
-                    (out / name).mkdir(exist_ok=True)
-                    (out / name / f"{result['key']}.{extension}").write_bytes(data)
+                    checked(made_folder(out / name) / f"{result['key']}.{extension}").write_bytes(data)
         table = [result for result, _ in results]
         pq.write_table(pa.Table.from_pylist([{k: r[k] for k in PARQUET_SCHEMA.names} for r in table],
-                                            schema=PARQUET_SCHEMA), out / f"{name}.parquet")
+                                            schema=PARQUET_SCHEMA), checked(out / f"{name}.parquet"))
         write_atomically(out / f"{name}_stats.json", json.dumps(_stats(table, start), indent=4) + "\n")
         written += table
     return written
@@ -114,7 +114,7 @@ def _download(world: Path, row: dict[str, Any], key: str, failed: bool) -> tuple
 
 def write_tar(path: Path, members: Iterable[tuple[str, bytes]]) -> None:
     """An uncompressed tar of `members` (name, data), in order, as webdataset shards are."""
-    with tarfile.open(path, "w") as archive:
+    with tarfile.open(checked(path), "w") as archive:
         for name, data in members:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o444

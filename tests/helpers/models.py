@@ -48,3 +48,17 @@ def padded_by_lists(sequences, pad_token_id: int = 0, multiple: int = 1) -> dict
             "mlm_labels": (lambda s: s.labels, IGNORE_INDEX, torch.int64)}
     return {name: torch.tensor([values(s) + [fill] * (length - len(s)) for s in sequences], dtype=dtype)
             for name, (values, fill, dtype) in rows.items()}
+
+
+def saved_world_model(world, path):
+    """A tiny VL-BERT for pre-training (seed 0) sized for the tiny world's vocabulary and store, saved at `path`."""
+    from pipelines.world.tiny import TINY_MODEL
+    from train.data.regions import RegionBank
+    from vlbert.modeling import VLBertForPreTraining
+    from vlbert.tokenization import load_tokenizer
+
+    config = VLBertConfig(**TINY_MODEL, vocab_size=len(load_tokenizer(world / "vocab")),
+                          visual_feature_size=RegionBank(world / "cache").feature_dim)
+    torch.manual_seed(0)
+    VLBertForPreTraining(config).save_pretrained(path)
+    return path

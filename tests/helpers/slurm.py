@@ -1,5 +1,10 @@
-"""A real single-node Slurm for the tests: Debian's `slurm-wlm` and `munge` (installed with apt-get
-where missing, as root), munged, slurmctld and slurmd started on localhost and stopped by pid.
+"""A real Slurm for the tests: Debian's `slurm-wlm` and `munge` (installed with apt-get where missing,
+as root), munged, slurmctld and one slurmd per node started on this host and stopped by pid.
+
+A cluster of two nodes by default, `n1` and `n2`: one slurmd each (`slurmd -N NAME`, which Debian's
+build allows: multiple-slurmd), each on a port of its own, both at 127.0.0.1 (`NodeAddr`). Their names
+resolve as no host's (no host table is touched), as on the many sites whose node names are not host
+names: whatever must reach a node asks Slurm for its address.
 
 Everything the daemons open (munge socket, ports, state, spool, logs, pid files) is this cluster's
 own, in a private folder or picked free at start, so a daemon left by an earlier session, or another
@@ -26,8 +31,10 @@ COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scance
 SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin"  # the daemons live here, outside many users' PATH
 APT_LOCK_WAIT = "DPkg::Lock::Timeout=300"  # another session may be installing at the same time
 MUNGE_KEY = Path("/etc/munge/munge.key")
-PARTITION = "debug"
-URGENT_PARTITION = "urgent"  # its jobs preempt the default partition's: SIGTERM, GraceTime, requeue
+PARTITION = "debug"  # every node
+URGENT_PARTITION = "urgent"  # the first node; its jobs preempt the default partition's: SIGTERM, GraceTime, requeue
+NODES = ("n1", "n2")
+NODE_ADDRESS = "127.0.0.1"
 # Two GPUs as gres backed by character devices that exist everywhere: Slurm hands them out to jobs
 # (gpus_per_node) and sets CUDA_VISIBLE_DEVICES, so GPU placement is tested on a CPU-only machine.
 FAKE_GPU_DEVICES = ("/dev/zero", "/dev/null")
@@ -38,16 +45,18 @@ LOG_TAIL_LINES = 25
 
 @dataclass(frozen=True)
 class SlurmCluster:
-    """A running cluster: its slurm.conf, its one node's partitions (the default one, and an urgent
-    one whose jobs preempt it) and resources, and its folder
-    (daemon logs: slurmctld.log, slurmd.log, munge/munged.log, and each daemon's NAME.out)."""
+    """A running cluster: its slurm.conf, its nodes, its partitions (the default one over every node,
+    and an urgent one on the first node whose jobs preempt the default one's), each node's resources,
+    and its folder (daemon logs: slurmctld.log, slurmd-NODE.log, munge/munged.log, and each daemon's
+    NAME.out)."""
 
     folder: Path
     conf: Path
+    nodes: tuple[str, ...]
     partition: str
     urgent_partition: str
-    cpus: int
-    gpus: int
+    cpus: int  # each node's
+    gpus: int  # each node's
 
 
 @dataclass(frozen=True)
@@ -123,16 +132,15 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def write_config(folder: Path, munge_socket: Path, cpus: int) -> Path:
-    """slurm.conf (and gres.conf) for one node, localhost, with every path inside `folder`."""
+def write_config(folder: Path, munge_socket: Path, cpus: int, nodes: tuple[str, ...] = NODES) -> Path:
+    """slurm.conf (and gres.conf) for `nodes`, all on this host, with every path inside `folder`."""
     (folder / "gres.conf").write_text(
-        "".join(f"NodeName=localhost Name=gpu File={device}\n" for device in FAKE_GPU_DEVICES))
+        "".join(f"NodeName={node} Name=gpu File={device}\n" for node in nodes for device in FAKE_GPU_DEVICES))
     conf = folder / "slurm.conf"
     conf.write_text("\n".join([
         "ClusterName=vlbert-test",
         "SlurmctldHost=localhost",
         f"SlurmctldPort={free_port()}",
-        f"SlurmdPort={free_port()}",
         "SlurmUser=root",
         "SlurmdUser=root",
         "AuthType=auth/munge",
@@ -140,11 +148,12 @@ def write_config(folder: Path, munge_socket: Path, cpus: int) -> Path:
         # A requeued job waits cred_expire seconds (120 by default) before it may start again.
         f"AuthInfo=socket={munge_socket},cred_expire=10",
         f"StateSaveLocation={folder / 'state'}",
-        f"SlurmdSpoolDir={folder / 'spool'}",
+        # %n: the node's name, so that the slurmd of each node keeps to its own files
+        f"SlurmdSpoolDir={folder / 'spool-%n'}",
         f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
-        f"SlurmdPidFile={folder / 'slurmd.pid'}",
+        f"SlurmdPidFile={folder / 'slurmd-%n.pid'}",
         f"SlurmctldLogFile={folder / 'slurmctld.log'}",
-        f"SlurmdLogFile={folder / 'slurmd.log'}",
+        f"SlurmdLogFile={folder / 'slurmd-%n.log'}",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
@@ -163,23 +172,24 @@ def write_config(folder: Path, munge_socket: Path, cpus: int) -> Path:
         "KillWait=5",
         "MailProg=/bin/true",
         "GresTypes=gpu",
-        f"NodeName=localhost CPUs={cpus} RealMemory={node_memory_mb()} "
-        f"Gres=gpu:{len(FAKE_GPU_DEVICES)} State=UNKNOWN",
+        *(f"NodeName={node} NodeHostname=localhost NodeAddr={NODE_ADDRESS} Port={free_port()} CPUs={cpus} "
+          f"RealMemory={node_memory_mb()} Gres=gpu:{len(FAKE_GPU_DEVICES)} State=UNKNOWN" for node in nodes),
         # Preemption as on a shared cluster: a job of the urgent partition that needs the node sends
         # SIGCONT and SIGTERM to the default partition's jobs (not their --signal: that needs
         # SlurmctldParameters=preempt_send_user_signal), kills them GraceTime later, and requeues them.
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
-        f"PartitionName={PARTITION} Nodes=localhost Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=3",
-        f"PartitionName={URGENT_PARTITION} Nodes=localhost MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
+        f"PartitionName={PARTITION} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 "
+        "GraceTime=3",
+        f"PartitionName={URGENT_PARTITION} Nodes={nodes[0]} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
         "",
     ]))
     return conf
 
 
 @contextlib.contextmanager
-def running_slurm():
-    """Starts a single-node Slurm from a private folder and yields its `SlurmCluster`; at the end
+def running_slurm(nodes: tuple[str, ...] = NODES):
+    """Starts a Slurm of `nodes` from a private folder and yields its `SlurmCluster`; at the end
     cancels what is still queued and stops the daemons by pid."""
     slurm_commands_or_skip()
     ensure_munge_key()
@@ -193,7 +203,7 @@ def running_slurm():
         path.chmod(0o755)
     munge_socket = munge_folder / "munge.socket"
     cpus = len(os.sched_getaffinity(0))
-    conf = write_config(folder, munge_socket, cpus)
+    conf = write_config(folder, munge_socket, cpus, nodes)
     env = {**os.environ, "SLURM_CONF": str(conf), "PATH": os.environ.get("PATH", "") + ":" + SBIN_PATH}
     daemons: list[Daemon] = []
     previous_conf = os.environ.get("SLURM_CONF")
@@ -205,18 +215,19 @@ def running_slurm():
         wait_for_daemons(munge_socket.exists, "munged's socket", daemons)
         daemons.append(_start("slurmctld", ["slurmctld", "-D", "-f", str(conf)], folder, env,
                               folder / "slurmctld.log"))
-        daemons.append(_start("slurmd", ["slurmd", "-D", "-f", str(conf), "-N", "localhost"], folder, env,
-                              folder / "slurmd.log"))
-        wait_for_daemons(lambda: _node_states(env) == {"idle"}, "the node to be idle in sinfo", daemons)
+        for node in nodes:
+            daemons.append(_start(f"slurmd-{node}", ["slurmd", "-D", "-f", str(conf), "-N", node], folder, env,
+                                  folder / f"slurmd-{node}.log"))
+        wait_for_daemons(lambda: _node_states(env) == {"idle"}, "every node to be idle in sinfo", daemons)
         os.environ["SLURM_CONF"] = str(conf)
-        yield SlurmCluster(folder=folder, conf=conf, partition=PARTITION, urgent_partition=URGENT_PARTITION,
-                           cpus=cpus, gpus=len(FAKE_GPU_DEVICES))
+        yield SlurmCluster(folder=folder, conf=conf, nodes=nodes, partition=PARTITION,
+                           urgent_partition=URGENT_PARTITION, cpus=cpus, gpus=len(FAKE_GPU_DEVICES))
     finally:
         if previous_conf is None:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = previous_conf
-        if len(daemons) == 3:
+        if len(daemons) == 2 + len(nodes):
             _cancel_all_jobs(env)
         for daemon in reversed(daemons):
             daemon.stop()
@@ -258,7 +269,7 @@ def wait_for_daemons(ready, what: str, daemons: list[Daemon]) -> None:
 
 
 def _node_states(env: dict) -> set[str]:
-    """The node's state in each partition."""
+    """The nodes' states in each partition."""
     listing = _run(["sinfo", "--noheader", "--Node", "--format=%T"], env)
     return set(listing.stdout.split()) if listing.returncode == 0 else set()
 

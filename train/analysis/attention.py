@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
 from extract.device import check_device
 from extract.store.labels import Naming
 from train.analysis.attention_figures import SampleAttention, draw_word_regions, draw_word_region_grid
@@ -95,8 +95,11 @@ def analyze_attention(model_dir: str | Path, store: str | Path, annotations: str
         sample, offsets = caption_sample(text, annotation.image_id, annotation.file, str(item), regions, tokenizer,
                                          max_length or model.config.max_position_embeddings)
         words, weights = word_pieces(tokenizer, text, len(offsets))
+        if not words:
+            raise DataError(f"{annotations}: --item {item}: its text has no word to analyse (it is empty, or only "
+                            "spaces and characters the tokenizer drops)")
         chosen = pick_word(words, word) if word is not None else None
-        out.mkdir(parents=True, exist_ok=True)
+        made_folder(out)
     batch = collate([sample], tokenizer.pad_token_id)
     pieces = batch_text_attention(model, batch, torch_device)[0, :, :, 1:1 + len(offsets)].numpy()
     naming, record = Naming.of(regions.store.meta), regions.store[annotation.image_id]

@@ -4,7 +4,6 @@ over its image's boxes (an `Example`, which the grounding analysis keeps for dra
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,9 @@ matplotlib.use("Agg")  # files only; no display on training machines
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
-from PIL import Image  # noqa: E402
 
-from extract.atomic import writing  # noqa: E402
+from extract.atomic import file_written_whole, made_folder  # noqa: E402
+from extract.images import DEFAULT_MAX_PIXELS, ImageError, load_image  # noqa: E402
 from train.analysis.phrases import Phrase  # noqa: E402
 
 
@@ -93,15 +92,18 @@ def draw_layer_plot(accuracy: np.ndarray, baselines: dict[str, float], title: st
 
 
 def draw_example(example: Example, head: tuple[int, int], images: str | Path | None, path: Path) -> Path:
-    """The image (from `images`/file; a grey canvas when absent) with every candidate box shaded by the
+    """The image (from `images`/file; a grey canvas when absent, unreadable or of more pixels than
+    extraction reads, extract.images.DEFAULT_MAX_PIXELS) with every candidate box shaded by the
     attention the phrase gives it in `head` (layer, head: from 0), relative to the most attended one;
     the annotated box in green."""
     phrase = example.phrase
     width, height = example.image_size
     picture = Path(images) / phrase.file if images is not None else None
-    if picture is not None and picture.is_file():
-        canvas = np.asarray(Image.open(picture).convert("RGB"))
-    else:
+    try:
+        canvas = load_image(picture, DEFAULT_MAX_PIXELS) if picture is not None else None
+    except ImageError:
+        canvas = None
+    if canvas is None:
         canvas = np.full((height, width, 3), 200, np.uint8)
     figure, axes = plt.subplots(figsize=(6, 6 * height / max(width, 1) + 0.6))
     axes.imshow(canvas, extent=(0, width, height, 0))
@@ -131,13 +133,10 @@ def shade_regions(axes, boxes: np.ndarray, weights: np.ndarray, fontsize: float 
 
 def save_figure(figure, path: Path) -> Path:
     """The figure in `path`, whole or not at all (a temporary beside it, then renamed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    made_folder(path.parent)
     try:
-        with writing(path):
+        with file_written_whole(path) as temporary:
             figure.savefig(temporary, dpi=100, format=path.suffix[1:])
-        os.replace(temporary, path)
     finally:
-        temporary.unlink(missing_ok=True)
         plt.close(figure)
     return path

@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import PreTrainedTokenizerFast
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
 from extract.device import check_device
 from extract.store.schema import StoreError, StoreMismatchError
 from train.analysis.figures import Example, draw_example, draw_heat_map
@@ -42,6 +42,7 @@ from train.data.regions import RegionBank
 from train.engine.config import model_settings
 from train.evaluation.refer import box_ious
 from train.evaluation.statistics import LEVEL, bootstrap_interval, paired_comparison
+from vlbert.model_folder import saved_config
 from vlbert.modeling import CONFIG_NAME, WEIGHTS_NAME, VLBertModel, VLBertPreTrainedModel
 from vlbert.tokenization import build_caption_sequence, check_vocabulary_size, load_tokenizer
 
@@ -227,7 +228,7 @@ def check_saved_config(model_dir: Path) -> None:
     values = read_json(path)
     if not isinstance(values, dict):
         raise DataError(f"{path}: expected a JSON object of VL-BERT config fields, found {type(values).__name__}")
-    model_settings({k: v for k, v in values.items() if k != "architecture"}, str(path))
+    model_settings(saved_config(values, str(path)).fields, str(path))
 
 
 def box_problem(box: list[float]) -> str | None:
@@ -387,7 +388,7 @@ def analyze_grounding(model_dir: str | Path, store: str | Path, annotations: str
     with could_not_start():
         inputs = open_inputs(Path(model_dir), Path(store), Path(annotations), Path(vocabulary), phrase_format,
                              torch_device, fresh_weights, max_items)
-        out.mkdir(parents=True, exist_ok=True)
+        made_folder(out)
     model, tokenizer, regions, phrases = inputs.model, inputs.tokenizer, inputs.regions, inputs.phrases
     max_length = max_length or model.config.max_position_embeddings
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
 from extract.device import check_device
 from train.analysis.grounding import could_not_start, load_model, open_model
 from train.analysis.verdicts import rounded_interval
@@ -32,6 +32,7 @@ from train.data.collate import collate, model_inputs, to_device
 from train.data.datasets import Sample
 from train.data.files import DataError
 from train.data.regions import RegionBank, Regions
+from train.evaluation.markdown import markdown_row
 from train.evaluation.statistics import paired_comparison
 from vlbert.losses import IGNORE_INDEX
 from vlbert.modeling import VLBertForPreTraining
@@ -184,7 +185,7 @@ def analyze_masked_words(model_dir: str | Path, store: str | Path, annotations: 
                                                fresh_weights, load_pretraining_model)
         captions = read_captions(Path(annotations), regions, max_items)
         groups = check_groups(groups or {})
-        out.mkdir(parents=True, exist_ok=True)
+        made_folder(out)
     max_length = max_length or model.config.max_position_embeddings
     others = next_images([image for _, _, image in captions])
     read = {image: regions[image] for image in others}  # once each: an image serves its captions and its neighbour's
@@ -210,11 +211,11 @@ def analyze_masked_words(model_dir: str | Path, store: str | Path, annotations: 
 
 def _row(name: str, figures: dict[str, Any]) -> str:
     if not figures["masked_words"]:
-        return f"| {name} | 0 | | | |"
+        return markdown_row([name, 0, "", "", ""])
     interval = figures.get("interval")
     difference = "" if interval is None else f"{figures['difference']:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
-    return (f"| {name} | {figures['masked_words']} | {figures['own_image']:.3f} | {figures['another_image']:.3f} | "
-            f"{difference} |")
+    return markdown_row([name, figures["masked_words"], f"{figures['own_image']:.3f}",
+                         f"{figures['another_image']:.3f}", difference])
 
 
 def words_table(result: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from typing import Any, Container
 import numpy as np
 import torch
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
 from extract.device import check_device
 from extract.paths import path_inside
 from train.analysis.figures import draw_layer_plot, draw_relation_heat_map
@@ -43,6 +43,7 @@ from train.analysis.relations import LABEL_SETS, PAPER_FIGURE_4, PAPER_TABLE_2, 
 from train.analysis.verdicts import syntax_verdicts
 from train.data.collate import collate
 from train.data.files import DataError
+from train.evaluation.markdown import markdown_row
 from train.evaluation.refer import box_ious
 
 TOP_RELATIONS = 10  # the paper's table shows the 10 most common
@@ -234,7 +235,7 @@ def analyze_syntax(model_dir: str | Path, store: str | Path, annotations: str | 
                                     max_items, labels)
         figures = {relation: path_inside(out / "layers", f"{relation}.png", "relation")
                    for relation in plotted_relations(plot, inputs.relations, inputs.labels)}
-        out.mkdir(parents=True, exist_ok=True)
+        made_folder(out)
     max_length = max_length or model.config.max_position_embeddings
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
 
@@ -318,7 +319,7 @@ def _row(row: dict[str, Any]) -> str:
         "–" if paper is None else f"{paper['relation']}: {paper['baseline']:.2f} → {paper['best']:.2f} "
                                   f"({paper['layer']}-{paper['head']})",
     ]
-    return "| " + " | ".join(cells) + " |"
+    return markdown_row(cells)
 
 
 def _against(side: dict[str, Any]) -> str:

@@ -4,8 +4,9 @@ case); or, where the root holds img2dataset's tar shards (a `.tar` file, a folde
 a brace range: extract/shards.py), the image member `KEY.jpg` of the shard `a/00000.tar` for the key
 `a/00000/KEY`. Each shard a key needs is read once, up to the last key it holds.
 
-What is not found, or not readable as an image, is named by key with the reason, never raised: a
-picture of the others can still be drawn.
+What is not found, not readable as an image, or of more pixels than extraction reads by default
+(extract.images.DEFAULT_MAX_PIXELS, refused before decoding), is named by key with the reason, never
+raised: a picture of the others can still be drawn.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from extract.images import EncodedImage, ImageError, load_image
+from extract.images import DEFAULT_MAX_PIXELS, EncodedImage, ImageError, load_image
 from extract.paths import outside_reason
 from extract.shards import IMAGE_MEMBER_EXTENSIONS, ShardError, find_shards, names_shards, read_shard, shard_id
 from train.data.prepare import ImageFinder
@@ -27,6 +28,7 @@ from train.data.prepare import ImageFinder
 class FoundImages:
     pixels: dict[str, np.ndarray] = field(default_factory=dict)  # key → (H, W, 3) uint8 RGB
     missing: dict[str, str] = field(default_factory=dict)  # key → why it has no image
+    files: dict[str, Path] = field(default_factory=dict)  # key → the file (or tar shard) its image was read from
 
 
 def load_images(images: str | Path, keys: list[str], log: Callable[[str], None]) -> FoundImages:
@@ -55,7 +57,8 @@ def _from_files(root: Path, keys: list[str], found: FoundImages) -> None:
         if name is None:
             found.missing[key] = f"no image {key}.* under {root}"
             continue
-        _decoded(key, root / folder / name, found)
+        found.files[key] = root / folder / name
+        _decoded(key, found.files[key], found)
 
 
 def _from_shards(images: str | Path, keys: list[str], found: FoundImages, log: Callable[[str], None]) -> None:
@@ -83,6 +86,7 @@ def _from_shards(images: str | Path, keys: list[str], found: FoundImages, log: C
                 found.missing[sample.id] = f"no image member in the sample {sample.id} of {shard}"
             else:
                 name = f"{shard}:{sample.id.rpartition('/')[2]}.{extension}"
+                found.files[sample.id] = shard
                 _decoded(sample.id, EncodedImage(name, sample.members[extension]), found)
             if not left:
                 break
@@ -91,6 +95,6 @@ def _from_shards(images: str | Path, keys: list[str], found: FoundImages, log: C
 
 def _decoded(key: str, source: Path | EncodedImage, found: FoundImages) -> None:
     try:
-        found.pixels[key] = load_image(source)
+        found.pixels[key] = load_image(source, DEFAULT_MAX_PIXELS)  # what extraction reads, and no more
     except ImageError as exc:
         found.missing[key] = str(exc)

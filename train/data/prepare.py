@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
 from extract.images import IMAGE_EXTENSIONS, is_utf8
-from extract.paths import check_apart, outside_reason
+from extract.paths import checked, output_folder, outside_reason
 from extract.progress import progress_bar
 from extract.shards import SHARD_SUFFIX, names_shards, read_shard
 from train.data.files import DataError, shown
@@ -182,7 +182,7 @@ class Preparation:
 
     def stage(self, name: str) -> IO[bytes]:
         """A temporary file for the output `name`, renamed into place by `finish`."""
-        self._staged[name] = (self.out / f"{name}.tmp").open("wb")
+        self._staged[name] = checked(self.out / f"{name}.tmp").open("wb")
         return self._staged[name]
 
     def present(self, files: dict[str, Path]) -> list[str]:
@@ -223,7 +223,7 @@ class Preparation:
         self.close()
         (self.out / SUMMARY).unlink(missing_ok=True)  # absent while the outputs change
         for name, file in self._staged.items():
-            os.replace(file.name, self.out / name)
+            os.replace(file.name, checked(self.out / name))
         for name in self._stale_outputs():
             (self.out / name).unlink(missing_ok=True)
         write_atomically(self.out / SUMMARY, json.dumps(self.summary))
@@ -334,7 +334,7 @@ def prepare_dataset(source: Source, root: str | Path, out: str | Path, images: s
     for what, path in (("--root", root), ("--images", images)):
         if not path.is_dir():
             raise DataError(f"{what} {path}: not a folder")
-    check_apart(out, (("--root", root), ("--images", images),
+    output_folder(out, (("--root", root), ("--images", images),
                       *((f"--{name.replace('_', '-')}", value) for name, value in options.items()
                         if isinstance(value, Path))))
     if max_missing is not None and not 0 <= max_missing <= 1:
@@ -345,7 +345,7 @@ def prepare_dataset(source: Source, root: str | Path, out: str | Path, images: s
         raise DataError(f"{source.name}: unknown option {', '.join(map(repr, unknown))}; "
                         f"it takes {', '.join(map(repr, known)) or 'none'}")
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    made_folder(out)
     preparation = Preparation(source, root, images, out, max_missing, options, log)
     try:
         source.prepare(preparation)

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -16,7 +16,7 @@ def write_vocabulary(texts: Iterable[str], directory: str | Path) -> Path:
     `vlbert.tokenization.load_tokenizer(directory)` then reads it as a BERT tokenizer."""
     words = sorted({w for text in texts for w in re.findall(r"\w+|[^\w\s]", text.lower())})
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    made_folder(directory)
     write_atomically(directory / "vocab.txt", "\n".join(SPECIAL_TOKENS + words) + "\n")
     return directory
 

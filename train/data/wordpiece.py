@@ -27,7 +27,8 @@ from typing import Callable, Iterator, Sequence
 
 from tokenizers import BertWordPieceTokenizer
 
-from extract.paths import check_apart
+from extract.atomic import made_folder
+from extract.paths import checked, output_folder
 from extract.progress import progress_bar
 from train.data.annotations import annotation_texts, parse_annotation_line
 from train.data.files import DataError
@@ -119,7 +120,7 @@ def check_out(out: Path, inputs: list[tuple[Path, list[Path]]]) -> None:
     if (out / SHADOWING_FILE).exists():
         raise DataError(f"{out}: holds a {SHADOWING_FILE}, which load_tokenizer would read instead of the new "
                         f"{VOCABULARY_FILE}; choose another folder")
-    check_apart(out, (("folder" if path.is_dir() else "file", path) for path, _ in inputs))
+    output_folder(out, (("folder" if path.is_dir() else "file", path) for path, _ in inputs))
 
 
 class Reading:
@@ -182,8 +183,8 @@ def annotation_file_texts(path: Path, lines: Iterator[tuple[int, bytes]]) -> Ite
 def replace_together(out: Path, contents: dict[str, str]) -> None:
     """Every file written under a temporary name first, then renamed: a failure while writing
     leaves the previous build whole and no temporary file behind."""
-    out.mkdir(parents=True, exist_ok=True)
-    temporary = {out / name: out / f"{name}.tmp" for name in contents}
+    made_folder(out)
+    temporary = {checked(out / name): checked(out / f"{name}.tmp") for name in contents}
     try:
         for tmp, text in zip(temporary.values(), contents.values()):
             tmp.write_text(text, encoding="utf-8")

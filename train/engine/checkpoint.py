@@ -18,7 +18,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from extract.atomic import folder_written_whole
+from train.engine.errors import RunConfigError
 from train.engine.run_folder import StageFolder
+from vlbert.records import read_record
 
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"
@@ -60,7 +62,9 @@ def load_training_state(directory: Path, optimizer: torch.optim.Optimizer, sched
     was written by as many ranks. Load it after the model has moved to its device: the optimizer
     state then moves to each parameter's device and dtype."""
     tensors = load_file(directory / STATE_TENSORS)
-    meta = json.loads((directory / STATE_JSON).read_text())
+    meta = read_record(directory / STATE_JSON, "a checkpoint's training state", RunConfigError)
+    if meta is None:
+        raise RunConfigError(f"{directory}: no {STATE_JSON}: not a whole checkpoint")
     state = {int(k.split(".")[1]): {} for k in tensors if k.startswith("optimizer.")}
     for key, value in tensors.items():
         if key.startswith("optimizer."):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
 
 from extract.modeling.precision import AUTO, TRAINING_PRECISIONS
-from extract.paths import check_apart
+from extract.paths import output_folder
 from train.engine.compiled import COMPILE_MODES
 from train.engine.errors import RunConfigError, RunMismatchError  # noqa: F401 - the config's errors, named here too
 from train.engine.optimization import OPTIMIZERS
@@ -23,7 +23,8 @@ from train.tasks import TASKS
 from vlbert import VLBertConfig
 from vlbert.config import MODEL_SIZES
 from vlbert.typed_config import (EXISTING_PATH, EXISTING_PATHS, SEEDS, above, at_least, checked_fields, describe,
-                                 did_you_mean, from_mapping, join_key, load_yaml, located)
+                                 did_you_mean, from_mapping, join_key, load_with_bases, located, under_key,
+                                 with_setting)
 
 # The shortest sequence every task can build (vlbert.tokenization.fit_lengths): [CLS], one word piece
 # of each of two text segments (VQA's question and [MASK], VCR's context and candidate) with their
@@ -258,7 +259,7 @@ class RunConfig:
         for key, path in self.input_paths():
             if not Path(path).exists():
                 raise RunConfigError(f"{key}: {path} does not exist")
-        check_apart(self.out, self.input_paths(), "out")
+        output_folder(self.out, self.input_paths(), "out")
 
     @property
     def out_dir(self) -> Path:
@@ -310,14 +311,18 @@ def _tasks_with_option(name: str) -> list[str]:
 
 
 def load_run_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """The run a YAML file describes, `overrides` (e.g. command-line options) replacing its values;
-    every problem is a RunConfigError starting with the file's name, and the line where it has one."""
-    values, lines = load_yaml(path, RunConfigError)
+    """The run a YAML file describes, over the run files its `base:` names (vlbert.typed_config's
+    `load_with_bases`), `overrides` (command-line options and `--set` values: key path → value, such as
+    `stages[0].base_lr`, `KEY+` appending) replacing its values in order; every problem is a RunConfigError
+    starting with the file's name (a base's, where the key comes from one), and the line where it has one."""
+    values, lines = load_with_bases(path, RunConfigError, expected="a run config file")
     overrides = overrides or {}
-    if isinstance(values, Mapping):
-        values = {**values, **overrides}
-        lines = {key: line for key, line in lines.items() if key not in overrides}  # not the file's value
     try:
+        if isinstance(values, Mapping):
+            for key, value in overrides.items():
+                values = with_setting(values, key, value, RunConfigError)
+            lines = {line_key: line for line_key, line in lines.items()  # not the file's values
+                     if not any(under_key(line_key, key.removesuffix("+")) for key in overrides)}
         return RunConfig.from_dict(values)
     except RunConfigError as exc:
         raise RunConfigError(located(str(path), lines, exc)) from None

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 from torch.utils.data import Dataset, Subset
 
+from extract.atomic import made_folder
 from extract.modeling.precision import Precision
 from extract.progress import progress_bar
 from train.end2end import with_appearance
@@ -53,7 +54,7 @@ def evaluate(evaluator: Evaluator, model, visual, dataset: Dataset, batch_size: 
         return None
     evaluator.merge(shards)
     if predictions is not None:
-        predictions.parent.mkdir(parents=True, exist_ok=True)
+        made_folder(predictions.parent)
         evaluator.write(predictions)
     result = {**evaluator.result(), "precision": precision.name}
     scores = evaluator.item_scores()

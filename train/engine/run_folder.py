@@ -8,7 +8,8 @@ writes it and for the reports, pipeline steps, benches and tests that read it.
                                     items and share of them, under "speed" each stage's workers,
                                     optimiser kernel and speed paths as they ran, and under
                                     "cpu_capabilities" the CPU kernel families that trained it
-                                    (extract/kernels.py)
+                                    (extract/kernels.py), under "versions" the environments (package
+                                    versions, CUDA, cuDNN: vlbert/versions.py) that trained it
     train.lock                      held by the process that trains the run (its pid and host inside)
     metrics.jsonl                   one JSON object per optimiser step and per evaluation
     tensorboard/<i>-<name>/         the stage's TensorBoard scalars
@@ -34,8 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import temporaries, write_atomically
+from extract.atomic import made_folder, temporaries, write_atomically
 from extract.kernels import CPU_CAPABILITIES
+from train.engine.errors import RunConfigError
+from vlbert.records import read_record
+from vlbert.versions import VERSIONS
 
 _RUN_FILE = "run.json"
 _WORLD = "world"  # run.json's record of the processes, beside the config's fields
@@ -83,7 +87,7 @@ class StageFolder:
         return self.path / "eval.json"
 
     def evaluation(self) -> dict[str, Any]:
-        return json.loads(self.evaluation_file.read_text())
+        return _record(self.evaluation_file, "a stage's evaluation")
 
     def write_evaluation(self, result: dict[str, Any]) -> None:
         write_atomically(self.evaluation_file, json.dumps(result, indent=1))
@@ -137,11 +141,12 @@ class RunFolder:
     def config(self) -> dict[str, Any]:
         """The run config recorded in run.json."""
         return {k: v for k, v in self._recorded().items()
-                if k not in (_WORLD, _PRECISION, _MIXTURE, _SPEED, CPU_CAPABILITIES)}
+                if k not in (_WORLD, _PRECISION, _MIXTURE, _SPEED, CPU_CAPABILITIES, VERSIONS)}
 
     def world(self) -> dict[str, Any]:
-        """run.json's record of the processes: {"size": the latest session's, "changes": [{"stage",
-        "step", "from", "to", "learning_rate_scale"}, ...]}; {} for a run from before the record."""
+        """run.json's record of the processes: {"size": the latest session's, "ranks": where each of its
+        ranks ran ([{"host", "node" (its Slurm node)}, ...], in rank order), "changes": [{"stage", "step",
+        "from", "to", "learning_rate_scale"}, ...]}; {} for a run from before the record."""
         return self._recorded().get(_WORLD, {})
 
     def precisions(self) -> dict[str, str]:
@@ -159,8 +164,14 @@ class RunFolder:
         order of first use (torch's names: AVX512, AVX2, ...); None for a run from before the record."""
         return self._recorded().get(CPU_CAPABILITIES)
 
+    def versions(self) -> list[dict[str, Any]]:
+        """run.json's record of the environments that trained the run (`vlbert.versions`: the project's,
+        torch's, transformers', ... versions, CUDA and cuDNN), in order of first use; [] for a run from
+        before the record."""
+        return self._recorded().get(VERSIONS, [])
+
     def _recorded(self) -> dict[str, Any]:
-        return json.loads(self.config_file.read_text())
+        return _record(self.config_file, "a training run's record")
 
     def speed(self) -> dict[str, dict[str, Any]]:
         """run.json's record of each stage's speed settings as they ran (`train.engine.speed`): its
@@ -171,12 +182,13 @@ class RunFolder:
     def write_config(self, config: dict[str, Any], world: dict[str, Any] | None = None,
                      precisions: dict[str, str] | None = None, mixture: list[dict[str, Any]] | None = None,
                      speed: dict[str, dict[str, Any]] | None = None,
-                     cpu_capabilities: list[str] | None = None) -> None:
-        """run.json: `config`, and `world` (see `world()`), `precisions`, `mixture`, `speed` and
-        `cpu_capabilities` (see theirs) when given."""
-        self.root.mkdir(parents=True, exist_ok=True)
+                     cpu_capabilities: list[str] | None = None, versions: list[dict[str, Any]] | None = None) -> None:
+        """run.json: `config`, and `world` (see `world()`), `precisions`, `mixture`, `speed`,
+        `cpu_capabilities` and `versions` (see theirs) when given."""
+        made_folder(self.root)
         records = {name: value for name, value in ((_WORLD, world), (_PRECISION, precisions), (_MIXTURE, mixture),
-                                                   (_SPEED, speed), (CPU_CAPABILITIES, cpu_capabilities)) if value}
+                                                   (_SPEED, speed), (CPU_CAPABILITIES, cpu_capabilities),
+                                                   (VERSIONS, versions)) if value}
         write_atomically(self.config_file, json.dumps({**config, **records}, indent=1))
 
     def write_world(self, world: dict[str, Any]) -> None:
@@ -245,3 +257,11 @@ class RunFolder:
         if Path(path).name != "final" or stage.path.parent.name != _STAGES or not run.is_run:
             return None
         return run, stage
+
+
+def _record(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in `path`; RunConfigError naming the file when it is missing or cannot be read."""
+    record = read_record(path, what, RunConfigError)
+    if record is None:
+        raise RunConfigError(f"{path}: no such file ({what})")
+    return record

@@ -15,6 +15,7 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 
 from extract.atomic import write_atomically, writing
+from extract.paths import checked
 from train.engine.run_folder import RunFolder, StageFolder
 
 
@@ -25,8 +26,8 @@ class StageLog:
         self.path = path = run.metrics_file
         _drop_entries_after(path, stage, start)
         self.board_folder = board = run.tensorboard(folder)
-        self.board = SummaryWriter(str(board), purge_step=start + 1 if board.exists() else None)
-        self.metrics = path.open("a")
+        self.board = SummaryWriter(str(checked(board)), purge_step=start + 1 if board.exists() else None)
+        self.metrics = checked(path).open("a")
 
     def step(self, step: int, lr: float, losses: dict[str, float], damaged_skipped: int) -> None:
         skipped = {"damaged_skipped": damaged_skipped} if damaged_skipped else {}

@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
-from extract.atomic import folder_written_whole, remove
+from extract.atomic import folder_written_whole, made_folder, remove
 from extract.device import check_device, rank_device, use_device
 from extract.kernels import cpu_capability, with_capabilities
 from extract.locks import lock_holder, take_lock
@@ -41,7 +41,7 @@ from train.engine.checkpoint import CheckpointSchedule, load_training_state, pru
 from train.engine.compiled import batch_length_multiple, compile_problem, compiled_step, few_shapes
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
 from train.engine.distributed import (NO_BUFFER_BROADCASTS, World, any_rank, barrier, from_rank_zero, gathered,
-                                      process_group)
+                                      placement, process_group)
 from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.run_folder import RunFolder, StageFolder
@@ -54,8 +54,10 @@ from train.tasks import TASKS
 from train.tasks.base import TaskData
 from vlbert import VLBertConfig
 from vlbert.errors import FAILED, UserError
+from vlbert.model_folder import architecture_of
 from vlbert.modeling import CONFIG_NAME, DETECTOR_WEIGHTS, WEIGHTS_NAME
 from vlbert.tokenization import check_vocabulary_size, load_tokenizer
+from vlbert.versions import environment_versions, with_environment
 
 
 class RunFolderBusyError(UserError):
@@ -233,7 +235,7 @@ class Trainer:
         holds it. The kernel releases it when rank 0 dies, so a requeued run takes it again."""
         lock = None
         if self.world.rank == 0:
-            self.folder.root.mkdir(parents=True, exist_ok=True)
+            made_folder(self.folder.root)
             lock = take_lock(self.folder.lock_file)
         busy = lock_holder(self.folder.lock_file) if self.world.rank == 0 and lock is None else None
         busy = from_rank_zero(busy, self.world)
@@ -262,14 +264,18 @@ class Trainer:
                                    + "\n".join(f"  {difference}" for difference in differences))
         barrier(self.world)  # every process has read the recorded config before rank 0 replaces it
         capabilities = gathered(cpu_capability(), self.world)
+        ranks = gathered(placement(), self.world)  # where each rank runs: its host, its Slurm node
         if self.world.rank == 0:
             previous = self.folder.cpu_capabilities() if self.folder.is_run and not restart else []
+            versions = self.folder.versions() if self.folder.is_run and not restart else []
             if restart:
                 self._remove_outputs()
             changes = self.folder.world().get("changes", []) if self.folder.is_run else []
-            self.folder.write_config(self.run.to_dict(), {"size": self.world.size, "changes": changes},
+            processes = {"size": self.world.size, "ranks": ranks, "changes": changes}
+            self.folder.write_config(self.run.to_dict(), processes,
                                      {name: chosen.name for name, chosen in self.precisions.items()}, self.mixture,
-                                     self.speed, with_capabilities(previous, capabilities))
+                                     self.speed, with_capabilities(previous, capabilities),
+                                     with_environment(versions, environment_versions()))
             self._sweep_temporaries()
         barrier(self.world)
 
@@ -326,7 +332,7 @@ class Trainer:
         Zero-shot when that model is another task's (a pre-trained one): never trained on this task."""
         self.log(f"stage {stage.name}: steps: 0, evaluating the model it starts from without training it")
         progress = StageProgress.from_saved({}, skip_damaged=self.run.damaged_records == "skip")
-        architecture = read_json(previous / CONFIG_NAME).get("architecture")
+        architecture = architecture_of(read_json(previous / CONFIG_NAME))
         with self._stage_log(stage, stage_dir, 0) as log:
             self._finish(StageRun(stage, stage_dir, parts, progress, log), 0.0,
                          zero_shot=architecture != TASKS[stage.task].model.__name__)
@@ -518,6 +524,7 @@ class Trainer:
     def _parts(self, stage: StageConfig, previous: Path | None) -> StageParts:
         """The stage's model (and end-to-end detector) on the device, and its optimiser."""
         model = self._model(stage, previous).to(self.device).train()
+        model.tokenizer_source = Path(self.run.vocabulary)  # its folders carry the tokenizer (vlbert.model_folder)
         visual = self._visual(stage, previous)
         if visual is not None:
             visual.to(self.device).train()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from extract.atomic import write_atomically
+from extract.atomic import made_folder, write_atomically
 from train.data.files import DataError, read_json
 from train.evaluation.statistics import average_over_seeds
 
@@ -39,7 +39,7 @@ class ItemScores:
         document: dict[str, Any] = {"metric": self.metric, "items": self.items}
         if self.groups is not None:
             document["groups"] = {"name": self.groups.name, "items": self.groups.items}
-        path.parent.mkdir(parents=True, exist_ok=True)
+        made_folder(path.parent)
         write_atomically(path, json.dumps(document))
 
     @classmethod

@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 # The model config fields a task's heads may set (`Task.model_config`), and their values elsewhere;
 # a stage starting from another task's model sets them all, as the saved ones are the other task's.
-HEAD_DEFAULTS = {"num_answers": 1, "with_relationship_head": False}
+HEAD_DEFAULTS = {"num_answers": 1, "with_relationship_head": False, "label_names": None}
 
 
 @dataclass

@@ -73,4 +73,5 @@ def _dataset(data: TaskData, options: Any, annotations: AnnotationFile, seed: in
 
 TASK = Task("snli_ve", VLBertForSequenceClassification, _dataset, EntailmentAccuracy,
             "SNLI-VE visual entailment: entailment, neutral or contradiction of a hypothesis by the image", ".json",
-            model_config=lambda data, options: {"num_labels": len(ENTAILMENT_LABELS)})
+            model_config=lambda data, options: {"num_labels": len(ENTAILMENT_LABELS),
+                                                "label_names": list(ENTAILMENT_LABELS)})

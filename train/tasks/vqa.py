@@ -106,6 +106,11 @@ def _dataset(data: TaskData, options: VqaOptions, annotations: AnnotationFile, s
                              answer_vocabulary(data, options), seed=seed)
 
 
+def _head(answers: AnswerVocabulary) -> dict[str, Any]:
+    """The answer head's size, and its outputs' names (its model folders' id2label)."""
+    return {"num_answers": len(answers), "label_names": list(answers.answers)}
+
+
 TASK = Task("vqa", VLBertForQuestionAnswering, _dataset, AnswerAccuracy, "VQA: answer scores at a [MASK]", ".json",
-            options=VqaOptions, model_config=lambda data, options: {"num_answers": len(answer_vocabulary(data, options))},
+            options=VqaOptions, model_config=lambda data, options: _head(answer_vocabulary(data, options)),
             read_inputs=answer_vocabulary, carried_options=("answers",))
