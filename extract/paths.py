@@ -95,6 +95,12 @@ def checked(path: str | Path) -> Path:
     return Path(path)
 
 
+def resolves_inside(path: str | Path, root: str | Path) -> bool:
+    """Whether `path`, its symlinks followed, lies inside `root` (a symlink loop lies nowhere): what a
+    command reads of a folder that others may have written, it reads from that folder only."""
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
+
+
 def _below(absolute: str, folder: str) -> bool:
     return absolute == folder or absolute.startswith(folder.rstrip(os.sep) + os.sep)
 

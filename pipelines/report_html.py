@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from extract.atomic import made_folder, write_atomically
-from extract.paths import EscapingPathError
+from extract.paths import EscapingPathError, resolves_inside
 from pipelines.report import (COMPARISONS_NOTE, GROUPS_NOTE, RUNS_NOTE, STAGES_NOTE, RunResults, compare_groups,
                               compare_runs, comparisons_table, group_comparisons_tables, plot_losses, run_results,
                               runs_table, stage_results, stages_table)
@@ -279,8 +279,7 @@ def _analyses_section(steps: list[StepRun], root: Path, missing: list[str]) -> s
 def _in_run_folder(path: Path, root: Path) -> bool:
     """Whether `path` is a regular file, itself or through symlinks that stay inside `root`: what is embedded
     in the page is read from the run's folder, never from elsewhere (a link to /etc/passwd)."""
-    real = Path(os.path.realpath(path))  # a loop stays unresolved, and is no file
-    return real.is_file() and real.is_relative_to(os.path.realpath(root))
+    return Path(os.path.realpath(path)).is_file() and resolves_inside(path, root)  # a loop is no file
 
 
 def write_html_report(root: Path, page: Path, pipeline=None,

@@ -152,6 +152,13 @@ def test_the_report_reads_an_analysis_folder_s_verdicts_and_names_a_result_that_
     problem = f"{tmp_path / 'syntax.json'}: expected the analysis's JSON object, found list"
     with pytest.raises(DataError, match=f"^{re.escape(problem)}$"):
         analysis_verdicts(tmp_path)
+    (tmp_path / "syntax.json").unlink()
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.json"
+    outside.write_text(json.dumps({"held_out_best": held_out}))
+    (tmp_path / "syntax.json").symlink_to(outside)  # a result linked out of the step's folder is never read
+    problem = f"{tmp_path / 'syntax.json'}: a symlink to {outside}, outside its step's folder: not read"
+    with pytest.raises(DataError, match=f"^{re.escape(problem)}$"):
+        analysis_verdicts(tmp_path)
 
 
 def test_phrase_attention_is_the_mean_over_the_phrase_pieces_of_attention_to_the_regions():

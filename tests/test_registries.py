@@ -138,13 +138,14 @@ def test_the_circle_check_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_extract_imports_of_the_other_packages_only_the_error_base_the_config_loader_and_the_torch_loader():
+def test_extract_imports_of_the_other_packages_only_the_error_base_the_loaders_and_the_versions():
     graph = import_graph()
     outside = {target for name, targets in graph.items() if name.split(".")[0] == "extract"
                for target in targets if target.split(".")[0] != "extract"}
-    assert outside == {"vlbert.errors", "vlbert.typed_config", "vlbert.torch_files"}
-    assert graph["vlbert.typed_config"] == graph["vlbert.torch_files"] == {"vlbert.errors"}
-    assert graph["vlbert.errors"] == set()
+    assert outside == {"vlbert.errors", "vlbert.typed_config", "vlbert.torch_files", "vlbert.records",
+                       "vlbert.versions"}
+    assert graph["vlbert.typed_config"] == graph["vlbert.torch_files"] == graph["vlbert.records"] == {"vlbert.errors"}
+    assert graph["vlbert.errors"] == graph["vlbert.versions"] == set()
 
 
 def test_vlbert_extract_loads_nothing_of_train(tmp_path):
@@ -165,7 +166,8 @@ print(" ".join(sorted(name for name in sys.modules if name.split(".")[0] in ("tr
     out = python(script, "extract", "--images", str(images), "--out", str(tmp_path / "store"), "--detector", "tiny")
     assert (tmp_path / "store" / "meta.json").is_file()
     assert out.splitlines()[-1].split() == ["pipelines", "pipelines.cli", "pipelines.commands",
-                                            "pipelines.commands.extract"]
+                                            "pipelines.commands.extract", "pipelines.commands.values",
+                                            "pipelines.own_packages"]
 
 
 def test_the_attention_command_offers_every_text_kind_the_analysis_reads():

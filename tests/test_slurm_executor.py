@@ -131,6 +131,9 @@ def test_queued_jobs_are_cancelled_and_unknown_slurm_settings_refused_before_sub
     assert rows[1].detail == "it reads world, which was cancelled"
 
 
+# The two-node fault test (tests/test_slurm_two_nodes.py) warns a training job the same way in CI; this
+# single-node one stays for `-m slow`.
+@pytest.mark.slow
 def test_a_training_job_warned_by_slurm_checkpoints_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
         slurm_cluster, tiny_world, tmp_path):
     steps = [{"name": "long", "kind": "train", "store": str(tiny_world / "cache"),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from extract.paths import resolves_inside
 from pipelines.steps.base import (Foreknown, Layout, Log, StepKind, device_problems, missing_paths, parse, registered,
                                   takes_gpu)
 from train.analysis.parses import PARSERS
@@ -131,11 +132,13 @@ ANALYSES = {
 
 def analysis_verdicts(folder: Path) -> list[str]:
     """The verdicts in words of the analysis whose result `folder` holds (none where it holds none);
-    DataError naming the file where it is not a JSON object."""
+    DataError naming the file where it is not a JSON object, or a symlink out of `folder`."""
     lines = []
     for analysis in ANALYSES.values():
         path = folder / analysis.result
         if path.is_file():
+            if not resolves_inside(path, folder):
+                raise DataError(f"{path}: a symlink to {path.resolve()}, outside its step's folder: not read")
             result = read_json(path)
             if not isinstance(result, dict):
                 raise DataError(f"{path}: expected the analysis's JSON object, found {type(result).__name__}")
