@@ -113,7 +113,7 @@ def test_set_reaches_every_step_field_stage_field_and_mapping_key(tmp_path):
     assert error_lines(result) == [
         f"{path}: step 'world' (world): --set world.imgs: no field 'imgs' (did you mean 'images'?)",
         f"{path}: step 'vocabulary' (vocabulary): size: expected at least 1, found 0",
-        f"{path}: step 'finetune' (train): --set finetune.pretrain.steps: no field or stage 'pretrain'",
+        f"{path}: step 'finetune' (train): --set finetune.pretrain.steps: no field or stage 'pretrain' (did you mean 'tracking'?)",
         f"{path}: step 'finetune' (train): model.hidden_size: expected an integer, found 'abc'",
     ]
 

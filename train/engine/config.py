@@ -35,13 +35,13 @@ SHORTEST_SEQUENCE = 8
 # (and the run folder's recorded config then takes the new values), any other difference is refused. They say where
 # outputs go, evaluation batching, data-loading workers, prefetching, where q8 features are decoded (the
 # same bits either way), checkpointing, logging intervals, and whether damaged records are skipped
-# (switching to "skip" after a failure is the point of the option).
-# `stages[]` stands for every stage. The device counts by its type only (`COMPARED_AS`): another
-# GPU computes the same, a CPU does not.
+# (switching to "skip" after a failure is the point of the option), and where the curves are tracked.
+# `stages[]` stands for every stage, and a field's own fields are as neutral as it is. The device counts
+# by its type only (`COMPARED_AS`): another GPU computes the same, a CPU does not.
 RESULT_NEUTRAL_FIELDS = frozenset({
     "out", "eval_batch_size", "damaged_records", "stages[].num_workers", "stages[].checkpoint_every",
     "stages[].checkpoint_minutes", "stages[].keep_checkpoints", "stages[].log_every", "stages[].prefetch",
-    "stages[].decode_on_device",
+    "stages[].decode_on_device", "tracking",
 })
 COMPARED_AS: dict[str, Callable[[Any], Any]] = {"device": lambda name: str(name).split(":")[0]}
 
@@ -131,6 +131,22 @@ class StageConfig:
         return f": an option of the task {task!r}, which goes under the stage's `options:`"
 
 
+@dataclass
+class TrackingConfig:
+    """Where the run's curves go beside metrics.jsonl (train.engine.tracking): each step's losses, learning
+    rate and gradient norm, each logging interval's samples/s, data wait and peak device memory, and the
+    run config as its hyper-parameters. Each switch is a backend's name in `BACKENDS`."""
+
+    SETTINGS: ClassVar[str] = "tracking settings"
+
+    tensorboard: bool = True  # OUT/tensorboard/<i>-<stage>/
+    wandb: bool = False  # Weights & Biases: the `wandb` extra; WANDB_MODE, WANDB_DIR and the rest as W&B reads them
+    mlflow: bool = False  # MLflow: the `mlflow` extra
+    project: str = "vlbert"  # the W&B project and the MLflow experiment
+    name: str | None = None  # the tracked run's name; none: the run folder's name
+    mlflow_uri: str | None = None  # MLflow's tracking URI; none: MLflow's own (MLFLOW_TRACKING_URI)
+
+
 def model_settings(value: Any, where: str = "model") -> dict[str, Any]:
     """A run's `model:` as a mapping: a size's name becomes {"size": name}; the fields are checked as
     VLBertConfig checks them (a misspelt `matching_loss` fails here, not when its stage starts)."""
@@ -197,6 +213,7 @@ class RunConfig:
     device: str = "cpu"
     # "skip": train and evaluate without samples whose record is damaged
     damaged_records: Literal["fail", "skip"] = "fail"
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -340,7 +357,8 @@ def run_differences(recorded: Mapping[str, Any], run: RunConfig) -> list[str]:
     for path, old, new in _differences(_with_task_inputs(_with_options(_with_precision(recorded))), run.to_dict(), ""):
         field_name = re.sub(r"\[\d+\]", "[]", path)
         compared = COMPARED_AS.get(field_name, lambda value: value)
-        if field_name not in RESULT_NEUTRAL_FIELDS and compared(old) != compared(new):
+        neutral = any(under_key(field_name, key) for key in RESULT_NEUTRAL_FIELDS)
+        if not neutral and compared(old) != compared(new):
             found.append(f"{path}: the run folder has {_shown(old)}, this config has {_shown(new)}")
     return found
 

@@ -13,6 +13,7 @@ writes it and for the reports, pipeline steps, benches and tests that read it.
     train.lock                      held by the process that trains the run (its pid and host inside)
     metrics.jsonl                   one JSON object per optimiser step and per evaluation
     tensorboard/<i>-<name>/         the stage's TensorBoard scalars
+    tracking.json                   the ids of the runs W&B and MLflow track it as (a resume continues them)
     stages/<i>-<name>/checkpoint-<step>/   model (save_pretrained), optimizer, scheduler, RNG state
     stages/<i>-<name>/final/        the stage's model; its presence marks the stage done
     stages/<i>-<name>/eval.json     the stage's evaluation
@@ -49,6 +50,7 @@ _SPEED = "speed"  # run.json's record of each stage's speed settings on its mach
 _LOCK = "train.lock"
 _METRICS = "metrics.jsonl"
 _TENSORBOARD = "tensorboard"
+_TRACKING = "tracking.json"
 _STAGES = "stages"
 _SEED_RUN = re.compile(r"seed-(\d+)")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
@@ -203,7 +205,7 @@ class RunFolder:
         """What writes killed in this run folder left (`StageFolder.temporaries`, run.json's and
         metrics.jsonl's); a pipeline's files here are not the trainer's."""
         stages = [StageFolder(path) for path in sorted((self.root / _STAGES).glob("*")) if path.is_dir()]
-        own = tuple(f".{name}." for name in (_RUN_FILE, _METRICS))
+        own = tuple(f".{name}." for name in (_RUN_FILE, _METRICS, _TRACKING))
         return [path for path in temporaries(self.root) if path.name.startswith(own)] \
             + [path for stage in stages for path in stage.temporaries()]
 
@@ -217,9 +219,13 @@ class RunFolder:
     def tensorboard(self, stage: StageFolder) -> Path:
         return self.root / _TENSORBOARD / stage.key
 
+    @property
+    def tracking_file(self) -> Path:
+        return self.root / _TRACKING
+
     def outputs(self) -> list[Path]:
         """What a run wrote and a restart removes; anything else here (a pipeline's step.json) stays."""
-        return [path for path in (self.root / name for name in (_STAGES, _METRICS, _TENSORBOARD, _RUN_FILE))
+        return [path for path in (self.root / name for name in (_STAGES, _METRICS, _TENSORBOARD, _TRACKING, _RUN_FILE))
                 if path.exists()]
 
     def stage(self, index: int, name: str) -> StageFolder:

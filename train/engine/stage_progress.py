@@ -64,9 +64,13 @@ class StageProgress:
         self.tokens += batch.tokens
         return batch
 
+    def now(self, step: int) -> Mark:
+        """The counters now, at optimiser step `step`."""
+        return Mark(step, self.seconds, self.samples, self.tokens, self.data_wait)
+
     def mark(self, step: int) -> None:
         """Call where the host has just waited for the device's work up to `step`."""
-        self.marks.append(Mark(step, self.seconds, self.samples, self.tokens, self.data_wait))
+        self.marks.append(self.now(step))
 
     def steady(self, world_size: int) -> dict[str, float | int]:
         """The steady figures (all ranks' samples and tokens, rank 0's waiting), between the first

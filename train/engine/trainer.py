@@ -50,6 +50,7 @@ from train.engine.speed import stage_speed
 from train.engine.stage_progress import StageProgress
 from train.engine.step_losses import PendingLosses, StepLosses
 from train.engine.stopping import StopSignals
+from train.engine.tracking import check_installed
 from train.tasks import TASKS
 from train.tasks.base import TaskData
 from vlbert import VLBertConfig
@@ -113,6 +114,7 @@ class Trainer:
         for chosen in self.precisions.values():
             chosen.check(self.device)
         self._check_compile()
+        check_installed(run.tracking)
         self.folder = RunFolder(run.out_dir)
         # Encoded features (q8) as their parts: the stages decode them on the device or in their workers.
         self.regions = RegionBank(run.store, run.max_regions, encoded=True)
@@ -397,6 +399,7 @@ class Trainer:
         stage = run.stage
         schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
         pending = PendingLosses()
+        interval = run.progress.now(step)  # where the first logging interval starts
         with progress_bar(stage.steps, stage.name, "step", initial=step, enabled=self.world.rank == 0) as bar:
             while step < stage.steps:
                 skipped_before = run.progress.damaged.skipped
@@ -412,6 +415,8 @@ class Trainer:
                 if interval_end or saving:
                     self._logged(run, pending.to_host(), bar)
                     run.progress.mark(step)
+                    run.log.interval(interval, run.progress.marks[-1], self.world.size, self.device)
+                    interval = run.progress.marks[-1]
                 if saving:
                     self._save(run, step)
                     schedule.written()
@@ -443,8 +448,9 @@ class Trainer:
             bar.set_postfix(loss=f"{steps[-1].losses['loss']:.3f}")
 
     def _optimiser_step(self, run: StageRun, objective: nn.Module, batches: Iterator[Batch]) -> dict[str, torch.Tensor]:
-        """One step over `grad_accumulation` micro-batches; returns the losses averaged over them, on
-        the device. Gradients are all-reduced once, on the last micro-batch."""
+        """One step over `grad_accumulation` micro-batches; returns the losses averaged over them, and
+        the gradient norm before clipping where the stage clips, on the device. Gradients are all-reduced
+        once, on the last micro-batch."""
         stage, parts, progress = run.stage, run.parts, run.progress
         parts.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, torch.Tensor] = {}
@@ -462,8 +468,9 @@ class Trainer:
         with record_function("optimiser"):
             if stage.clip_grad_norm > 0:
                 parts.scaler.unscale_(parts.optimizer)
-                # The total norm and the scaling stay on the device: no per-parameter sync.
-                torch.nn.utils.clip_grad_norm_(parts.parameters, stage.clip_grad_norm)
+                # The total norm and the scaling stay on the device: no per-parameter sync. The norm
+                # goes to the host with the losses, at the logging interval.
+                totals["grad_norm"] = torch.nn.utils.clip_grad_norm_(parts.parameters, stage.clip_grad_norm)
             parts.scaler.step(parts.optimizer)
             parts.scaler.update()
             parts.scheduler.step()
@@ -564,7 +571,9 @@ class Trainer:
         return any(id(p) not in reached for p in parts.parameters)
 
     def _stage_log(self, stage: StageConfig, stage_dir: StageFolder, start: int) -> StageLog | MutedStageLog:
-        return StageLog(self.folder, stage_dir, stage.name, start) if self.world.rank == 0 else MutedStageLog()
+        if self.world.rank != 0:
+            return MutedStageLog()
+        return StageLog(self.folder, stage_dir, stage.name, start, self.run.tracking, self.run.to_dict())
 
     def _model(self, stage: StageConfig, previous: Path | None):
         task = TASKS[stage.task]
