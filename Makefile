@@ -17,8 +17,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/vlbert demo
 
+# Two workers (on 2 cores the suite takes about three quarters of its time in one); the Slurm tests share
+# one worker and its cluster (tests/conftest.py). `pytest FILE` alone runs in one process.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 # On a GPU host: the project installed against the host's own torch (no pinned .venv), then the
 # cuda tests and every GPU figure (bench/gpu_report.py), in about 10 minutes on one GPU (the compiled

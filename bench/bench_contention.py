@@ -2,13 +2,13 @@
 machine as it is and beside 1 (optionally 2) CPU-bound processes, for the old thread defaults and
 the new ones, side by side in one run.
 
-    git worktree add /tmp/base c674297     # the code before extract/threads.py
+    git worktree add /tmp/base c674297     # the code before vlbert/utils/threads.py
     .venv/bin/python bench/bench_contention.py --baseline /tmp/base   # about 4 minutes on 2 cores
     .venv/bin/python bench/bench_contention.py --neighbours 0,1,2 --repeat 2 --settings new,one
 
 Settings (every run is a fresh `vlbert` process, so the variables reach OpenMP when torch loads):
   old      the --baseline checkout's code with its defaults: torch's, one OpenMP thread per core
-  new      no variable: extract/threads.py's defaults (training: one thread; CPU extraction: a
+  new      no variable: vlbert/utils/threads.py's defaults (training: one thread; CPU extraction: a
            compute lane per core, each computing whole batches with single-threaded ops)
   one      OMP_NUM_THREADS=1: one thread, one lane
   passive  OMP_WAIT_POLICY=passive: the new defaults, waiting OpenMP threads sleep

@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT))
 from extract import Detector, select_boxes  # noqa: E402
 from extract.config import parse_override  # noqa: E402
 from extract.fidelity import compare_to_fp32  # noqa: E402
-from extract.modeling.precision import precision as find_precision  # noqa: E402
 from extract.modeling.res5_layouts import RES5_LAYOUTS  # noqa: E402
 from extract.selection import per_class_nms_selection  # noqa: E402
+from vlbert.utils.precision import precision as find_precision  # noqa: E402
 
 
 def synthetic_images(count: int, height: int = 480, width: int = 640) -> list[np.ndarray]:

@@ -87,7 +87,7 @@ from extract.modeling.roi_heads import Res5ROIHeads  # noqa: E402
 from extract.modeling.rpn import RPN  # noqa: E402
 from extract.store.writer import FeatureStoreWriter  # noqa: E402
 from extract.synthetic import synthetic_image  # noqa: E402
-from extract.threads import ComputeLanes  # noqa: E402
+from vlbert.utils.threads import ComputeLanes  # noqa: E402
 from trace_top import TRACE_NAME, Section, profiled, sections_marked, top  # noqa: E402
 
 VARIANTS = (0, 3)

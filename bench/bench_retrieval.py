@@ -24,7 +24,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from extract.modeling.precision import PRECISIONS  # noqa: E402
 from pipelines.world.tiny import TINY_MODEL, build_tiny_world  # noqa: E402
 from train.data.annotations import AnnotationFile  # noqa: E402
 from train.data.regions import RegionBank  # noqa: E402
@@ -33,6 +32,7 @@ from train.tasks.retrieval import RetrievalCandidates, RetrievalRecall  # noqa: 
 from vlbert import VLBertConfig  # noqa: E402
 from vlbert.modeling import VLBertForImageTextMatching  # noqa: E402
 from vlbert.tokenization import load_tokenizer  # noqa: E402
+from vlbert.utils.precision import PRECISIONS  # noqa: E402
 
 MODELS = {"tiny": TINY_MODEL, "base": {}}  # base: VLBertConfig's defaults are VL-BERT-base's sizes
 TEST_PAIRS = 1_000 * 5_000

@@ -1,7 +1,7 @@
 """Extraction stage: the bottom-up-attention Faster R-CNN C4 detector and the jobs that run it.
 
-The names below load their module on first use, so that importing a light part (`extract.images`,
-`extract.progress`) does not import torch and the detector."""
+The names below load their module on first use, so that importing a light part (`extract.images`)
+does not import torch and the detector."""
 
 import importlib
 
@@ -10,7 +10,7 @@ _EXPORTS = {
     "ConfigError": "extract.config", "DetectorConfig": "extract.config",
     "PRESETS": "extract.presets", "load_config": "extract.presets",
     "BoxError": "extract.detector", "Detector": "extract.detector", "RegionFeatures": "extract.detector",
-    "DeviceError": "extract.device", "check_device": "extract.device",
+    "DeviceError": "vlbert.utils.device", "check_device": "vlbert.utils.device",
     "ImageError": "extract.images", "load_image": "extract.images",
     "PreparedImage": "extract.preprocess", "mask_pixels": "extract.preprocess", "prepare_image": "extract.preprocess",
     "select_boxes": "extract.selection",

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from extract.pickles import ARRAYS, load_pickle
-from vlbert.errors import UserError
-from vlbert.torch_files import first_line, load_weights_only
+from vlbert.utils.errors import UserError
+from vlbert.utils.pickles import ARRAYS, load_pickle
+from vlbert.utils.torch_files import first_line, load_weights_only
 
 
 class CheckpointError(UserError):

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from extract.modeling.parts import PARTS, part_shape
-from vlbert.errors import UserError
-from vlbert.typed_config import above, at_least, checked_fields, from_text
+from vlbert.utils.errors import UserError
+from vlbert.utils.typed_config import above, at_least, checked_fields, from_text
 
 POSITIVE = at_least(1)
 SHARE = at_least(0, 1)  # a probability or an IoU threshold

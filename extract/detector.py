@@ -20,17 +20,17 @@ from torch import nn
 from extract.checkpoint import (check_recorded_buffers, detectron2_names, fill_folded_norms, load_weights,
                                 read_state_dict)
 from extract.config import DetectorConfig
-from extract.presets import load_config
-from extract.device import check_device
 from extract.modeling.boxes import clip_boxes
 from extract.modeling.parts import build_part
-from extract.modeling.precision import precision as find_precision
 from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT
 from extract.modeling.resnet import ConvNorm
 from extract.modeling.roi_heads import BoxPredictions
 from extract.preprocess import PreparedImage, masked_images, prepare_image, transferred
+from extract.presets import load_config
 from extract.selection import select_boxes_batch
-from vlbert.errors import FAILED, UserError
+from vlbert.utils.device import check_device
+from vlbert.utils.errors import FAILED, UserError
+from vlbert.utils.precision import precision as find_precision
 
 # Images per trunk pass: one batch holds each image's activations (about 150 MB at BUTD size in float32).
 TRUNK_BATCH = 16
@@ -111,7 +111,7 @@ class Detector(nn.Module):
               **overrides) -> "Detector":
         """A preset name, YAML file or config; detectron2-named weights if given, else seeded random ones.
 
-        `precision` (`extract.modeling.precision.PRECISIONS`): fp32 (the reference numbers), tf32
+        `precision` (`vlbert.utils.precision.PRECISIONS`): fp32 (the reference numbers), tf32
         (CUDA only) or bf16, for `detect` and `describe`. `res5_layout`
         (`extract.modeling.res5_layouts.RES5_LAYOUTS`): how the RoI head runs res5, for every path
         (`detect`, `describe`, `box_features`): dilated (the reference numbers) or polyphase.
@@ -249,7 +249,7 @@ class Detector(nn.Module):
 
         No padding, and convolutions whose per-image numbers do not depend on the batch
         (`extract.modeling.conv`): on the CPU in float32 an image's outputs are bitwise the same in
-        any batch (tests/test_detector_batching.py). On CUDA, cuDNN may pick another algorithm for
+        any batch (tests/extract/test_detector_batching.py). On CUDA, cuDNN may pick another algorithm for
         another batch size, which changes the rounding. Channels-last there, the layout its tensor
         cores take.
         """

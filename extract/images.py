@@ -18,7 +18,7 @@ from typing import Iterator
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from vlbert.errors import FAILED, UserError
+from vlbert.utils.errors import FAILED, UserError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 # The extraction job refuses images with more pixels from their header, before decoding: a PNG of

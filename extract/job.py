@@ -25,27 +25,27 @@ from PIL import Image
 from extract.backends import build_extractor
 from extract.checkpoint import file_sha256
 from extract.detector import REGION_ARRAYS, Detector, regions_numpy
-from extract.device import (StickyDeviceError, check_device, is_sticky_cuda_error, launcher_variable, rank_device,
-                           use_device)
 from extract.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, ImageError, image_id, is_utf8, list_images, load_image
 from extract.jpeg import DEFAULT_JPEG_DECODING, JPEG_DECODING, decode_batch, jpeg_for_device
-from extract.kernels import cpu_capability
 from extract.loader import DecodingPipeline, WorkItem, failure_reason
 from extract.masking import draw_masks
-from extract.modeling.precision import precision as find_precision
 from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, RES5_LAYOUTS
-from extract.paths import OutsidePathError, output_folder, outside_reason, path_inside
-from extract.progress import progress_bar
+from extract.resources import job_resources
 from extract.shard_source import ShardSource, unfinished_tar_shards
 from extract.shards import find_shards, names_shards
 from extract.store.layout import META
 from extract.store.reader import FeatureStore
 from extract.store.schema import FEATURE_ENCODINGS, MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
 from extract.store.writer import DEFAULT_MAP_SIZE, CommitThread, FeatureStoreWriter
-from extract.resources import job_resources
-from extract.threads import ComputeLanes, configured_threads
-from vlbert.errors import FAILED, UserError
-from vlbert.records import read_record
+from vlbert.utils.device import (StickyDeviceError, check_device, is_sticky_cuda_error, launcher_variable, rank_device,
+                           use_device)
+from vlbert.utils.errors import FAILED, UserError
+from vlbert.utils.kernels import cpu_capability
+from vlbert.utils.paths import OutsidePathError, output_folder, outside_reason, path_inside
+from vlbert.utils.precision import precision as find_precision
+from vlbert.utils.progress import progress_bar
+from vlbert.utils.records import read_record
+from vlbert.utils.threads import ComputeLanes, configured_threads
 
 
 class JobError(UserError):
@@ -62,7 +62,7 @@ class ExtractionSummary:
     failed: int
     seconds: float
     bytes_written: int
-    threads: int = 0  # CPU compute lanes, or on a GPU torch's host-side threads (extract/threads.py)
+    threads: int = 0  # CPU compute lanes, or on a GPU torch's host-side threads (vlbert/utils/threads.py)
     resources: str = ""  # lanes, decoding workers, where JPEGs are decoded (extract/resources.py)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (image, error) of this run
     tar_shards: int | None = None  # from tar shards: this task's (None: from image files)
@@ -317,7 +317,7 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
         raise JobError("masked-pixel variants need box_source=proposals (the stored boxes are then the "
                        "pooled ones); drop --mask-variants or the box_source=regressed override")
     # On the CPU, lanes are threads that each compute a batch with single-threaded ops
-    # (extract/threads.py); on a GPU, CUDA streams, with torch's host-side threads as the thread
+    # (vlbert/utils/threads.py); on a GPU, CUDA streams, with torch's host-side threads as the thread
     # policy says (extract/resources.py).
     compute_device = use_device(model.device)
     on_cpu = compute_device.type == "cpu"

@@ -11,7 +11,7 @@ job, so an image that cannot be decoded at all is a failure with Pillow's reason
 
 The two decoders differ (nvJPEG's IDCT and chroma upsampling are not libjpeg's): on smooth
 pictures, as photographs are, by a few levels of 255; on pixel noise, where chroma upsampling
-matters most, by up to 144 (measured on an H200). tests/test_extract_cuda.py measures what this does
+matters most, by up to 144 (measured on an H200). tests/extract/test_extract_cuda.py measures what this does
 to boxes and features.
 """
 

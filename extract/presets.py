@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from extract.config import ConfigError, DetectorConfig, apply_overrides
-from vlbert.typed_config import load_with_bases, located
+from vlbert.utils.typed_config import load_with_bases, located
 
 PRESETS: dict[str, DetectorConfig] = {
     # Bottom-up-attention Faster R-CNN on Visual Genome: 1600 classes, 400 attributes.

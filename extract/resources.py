@@ -2,7 +2,7 @@
 compute at once (CPU threads, or CUDA streams), how many processes read and decode the image files,
 and where JPEGs are decoded.
 
-On the CPU the lanes take the cores (extract/threads.py) and two decoding workers feed them. On a
+On the CPU the lanes take the cores (vlbert/utils/threads.py) and two decoding workers feed them. On a
 GPU the host must keep the device fed: JPEGs may be decoded on the device in batches (extract/jpeg.py;
 opt-in, as nvJPEG's pixels are not Pillow's), the workers then only read the files (and decode what
 the device cannot), and two lanes, each on a CUDA stream of its own, overlap one batch's host work
@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 
 from extract.jpeg import device_decodes_jpeg
-from extract.threads import cuda_lane, lane_count
-from vlbert.errors import UserError
+from vlbert.utils.errors import UserError
+from vlbert.utils.threads import cuda_lane, lane_count
 
 DEFAULT_STREAMS = 2
 CPU_DECODE_WORKERS = 2

@@ -5,7 +5,7 @@ batch): on a GPU the host's launches, not the device, bound it. Here one program
 (image, class) pair) walks its ranks in order with its suppression bits in registers, and the
 whole selection is one launch. Same decisions, bit for bit: a box is kept when no kept box before
 it suppresses it, from the same packed suppression words. Used on CUDA where Triton is installed;
-`TRITON_INTERPRET=1` runs it on the CPU (tests/test_selection_kernel.py).
+`TRITON_INTERPRET=1` runs it on the CPU (tests/extract/test_selection_kernel.py).
 """
 
 from __future__ import annotations

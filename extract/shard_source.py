@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from extract.atomic import made_folder, write_atomically
 from extract.images import EncodedImage
 from extract.loader import WorkItem
 from extract.shards import IMAGE_MEMBER_EXTENSIONS, ShardSample, find_shards, read_shard, shard_id
 from extract.store.layout import shard_name
+from vlbert.utils.atomic import made_folder, write_atomically
 
 LEDGER = "tar-shards"  # the folder of the ledgers in the store, one file per writer shard
 

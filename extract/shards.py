@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Collection, Iterable, Iterator
 
 from extract.images import IMAGE_EXTENSIONS
-from extract.paths import outside_reason
-from vlbert.errors import UserError
+from vlbert.utils.errors import UserError
+from vlbert.utils.paths import outside_reason
 
 SHARD_SUFFIX = ".tar"
 # Extensions (lower case, without the dot) that make a member a sample's image.

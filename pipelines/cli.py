@@ -1,6 +1,6 @@
 """The `vlbert` command: a click group whose subcommands are thin layers over the Python API.
 
-Errors a user causes (`vlbert.errors.UserError`: a bad config, YAML file, store, image, device or
+Errors a user causes (`vlbert.utils.errors.UserError`: a bad config, YAML file, store, image, device or
 path) end a command with one line naming the file, key or step, and their exit status: 2 for bad
 usage, 1 for a job that failed; `--debug` (or VLBERT_DEBUG=1) shows the traceback instead. Anything
 else is a bug and keeps its traceback. A command's module is imported when the command is asked
@@ -19,7 +19,7 @@ import warnings  # noqa: E402
 import click  # noqa: E402
 
 from pipelines.commands import MODULES, load_command  # noqa: E402
-from vlbert.errors import error_line, exit_status  # noqa: E402
+from vlbert.utils.errors import error_line, exit_status  # noqa: E402
 
 
 class VLBertGroup(click.Group):
@@ -56,7 +56,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 def _show_versions(ctx: click.Context, _option: click.Option, given: bool) -> None:
     if not given or ctx.resilient_parsing:
         return
-    from vlbert.versions import version_lines  # torch loads for its CUDA and cuDNN: only when asked
+    from vlbert.utils.versions import version_lines  # torch loads for its CUDA and cuDNN: only when asked
 
     click.echo("\n".join(version_lines()))
     ctx.exit()

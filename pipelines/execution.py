@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from extract.atomic import made_folder, write_atomically
-from extract.locks import holding
-from extract.paths import checked, output_folder
 from pipelines import STEP_FILE
 from pipelines.steps import KINDS, Layout
-from vlbert.errors import FAILED, UserError
-from vlbert.records import read_record
+from vlbert.utils.atomic import made_folder, write_atomically
+from vlbert.utils.errors import FAILED, UserError
+from vlbert.utils.locks import holding
+from vlbert.utils.paths import checked, output_folder
+from vlbert.utils.records import read_record
 
 LOG_FILE = "log.txt"
 STATE_FOLDER = ".pipeline"  # under the pipeline's `out`: specs, locks, the executor's records
@@ -76,7 +76,7 @@ class Step:
         return self.folder / LOG_FILE
 
     def progress_file(self, shard: int | None = None) -> Path:
-        """Where the step's process (or shard's) publishes its progress (extract/progress.py)."""
+        """Where the step's process (or shard's) publishes its progress (vlbert/utils/progress.py)."""
         return self.folder / PROGRESS_FILE.format(part="" if shard is None else f"-{shard}")
 
 
@@ -226,7 +226,7 @@ def run_here(step: Step, log: Log, executor: str, threads: int | None, attempt: 
     count); its messages also go to its log."""
     import torch
 
-    from extract.threads import configured_threads
+    from vlbert.utils.threads import configured_threads
 
     how = {"threads": threads or torch.get_num_threads(), "executor": executor, "host": socket.gethostname(),
            "attempt": attempt}
@@ -326,7 +326,7 @@ def _rank() -> tuple[int, int]:
 
 
 def _torch_threads(threads: int):
-    from extract.threads import configured_threads
+    from vlbert.utils.threads import configured_threads
 
     return configured_threads(threads)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 PACKAGES = ("extract", "train", "pipelines", "vlbert")
 ROOT = Path(__file__).resolve().parents[1]  # the folder holding this project's packages
-USAGE = 2  # vlbert.errors.USAGE, which cannot be imported before vlbert is checked
+USAGE = 2  # vlbert.utils.errors.USAGE, which cannot be imported before vlbert is checked
 
 
 def shadowing(name: str) -> str | None:

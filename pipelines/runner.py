@@ -70,15 +70,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from extract.atomic import made_folder, write_atomically
-from extract.paths import output_folder
 from pipelines.execution import STATE_FOLDER, Step, named_strings, strings
 from pipelines.executors import DEFAULT, executor_named, sections
 from pipelines.steps import KINDS, Foreknown, Layout, StepKind
 from train.engine.config import RunConfigError
-from vlbert.errors import UserError, error_line, exit_status
-from vlbert.records import read_record
-from vlbert.typed_config import did_you_mean, from_text, load_yaml
+from vlbert.utils.atomic import made_folder, write_atomically
+from vlbert.utils.errors import UserError, error_line, exit_status
+from vlbert.utils.paths import output_folder
+from vlbert.utils.records import read_record
+from vlbert.utils.typed_config import did_you_mean, from_text, load_yaml
 
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a step's folder, an input's name
@@ -233,7 +233,7 @@ def run_pipeline(path: str | Path, out: str | Path | None = None, log: Callable[
 
 
 def declare_out(pipeline: Pipeline) -> None:
-    """Declares the pipeline's output folder the one its steps write (extract/paths.py `output_folder`);
+    """Declares the pipeline's output folder the one its steps write (vlbert/utils/paths.py `output_folder`);
     OutputOverlapError where it is, lies inside or holds an input of a step: an existing path that the
     step's parameters name outside the steps' folders (an extract step's images, an annotation file)."""
     folders = [Path(os.path.abspath(step.folder)) for step in pipeline.steps]

@@ -39,10 +39,12 @@ def slurm_cluster():
 
 
 def pytest_collection_modifyitems(config, items):
-    """`cuda` tests are skipped where torch sees no CUDA device, so they can sit in every run."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    """`cuda` tests are skipped where torch sees no CUDA device, so they can sit in every run. Under
+    pytest-xdist (`make test` runs two workers), every test of a Slurm cluster runs in one worker, which
+    starts the session's cluster once (`--dist loadgroup`)."""
+    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if item.get_closest_marker("cuda") is not None:
+        if skip is not None and item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
+        if "slurm_cluster" in getattr(item, "fixturenames", ()) or item.path.name == "test_slurm_cluster.py":
+            item.add_marker(pytest.mark.xdist_group("slurm"))

@@ -138,14 +138,33 @@ def test_the_circle_check_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_extract_imports_of_the_other_packages_only_the_error_base_the_loaders_and_the_versions():
+# Each part's floor: a module imports only from its own floor or those below. The ground floor
+# (vlbert.utils) imports nothing else of the project; the detector (extract) and the model library
+# (vlbert) stand on it side by side, neither importing the other; train stands on both, pipelines on all.
+GROUND_FLOOR = "vlbert.utils"
+FLOORS = {GROUND_FLOOR: 0, "extract": 1, "vlbert": 1, "train": 2, "pipelines": 3}
+
+
+def part(module: str) -> str:
+    return GROUND_FLOOR if module == GROUND_FLOOR or module.startswith(GROUND_FLOOR + ".") else module.split(".")[0]
+
+
+def arrows_against_the_floors(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that goes up a floor, or across from one part to another on the same floor."""
+    return sorted(f"{name} -> {target}" for name, targets in graph.items() for target in targets
+                  if part(target) != part(name) and FLOORS[part(target)] >= FLOORS[part(name)])
+
+
+def test_every_import_goes_down_a_floor_the_ground_floor_imports_nothing_and_extract_and_vlbert_stand_apart():
     graph = import_graph()
-    outside = {target for name, targets in graph.items() if name.split(".")[0] == "extract"
-               for target in targets if target.split(".")[0] != "extract"}
-    assert outside == {"vlbert.errors", "vlbert.typed_config", "vlbert.torch_files", "vlbert.records",
-                       "vlbert.versions"}
-    assert graph["vlbert.typed_config"] == graph["vlbert.torch_files"] == graph["vlbert.records"] == {"vlbert.errors"}
-    assert graph["vlbert.errors"] == graph["vlbert.versions"] == set()
+    assert any(part(name) == GROUND_FLOOR for name in graph) and arrows_against_the_floors(graph) == []
+
+
+def test_the_floor_check_finds_an_arrow_up_and_one_across():
+    graph = {"vlbert.utils.atomic": {"extract.config"}, "extract.job": {"vlbert.modeling", "vlbert.utils.paths"},
+             "train.trainer": {"extract.job"}}
+    assert arrows_against_the_floors(graph) == ["extract.job -> vlbert.modeling",
+                                                "vlbert.utils.atomic -> extract.config"]
 
 
 def test_vlbert_extract_loads_nothing_of_train(tmp_path):

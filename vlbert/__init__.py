@@ -1,6 +1,6 @@
 """VL-BERT model library: config, embeddings, encoder, heads, tokenization helpers, checkpoints.
 
-The names below load their module on first use, so that importing a light part (`vlbert.errors`,
+The names below load their module on first use, so that importing a light part (`vlbert.utils.errors`,
 which every package imports, or `vlbert.config`) does not import torch and transformers. transformers'
 AutoConfig and AutoModel know VL-BERT's model folders once transformers loads them (vlbert.auto)."""
 
@@ -24,7 +24,7 @@ _MODULES = {
         "word_pieces",
     ),
     "vlbert.transformers_config": ("VLBertTransformersConfig",),
-    "vlbert.versions": ("environment_versions",),
+    "vlbert.utils.versions": ("environment_versions",),
 }
 _EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 

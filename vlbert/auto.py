@@ -2,7 +2,7 @@
 `VLBertTransformersConfig` and `AutoModel.from_pretrained(folder)` a `VLBertModel` (AUTO_MODELS: the
 task models of the other Auto classes) from a model folder or a Hub id.
 
-`import vlbert` loads neither torch nor transformers (every package imports vlbert.errors), so the classes
+`import vlbert` loads neither torch nor transformers (every package imports vlbert.utils.errors), so the classes
 are registered when transformers loads its Auto modules: at once where it has, else from an import hook
 that waits for them. Importing vlbert.modeling registers them too (transformers' BERT, which it builds on,
 loads the Auto modules first, while the model classes are not yet defined).

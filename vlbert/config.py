@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from vlbert.errors import UserError
-from vlbert.typed_config import above, at_least, from_mapping, load_yaml, located
+from vlbert.utils.errors import UserError
+from vlbert.utils.typed_config import above, at_least, from_mapping, load_yaml, located
 
 POSITIVE = at_least(1)
 PROBABILITY = at_least(0, 1)
@@ -106,7 +106,7 @@ class VLBertConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> VLBertConfig:
-        """A config from a mapping of its fields, checked as every config is (vlbert.typed_config)."""
+        """A config from a mapping of its fields, checked as every config is (vlbert.utils.typed_config)."""
         return from_mapping(cls, values, error=VLBertConfigError)
 
     @classmethod

@@ -38,7 +38,7 @@ from vlbert.modeling import (
     VLBertModel,
     VLBertPreTrainedModel,
 )
-from vlbert.torch_files import first_line, refusal, refused_global
+from vlbert.utils.torch_files import first_line, refusal, refused_global
 
 OFFICIAL_VISUAL_FEATURE_SIZE = 2048
 OFFICIAL_GEOMETRY_FREQUENCIES = 256  # fixed in the reference's coordinate embedding

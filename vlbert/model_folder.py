@@ -2,7 +2,7 @@
 
     config.json             VLBertConfig's fields, and transformers' keys: `model_type` ("vlbert"),
                             `architectures` (the model's class), `id2label` and `label2id` (the head's
-                            `label_names`: VQA's answers), and `versions` (vlbert.versions) of what wrote it
+                            `label_names`: VQA's answers), and `versions` (vlbert.utils.versions) of what wrote it
     model.safetensors       the weights
     detector.safetensors    an end-to-end stage's tuned detector, an official checkpoint's Fast R-CNN
     vocab.txt, ...          the tokenizer the model reads its text with (vlbert.tokenization.TOKENIZER_FILES)
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vlbert.config import VLBertConfig, VLBertConfigError
-from vlbert.errors import UserError
-from vlbert.records import read_record
-from vlbert.versions import VERSIONS, environment_versions
+from vlbert.utils.errors import UserError
+from vlbert.utils.records import read_record
+from vlbert.utils.versions import VERSIONS, environment_versions
 
 MODEL_TYPE = "vlbert"  # config.json's `model_type`, under which transformers' AutoConfig knows VL-BERT
 CONFIG_NAME = "config.json"

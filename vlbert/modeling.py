@@ -39,8 +39,8 @@ from vlbert.config import VLBertConfig, VLBertConfigError
 from vlbert.model_folder import (CONFIG_NAME, HUB_OPTIONS, ModelFolderError, SavedConfig, model_folder, read_config,
                                  write_config)
 from vlbert.tokenization import copy_tokenizer, vocabulary_file
-from vlbert.torch_files import load_weights_only
 from vlbert.transformers_config import vlbert_fields
+from vlbert.utils.torch_files import load_weights_only
 
 VISUAL_SEGMENT = 2
 WEIGHTS_NAME = "model.safetensors"  # a model folder's weights (transformers' BERT folders name theirs the same)

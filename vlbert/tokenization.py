@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from transformers import BertTokenizerFast, PreTrainedTokenizerFast
 
-from vlbert.errors import UserError
 from vlbert.losses import IGNORE_INDEX
+from vlbert.utils.errors import UserError
 
 MASK_PROBABILITY = 0.15
 MEMO_TEXTS = 1 << 18  # texts a WordPieceMemo keeps: ~70 MB a process

@@ -1,7 +1,7 @@
 """VL-BERT's config as transformers sees it: the class that `AutoConfig.from_pretrained(folder)` builds from
 a model folder's config.json (model_type "vlbert"), and the VLBertConfig fields it holds.
 
-VLBertConfig stays the project's own dataclass, checked as every config is (vlbert.typed_config); this
+VLBertConfig stays the project's own dataclass, checked as every config is (vlbert.utils.typed_config); this
 class is transformers' view of the same config.json, registered with AutoConfig (vlbert.auto), whose
 keys it keeps as attributes. One name means two things: transformers' `num_labels` counts id2label's
 labels (VQA's answers), VLBertConfig's counts SNLI-VE's classes; they agree where a head reads it (a

@@ -16,9 +16,9 @@ import torch
 
 from extract.config import ConfigError
 from extract.detector import Detector, RegionFeatures
-from extract.modeling.precision import PrecisionError, precision as find_precision
 from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, Res5LayoutError
 from extract.preprocess import PreparedImage
+from vlbert.utils.precision import PrecisionError, precision as find_precision
 
 
 @runtime_checkable
@@ -107,7 +107,7 @@ def build_extractor(detector: str, weights: str | Path | None = None, device: st
                     overrides: Mapping[str, Any] | None = None, precision: str = "fp32",
                     res5_layout: str = DEFAULT_RES5_LAYOUT) -> RegionExtractor:
     """The model for a --detector value: `d2:CONFIG.yaml`, a preset name, or our YAML config, whose
-    forwards run in `precision` (`extract.modeling.precision.PRECISIONS`; refused, as PrecisionError,
+    forwards run in `precision` (`vlbert.utils.precision.PRECISIONS`; refused, as PrecisionError,
     where the device or the backend cannot run it) with res5 run in `res5_layout`
     (`extract.modeling.res5_layouts.RES5_LAYOUTS`; refused, as Res5LayoutError, where the detector's res5
     cannot run so)."""

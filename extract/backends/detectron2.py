@@ -31,10 +31,10 @@ from torch import nn
 from extract.checkpoint import CheckpointError, file_sha256, fill_folded_norms, load_weights, read_state_dict
 from extract.config import SELECTION_FIELDS, ConfigError, DetectorConfig, apply_overrides
 from extract.detector import RegionFeatures, checked_boxes
-from extract.device import check_device
 from extract.preprocess import PreparedImage, masked_images, prepare_image
 from extract.selection import select_boxes_batch
-from vlbert.typed_config import load_yaml
+from vlbert.utils.device import check_device
+from vlbert.utils.typed_config import load_yaml
 
 INIT_SEED = 0  # random weights (no --weights) are drawn from this seed, so a rerun resumes the same model
 INPUT_FORMATS = ("BGR", "RGB")

@@ -15,7 +15,7 @@ def conv2d(conv: nn.Conv2d, x: torch.Tensor, padding: tuple[int, ...] | None = N
     PyTorch otherwise takes its native kernel for a batch of one small input (and, single-threaded,
     for 1x1 convs under 16 images), whose rounding differs from oneDNN's, so an image would get
     other numbers alone than in a batch. oneDNN's do not depend on the batch
-    (tests/test_detector_batching.py), and it is what large inputs get anyway.
+    (tests/extract/test_detector_batching.py), and it is what large inputs get anyway.
     """
     padding = conv.padding if padding is None else padding
     dilation = conv.dilation if dilation is None else dilation

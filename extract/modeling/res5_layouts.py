@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from vlbert.errors import UserError
+from vlbert.utils.errors import UserError
 
 if TYPE_CHECKING:
     import torch

@@ -23,7 +23,7 @@ from extract.modeling.resnet import make_stage, stage_widths
 
 # RoIs per res5 pass. res5 over a whole batch's RoIs at once (300 proposals an image at BUTD size
 # are 480 MB per fp32 activation) costs memory and, on the CPU, time; each RoI's numbers do not
-# depend on the chunk it runs in (tests/test_detector_batching.py). On a GPU each pass costs the
+# depend on the chunk it runs in (tests/extract/test_detector_batching.py). On a GPU each pass costs the
 # host some 40 kernel launches: res5 over a batch's 2408 RoIs took 11.3 ms an image in chunks of 64,
 # 10.7 in 256 and 10.5 in 1024 (H200, bf16).
 ROI_CHUNK = 64

@@ -15,7 +15,7 @@ Exports refuse a damaged record or a store whose records disagree with its meta.
 under a temporary name renamed into place at the end, so a refused export leaves no partial file.
 
 Files from others are checked as they are read: an image id that could name a file outside an npz
-export's folder (extract/paths.py) is refused at import and at export, and so is an id met twice
+export's folder (vlbert/utils/paths.py) is refused at import and at export, and so is an id met twice
 in one source, an image size that is not a positive whole number, or a record whose fields, shapes
 or sizes disagree with the meta.json that the source's first record set (one line naming the record
 and the field). An import builds the store in a staging folder beside `--out`
@@ -41,7 +41,6 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from extract.paths import check_apart, outside_reason, path_inside
 from extract.store.formats import bua_npz, mmf, uniter, vinvl, vlbert_json
 from extract.store.formats.common import (
     MEAN_IMAGE_FEATURE, NOMINAL_IMAGE_SIZE, NOMINAL_SIZE_KEY, Records, b64_array, count, files_in, image_id_of,
@@ -52,7 +51,8 @@ from extract.store.layout import META, read_meta, shard_dirs, writer_active
 from extract.store.reader import FeatureStore
 from extract.store.schema import FIELDS, RecordLayout, StoreError
 from extract.store.writer import FeatureStoreWriter
-from vlbert.errors import UserError
+from vlbert.utils.errors import UserError
+from vlbert.utils.paths import check_apart, outside_reason, path_inside
 
 TSV_FIELDS = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
               "num_boxes", "boxes", "features")

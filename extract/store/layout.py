@@ -13,11 +13,11 @@ from typing import Any, Iterator
 
 import lmdb
 
-from extract.locks import is_held
 from extract.store.lmdb_file import DamagedFileError, check_data_file
 from extract.store.schema import MAX_KEY_BYTES, StoreError, check_meta
-from vlbert.errors import NO_ROOM
-from vlbert.records import read_record
+from vlbert.utils.errors import NO_ROOM
+from vlbert.utils.locks import is_held
+from vlbert.utils.records import read_record
 
 META = "meta.json"
 META_LOCK = ".meta.lock"  # held while meta.json is created or updated

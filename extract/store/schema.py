@@ -15,10 +15,10 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 import numpy as np
 
 from extract.config import SELECTION_FIELDS
-from extract.kernels import CPU_CAPABILITIES
 from extract.store import q8
-from vlbert.errors import FAILED, USAGE, UserError
-from vlbert.versions import VERSIONS, environment_versions
+from vlbert.utils.errors import FAILED, USAGE, UserError
+from vlbert.utils.kernels import CPU_CAPABILITIES
+from vlbert.utils.versions import VERSIONS, environment_versions
 
 SCHEMA_NAME = "vlbert-feature-store"
 SCHEMA_VERSION = 3  # 2: records carry checksums; 3: feature fields may be stored encoded (q8)
@@ -54,7 +54,7 @@ BOX_SOURCES = ("proposals", "regressed", "given", "imported")
 
 # meta.json entries that may differ between runs writing the same store (see `meta_mismatches`).
 # cpu_capabilities: the CPU kernel families of the runs that wrote a store; a resume on another CPU
-# adds its own (extract/store/writer.py). versions: the environment that created it (vlbert.versions), a
+# adds its own (extract/store/writer.py). versions: the environment that created it (vlbert.utils.versions), a
 # record: a resume with other versions writes the same records.
 VOLATILE_META = ("created", "detector.source", "detector.checkpoint", "images_root", "source", "schema_version",
                  CPU_CAPABILITIES, VERSIONS)
@@ -201,7 +201,7 @@ def build_meta(*, feature_dim: int, feature_dtype: str = "float16", mode: str,
                cpu_capabilities: Sequence[str] | None = None) -> dict[str, Any]:
     """meta.json for a new store. `detector` holds source, config (a `DetectorConfig.to_dict()`),
     checkpoint and checkpoint_sha256; `num_classes` counts background (the C of class_probs);
-    `cpu_capabilities` the CPU kernel families computing its records (`extract.kernels`; None where
+    `cpu_capabilities` the CPU kernel families computing its records (`vlbert.utils.kernels`; None where
     they are unknown, as for imported features)."""
     feature_encoding(feature_dtype)
     if top_k_classes is not None and num_classes is not None and top_k_classes >= num_classes:

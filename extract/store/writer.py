@@ -14,10 +14,6 @@ from typing import Any, Callable, Mapping
 
 import lmdb
 
-from extract.atomic import made_folder, remove, temporaries, write_atomically
-from extract.kernels import CPU_CAPABILITIES, with_capabilities
-from extract.locks import holding, lock_holder, take_lock
-from extract.paths import checked
 from extract.store.layout import (
     FAILURES, FAILURES_DB, META, META_LOCK, RECORDS_DB, SHARDS, acquire_shard, check_shard, failure_key, failures_in,
     lmdb_errors, open_shard, read_meta, release_shard, shard_dirs, shard_name, writer_lock_path,
@@ -31,6 +27,10 @@ from extract.store.schema import (
     encode_key,
     meta_mismatches,
 )
+from vlbert.utils.atomic import made_folder, remove, temporaries, write_atomically
+from vlbert.utils.kernels import CPU_CAPABILITIES, with_capabilities
+from vlbert.utils.locks import holding, lock_holder, take_lock
+from vlbert.utils.paths import checked
 
 DEFAULT_MAP_SIZE = 1 << 30  # grows by doubling when full; LMDB only reserves address space
 # meta.json entries that stores written before the entry existed lack: (path, the value they had).

@@ -32,7 +32,7 @@ def own_threads(callback):
 
 
 def _with_thread_policy(command: click.Command) -> None:
-    """Runs the command under extract/threads.py's thread policy. It wraps the command's own callback,
+    """Runs the command under vlbert/utils/threads.py's thread policy. It wraps the command's own callback,
     not the group's, which also runs for `vlbert <command> --help` and would import torch for it."""
     if isinstance(command, click.Group):
         for subcommand in command.commands.values():
@@ -44,7 +44,7 @@ def _with_thread_policy(command: click.Command) -> None:
 
     @functools.wraps(callback)
     def run(*args, **kwargs):
-        from extract.threads import configured_threads
+        from vlbert.utils.threads import configured_threads
 
         with configured_threads():
             return callback(*args, **kwargs)

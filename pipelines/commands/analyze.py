@@ -62,9 +62,9 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
     """Per layer and head, the share of phrases whose most-attended RoI has IoU ≥ 0.5 with the
     annotated box, against a random RoI and the most confident RoI: OUT/grounding.json,
     OUT/grounding.png (heat map) and OUT/examples/*.png (the best head's attention)."""
-    from extract.paths import output_folder
     from train.analysis.grounding import analyze_grounding
     from train.analysis.verdicts import grounding_verdicts
+    from vlbert.utils.paths import output_folder
 
     output_folder(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
                       ("--vocabulary", vocabulary), ("--images", images)))
@@ -117,9 +117,9 @@ def syntax_command(model_dir: Path, store: Path, annotations: Path, parses: Path
     whose w2 attends most to a RoI with IoU ≥ 0.5 with w1's box, against a random RoI and the most
     confident RoI (VisualBERT's Table 2): OUT/syntax.json, OUT/syntax.md (the table, the paper's
     figures beside), OUT/relations.png (relations × heads) and OUT/layers/<relation>.png (Figure 4)."""
-    from extract.paths import output_folder
     from train.analysis.syntax import analyze_syntax
     from train.analysis.verdicts import syntax_verdicts
+    from vlbert.utils.paths import output_folder
 
     output_folder(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
                       ("--parses", parses), ("--vocabulary", vocabulary)))
@@ -162,8 +162,8 @@ def attention_command(model_dir: Path, store: Path, annotations: Path, item: int
     """One sample's attention from each word to each region, every layer and head: OUT/attention.png
     (heat maps, layers × heads), OUT/attention.json, and with --word OUT/word-<position>.png (the
     regions over the image shaded by that word's attention, VisualBERT's Figure 3)."""
-    from extract.paths import output_folder
     from train.analysis.attention import analyze_attention
+    from vlbert.utils.paths import output_folder
 
     output_folder(out, (("MODEL", model_dir), ("STORE", store), ("--annotations", annotations),
                       ("--vocabulary", vocabulary), ("--images", images)))
@@ -203,9 +203,9 @@ def words_command(model_dir: Path, store: Path, annotations: Path, vocabulary: P
     """Every word of every caption masked alone and predicted with the caption's own image and with
     another image's regions: the accuracies and their paired difference (the image's part in the
     predictions), in all, per --group and per word: OUT/words.md, OUT/words.json."""
-    from extract.paths import output_folder
     from train.analysis.masked_words import analyze_masked_words
     from train.analysis.verdicts import words_verdicts
+    from vlbert.utils.paths import output_folder
 
     output_folder(out, (("--model", model_dir), ("--store", store), ("--annotations", annotations),
                       ("--vocabulary", vocabulary)))

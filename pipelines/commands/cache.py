@@ -120,7 +120,7 @@ def show_command(cache: Path, ids: tuple[str, ...], images: str | None, out: Pat
     scores (names from the store's meta.json), the whole-image box dashed, the pixels of a masked
     variant hatched. An ID the store lacks, or whose image is not found, is named in one line and the
     others are drawn; exit status 1 when any is left out."""
-    from pipelines.cache_show import show_records
+    from pipelines.report.cache_show import show_records
 
     result = show_records(cache, list(ids), out, images, variant, top, min_score, sheet, log=click.echo)
     if result.note:

@@ -28,10 +28,10 @@ import click
 )
 def convert_official(source: Path, out_dir: Path, num_attention_heads: int | None, trust_pickle: bool) -> None:
     """Convert an official VL-BERT checkpoint SOURCE (e.g. vl-bert-base-e2e.model)."""
-    from extract.atomic import folder_written_whole
     from extract.checkpoint import CheckpointError
-    from extract.paths import check_apart
     from vlbert.convert_official import convert_official_checkpoint
+    from vlbert.utils.atomic import folder_written_whole
+    from vlbert.utils.paths import check_apart
 
     check_apart(out_dir, (("SOURCE", source),))
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):

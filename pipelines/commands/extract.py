@@ -6,12 +6,12 @@ import click
 
 from extract.config import parse_override
 from extract.images import DEFAULT_MAX_PIXELS
-from extract.modeling.precision import PRECISIONS
+from extract.jpeg import DEFAULT_JPEG_DECODING, JPEG_DECODING
 from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, RES5_LAYOUTS
 from extract.presets import PRESETS
-from extract.jpeg import DEFAULT_JPEG_DECODING, JPEG_DECODING
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
 from pipelines.commands.values import FiniteFloatRange
+from vlbert.utils.precision import PRECISIONS
 
 
 def _top_k(value: str) -> int | None:

@@ -117,7 +117,7 @@ def report_command(file: Path, settings: tuple[str, ...], out: Path | None) -> N
     the stores' boxes and the analyses' figures. A run that failed halfway gets its page too: what
     exists is shown, and what is missing is named."""
     from pipelines.steps.report import rebuild_page
-    from vlbert.errors import UserError
+    from vlbert.utils.errors import UserError
 
     pipeline = _run_of(file, settings, out)
     if not pipeline.out.is_dir():

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import click
 
+from extract.training.config import TrainConfig
 from pipelines.commands.values import FiniteFloatRange
 from pipelines.world import ATTRIBUTE_NAMES, WorldConfig, generate_world
 from pipelines.world.generate import split_sizes
 from pipelines.world.scene import MAX_OBJECTS
-from train.detector.config import TrainConfig
 
 
 @click.group("world")
@@ -36,7 +36,7 @@ def generate(out_dir: Path, images: int, seed: int, annotated_fraction: float, m
         split_sizes(images, val_images)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--val-images") from None
-    from extract.paths import output_folder
+    from vlbert.utils.paths import output_folder
 
     meta = generate_world(output_folder(out_dir), images, seed, WorldConfig(annotated_fraction=annotated_fraction,
                                                              max_objects=max_objects, val_images=val_images))
@@ -50,8 +50,8 @@ def entities_command(world_dir: Path, out: Path) -> None:
     """Write WORLD in Flickr30K Entities' layout to OUT (train.txt, val.txt, Sentences/, Annotations/,
     flickr30k-images/) with CoNLL-U parses of the captions (train.conllu, val.conllu), for `vlbert
     analyze grounding --format flickr30k-entities` and `vlbert analyze syntax`."""
-    from extract.paths import output_folder
     from pipelines.world.entities import write_world_entities
+    from vlbert.utils.paths import output_folder
 
     output_folder(out, (("--world", world_dir),))
     counts = write_world_entities(world_dir, out)
@@ -65,8 +65,8 @@ def entities_command(world_dir: Path, out: Path) -> None:
 def corpora_command(world_dir: Path, out_dir: Path) -> None:
     """Write WORLD's images as Conceptual Captions' and SBU Captions' published files and their
     img2dataset webdataset shards to OUT (pipelines/configs/pretrain_cc_sbu.yaml reads them)."""
-    from extract.paths import output_folder
     from pipelines.world.corpus_files import write_corpus_files
+    from vlbert.utils.paths import output_folder
 
     output_folder(out_dir, (("--world", world_dir),))
     rows = write_corpus_files(world_dir, out_dir)
@@ -89,8 +89,8 @@ def train_detector_command(world_dir: Path, weights: Path, steps: int, seed: int
     """Train the tiny detector on WORLD's train split and evaluate it on its val split."""
     import torch
 
-    from extract.paths import check_apart
     from pipelines.world.detector import check_attribute_names, train_world_detector
+    from vlbert.utils.paths import check_apart
 
     if weights.suffix != ".safetensors":
         raise click.BadParameter("expected a .safetensors path", param_hint="--out")

@@ -24,7 +24,7 @@ DEFAULT = "local"
 def executor_named(name: str):
     """The registered executor `name` (a base.Executor); UserError for another name."""
     if name not in EXECUTORS:
-        from vlbert.errors import UserError
+        from vlbert.utils.errors import UserError
 
         raise UserError(f"executor {name!r}: expected one of {', '.join(EXECUTORS)}")
     return importlib.import_module(EXECUTORS[name]).EXECUTOR

@@ -26,12 +26,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from extract.atomic import write_atomically
-from extract.locks import is_held, lock_holder, take_lock
-from extract.progress import progress_summary
 from pipelines.execution import STATE_FOLDER, Step, decide, read_stamp
-from vlbert.errors import FAILED, UserError
-from vlbert.records import read_record
+from vlbert.utils.atomic import write_atomically
+from vlbert.utils.errors import FAILED, UserError
+from vlbert.utils.locks import is_held, lock_holder, take_lock
+from vlbert.utils.progress import progress_summary
+from vlbert.utils.records import read_record
 
 Log = Callable[[str], None]
 STATE_FILE = "state.json"

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
-from extract.progress import PROGRESS_VARIABLE, progress_summary
 from pipelines.execution import Step, StepSpec, new_attempt, recorded, resumed_threads, run_here, run_spec, state
 from pipelines.executors.base import (
     Executor, Launch, State, StateUnreadable, StepsFailed, last_error, launched_steps, read_state, run_going_on,
@@ -62,7 +61,8 @@ from pipelines.executors.processes import (
 )
 from pipelines.executors.shard_limits import local_processes, too_many_shards
 from pipelines.steps import KINDS
-from vlbert.errors import Stopped, error_line, exit_status
+from vlbert.utils.errors import Stopped, error_line, exit_status
+from vlbert.utils.progress import PROGRESS_VARIABLE, progress_summary
 
 Log = Callable[[str], None]
 NAME = "local"
@@ -262,7 +262,7 @@ def visible_gpus() -> list[str]:
 class Scheduler:
     def __init__(self, pipeline, log: Log, jobs: int | None, threads: int | None, gpus: list[str],
                  status_stream: TextIO | None) -> None:
-        from extract.threads import thread_count
+        from vlbert.utils.threads import thread_count
 
         self.pipeline, self.jobs, self.threads, self.gpus = pipeline, jobs, threads, gpus
         self.inline = jobs == 1
@@ -339,7 +339,7 @@ class Scheduler:
                 self.waiting.remove(step)
                 self.outcome.left_out[step.name] = failed
                 self.board.event(f"[{step.name}] not run: it reads {failed}, which failed")
-                # for the run's timeline (pipelines/timeline.py); status derives it from the graph
+                # for the run's timeline (pipelines/report/timeline.py); status derives it from the graph
                 self._record(step, State.NOT_RUN.value, error=f"it reads {failed}, which failed")
                 continue
             if not all(name in self.done for name in step.reads):

@@ -16,10 +16,13 @@ import os
 import reprlib
 import select
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from pipelines.own_packages import USAGE
 
 SCHEDULER_VARIABLE = "VLBERT_SCHEDULER"  # in a step's environment: "PID IDENTITY" of the scheduler that started it
 PID_MAX_FILE = Path("/proc/sys/kernel/pid_max")
@@ -73,10 +76,16 @@ def end_with_scheduler() -> None:
     process group is killed after ENDING_GRACE_S; so no orphan holds the step's locks, and a rerun
     resumes it. Nothing happens where no scheduler is named."""
     given = os.environ.get(SCHEDULER_VARIABLE)
-    if given:
-        pid, _, identity = given.partition(" ")
-        threading.Thread(target=_end_after, args=(int(pid), identity), name="end-with-scheduler",
-                         daemon=True).start()
+    if not given:
+        return
+    pid, _, identity = given.partition(" ")
+    try:
+        scheduler = recorded_pid(int(pid) if pid.isdigit() else pid)
+    except ValueError as exc:  # not an executor's: one line, before anything runs (nor is a process watched)
+        print(f"Error: {SCHEDULER_VARIABLE}={reprlib.repr(given)}: {exc}; it is the executor's record of its "
+              f"scheduler (\"PID IDENTITY\"), set for the processes it starts: unset it", file=sys.stderr)
+        raise SystemExit(USAGE) from None
+    threading.Thread(target=_end_after, args=(scheduler, identity), name="end-with-scheduler", daemon=True).start()
 
 
 def _end_after(scheduler: int, identity: str) -> None:

@@ -47,8 +47,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from extract.atomic import made_folder
-from extract.progress import PROGRESS_VARIABLE
 from pipelines.execution import STATE_FOLDER, Step, StepSpec, run_spec, state
 from pipelines.executors.base import (
     LIVE, Executor, Launch, State, StateUnreadable, StepsFailed, last_error, launched_steps, state_file,
@@ -56,8 +54,10 @@ from pipelines.executors.base import (
 )
 from pipelines.executors.board import StatusBoard
 from pipelines.executors.shard_limits import array_tasks, too_many_shards
-from vlbert.errors import UserError, error_line, exit_status
-from vlbert.typed_config import did_you_mean
+from vlbert.utils.atomic import made_folder
+from vlbert.utils.errors import UserError, error_line, exit_status
+from vlbert.utils.progress import PROGRESS_VARIABLE
+from vlbert.utils.typed_config import did_you_mean
 
 Log = Callable[[str], None]
 NAME = "slurm"  # also its settings' section

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from extract.paths import resolves_inside
 from pipelines.steps.base import (Foreknown, Layout, Log, StepKind, device_problems, missing_paths, parse, registered,
                                   takes_gpu)
 from train.analysis.parses import PARSERS
@@ -19,7 +18,8 @@ from train.analysis.verdicts import grounding_verdicts, syntax_verdicts, words_v
 from train.analysis.word_groups import check_groups
 from train.data.files import DataError, read_json
 from train.engine.errors import RunConfigError
-from vlbert.typed_config import at_least
+from vlbert.utils.paths import resolves_inside
+from vlbert.utils.typed_config import at_least
 
 # The choices of `vlbert analyze`'s options, from the registries it offers.
 PhraseFormat = Literal[tuple(PHRASE_READERS)]
@@ -165,7 +165,7 @@ def _input_paths(chosen: AnalysisParams) -> list[tuple[str, str | None]]:
 
 def analyze(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     """The analysis, its outputs in the step's folder (an interrupted one starts again)."""
-    from extract.paths import output_folder
+    from vlbert.utils.paths import output_folder
 
     chosen = analysis_params(params)
     output_folder(folder, _input_paths(chosen), "the step's folder")  # it holds no input it would write over

@@ -8,7 +8,7 @@ every problem with what the step would read: input paths that do not exist (thos
 earlier step's folder excepted), the device and precision, the detector, a vocabulary that does
 not fit the model it starts from, a store whose feature size is not the model's. `verify` also
 records in `known` what its folder will hold (an extract step's feature size). `check` and `run`
-go through one parsing function per kind (vlbert.typed_config's loader, as every config: known names,
+go through one parsing function per kind (vlbert.utils.typed_config's loader, as every config: known names,
 required ones, types, `1e-5` read as the number it spells), so what was checked is what runs;
 `fields(params)` names what `--set STEP.FIELD` may set, `stage_fields` what `STEP.STAGE.FIELD` may.
 `layout(params)` says how many processes a step runs as (an extraction's shards, a training's DDP
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from train.engine.errors import RunConfigError
-from vlbert.typed_config import describe, did_you_mean, from_mapping
+from vlbert.utils.typed_config import describe, did_you_mean, from_mapping
 
 Log = Callable[[str], None]
 
@@ -135,8 +135,8 @@ def missing_paths(named: Iterable[tuple[str, Any]], known: Foreknown) -> list[st
 def device_problems(device: str, precisions: Iterable[str], known: Foreknown,
                      allowed: dict[str, Any] | None = None) -> list[str]:
     """The device's problem on this machine, else those of the precisions run on it."""
-    from extract.device import DeviceError, check_device
-    from extract.modeling.precision import PRECISIONS, PrecisionError, precision, resolved_precision
+    from vlbert.utils.device import DeviceError, check_device
+    from vlbert.utils.precision import PRECISIONS, PrecisionError, precision, resolved_precision
 
     if not known.checkable(device):
         return []

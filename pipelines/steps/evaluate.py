@@ -10,7 +10,7 @@ from typing import Any
 
 from pipelines.steps.base import Foreknown, Log, StepKind, missing_paths, parse, registered
 from train.engine.errors import RunConfigError
-from vlbert.typed_config import EXISTING_PATHS
+from vlbert.utils.typed_config import EXISTING_PATHS
 
 
 @functools.cache
@@ -65,8 +65,8 @@ def _verify_evaluate(params: dict[str, Any], folder: Path, known: Foreknown) -> 
 
 def evaluate(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     """Predictions scored as `vlbert evaluate` scores them, into scores.json."""
-    from extract.atomic import write_atomically
     from train.evaluation.benchmarks import BENCHMARKS
+    from vlbert.utils.atomic import write_atomically
 
     chosen = _evaluation(params)
     scores = BENCHMARKS[chosen.benchmark].score(dataclasses.asdict(chosen), folder)

@@ -18,8 +18,8 @@ from typing import Any
 from pipelines.steps.base import (Foreknown, Layout, Log, StepKind, device_problems, field_names, missing_paths,
                                   parse, takes_gpu)
 from train.engine.errors import RunConfigError
-from vlbert.errors import UserError
-from vlbert.typed_config import at_least
+from vlbert.utils.errors import UserError
+from vlbert.utils.typed_config import at_least
 
 
 # How a pipeline file (YAML) spells the types of run_extraction's parameters.

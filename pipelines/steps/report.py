@@ -1,5 +1,5 @@
 """The `report` step: report.json, report.md and the loss curves of training runs, with paired
-comparisons, and report.html, the page of the whole pipeline run (pipelines/report_html.py)."""
+comparisons, and report.html, the page of the whole pipeline run (pipelines/report/page.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from pipelines.steps.base import Foreknown, Log, StepKind, field_names, missing_paths, parse
 from train.engine.errors import RunConfigError
-from vlbert.typed_config import EXISTING_PATHS
+from vlbert.utils.typed_config import EXISTING_PATHS
 
 
 @dataclass
@@ -40,8 +40,8 @@ def report_params(params: dict[str, Any]) -> ReportParams:
 def report(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None:
     """report.json, report.md and the loss curves of `runs`, with paired comparisons (`compare`, `baseline`),
     and report.html of the pipeline run the step's folder is in."""
-    from pipelines.report import write_report
-    from pipelines.report_html import HTML_FILE, write_html_report
+    from pipelines.report.page import HTML_FILE, write_html_report
+    from pipelines.report.summary import write_report
 
     chosen = report_params(params)
     for path in write_report(chosen.runs, folder, chosen.pairs()):
@@ -54,7 +54,7 @@ def report(params: dict[str, Any], folder: Path, resume: bool, log: Log) -> None
 def rebuild_page(pipeline) -> tuple[Path, list[str]]:
     """report.html of a loaded pipeline's run, in its report step's folder (the output folder itself
     when it has none, showing every train step); what is missing from it, one line each."""
-    from pipelines.report_html import HTML_FILE, write_html_report
+    from pipelines.report.page import HTML_FILE, write_html_report
     from pipelines.runner import declare_out
 
     declare_out(pipeline)  # apart from the run's inputs, and no picture written through a symlink out of it

@@ -13,7 +13,7 @@ from pipelines.steps.base import (CHECKED_OUT, Foreknown, Layout, Log, StepKind,
                                   missing_paths, parse, takes_gpu)
 from train.engine.config import RunConfig, RunConfigError, StageConfig
 from train.engine.run_folder import RunFolder
-from vlbert.typed_config import SEEDS, at_least
+from vlbert.utils.typed_config import SEEDS, at_least
 
 
 @dataclass
@@ -103,7 +103,7 @@ def _train_outcome(params: dict[str, Any], folder: Path) -> dict[str, Any]:
 def _verify_train(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
     """Every input path, the device and the stages' precisions on it, and whether the model it starts
     from fits the vocabulary and the store."""
-    from extract.modeling.precision import TRAINING_PRECISIONS
+    from vlbert.utils.precision import TRAINING_PRECISIONS
 
     run = _run_config(params, CHECKED_OUT)
     problems = missing_paths(run.input_paths(), known)

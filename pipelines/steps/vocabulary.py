@@ -10,7 +10,7 @@ from typing import Any
 
 from pipelines.steps.base import Foreknown, Log, StepKind, field_names, missing_paths, parse
 from train.engine.errors import RunConfigError
-from vlbert.typed_config import EXISTING_PATHS, at_least
+from vlbert.utils.typed_config import EXISTING_PATHS, at_least
 
 
 @dataclass

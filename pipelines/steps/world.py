@@ -11,7 +11,7 @@ from typing import Any
 from pipelines.steps.base import Log, StepKind, field_names, parse
 from pipelines.world.scene import MAX_OBJECTS
 from train.engine.errors import RunConfigError
-from vlbert.typed_config import SEEDS, above, at_least
+from vlbert.utils.typed_config import SEEDS, above, at_least
 
 @dataclass
 class WorldParams:

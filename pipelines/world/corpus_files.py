@@ -19,12 +19,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import made_folder, write_atomically
 from pipelines.world.generate import load_split
 from pipelines.world.shards import image_rows, write_img2dataset
 from train.data.sources.captions import CC_FILES
 from train.data.sources.img2dataset import SHARD_SIZE
 from train.data.sources.sbu import CAPTIONS, IMAGES_FOLDER, URLS
+from vlbert.utils.atomic import made_folder, write_atomically
 
 CC_FOLDER, SBU_FOLDER, IMAGES = "cc", "sbu", "images"
 

@@ -12,13 +12,13 @@ import yaml
 from safetensors.torch import save_file
 
 from extract import Detector
-from extract.atomic import write_atomically
+from extract.training.config import TrainConfig
+from extract.training.data import DetectionExample
+from extract.training.evaluate import evaluate_detector
+from extract.training.loop import train_detector
 from pipelines.world.generate import load_split, load_world_image
 from pipelines.world.vocabulary import ATTRIBUTE_NAMES, CLASS_NAMES
-from train.detector.config import TrainConfig
-from train.detector.data import DetectionExample
-from train.detector.evaluate import evaluate_detector
-from train.detector.loop import train_detector
+from vlbert.utils.atomic import write_atomically
 
 # Field overrides of the `tiny` preset, written into the detector's YAML next to its vocabulary.
 DEMO_OVERRIDES: dict[str, Any] = {

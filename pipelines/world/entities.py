@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import made_folder, write_atomically
 from pipelines.world.generate import SPLITS, load_split
 from pipelines.world.language import BACKGROUND_WORDS, object_name, spatial_relation, with_article
 from pipelines.world.nlvr2 import link_file
 from pipelines.world.scene import SceneObject
 from pipelines.world.vocabulary import NUMBER_WORDS
+from vlbert.utils.atomic import made_folder, write_atomically
 
 
 @dataclass

@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from extract.atomic import made_folder, write_atomically
-from extract.paths import checked
 from pipelines.world.corpus import corpus_sentences
 from pipelines.world.language import captions, questions, referring_expressions
 from pipelines.world.render import render_scene
 from pipelines.world.scene import MAX_OBJECTS, Scene, sample_scene
 from pipelines.world.vocabulary import ATTRIBUTE_NAMES, CLASS_NAMES
+from vlbert.utils.atomic import made_folder, write_atomically
+from vlbert.utils.paths import checked
 
 SPLITS = ("train", "val")
 VAL_SHARE = 0.2  # of the images, in the val split unless `WorldConfig.val_images` says otherwise
@@ -40,7 +40,7 @@ class WorldConfig:
     # larger val split leaves the training split as it was and only adds evaluation items.
     val_images: int | None = None
     # Each scene holds 1 to `max_objects` objects, each count as likely. With fewer, fewer questions need
-    # their object told apart from others (ablation.yaml uses 2; docs/benchmarks.md says what that changes).
+    # their object told apart from others (ablation.yaml uses 2; docs/notes/ablation.md, "Choosing the world", says what that changes).
     max_objects: int = MAX_OBJECTS
     questions_per_image: int = 6
     corpus_sentences: int = 2000

@@ -16,9 +16,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import made_folder, write_atomically
 from pipelines.world.generate import load_split
 from pipelines.world.vocabulary import CLASS_NAMES
+from vlbert.utils.atomic import made_folder, write_atomically
 
 SPLITS = {"train": "train", "val": "dev"}  # the world's split → its name in NLVR2's layout
 PAIRS_PER_SET = 2

@@ -30,9 +30,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from extract.atomic import made_folder, write_atomically
-from extract.paths import checked
 from pipelines.world.generate import SPLITS, load_split
+from vlbert.utils.atomic import made_folder, write_atomically
+from vlbert.utils.paths import checked
 
 OUTPUT_FORMATS = ("webdataset", "files")
 JPEG_QUALITY = 95  # img2dataset's default encode_quality

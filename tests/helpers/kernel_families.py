@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 # The test files that hold `kernel_families` cases: collecting the whole suite in every child would
 # cost more than the cases.
-FILES = ("tests/test_detector_batching.py",)
+FILES = ("tests/extract/test_detector_batching.py",)
 
 
 @dataclass(frozen=True)

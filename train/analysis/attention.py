@@ -19,14 +19,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from extract.atomic import made_folder, write_atomically
-from extract.device import check_device
 from extract.store.labels import Naming
 from train.analysis.attention_figures import SampleAttention, draw_word_regions, draw_word_region_grid
 from train.analysis.grounding import batch_text_attention, caption_sample, could_not_start, open_model
 from train.data.annotations import AnnotationFile
 from train.data.collate import collate
 from train.data.files import DataError
+from vlbert.utils.atomic import made_folder, write_atomically
+from vlbert.utils.device import check_device
 
 # An annotation item kind → its text, for the kinds whose items are one text about the image.
 TEXT_KINDS: dict[str, Callable[[Any], str]] = {"captions": lambda caption: caption,

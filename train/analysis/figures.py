@@ -15,9 +15,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from extract.atomic import file_written_whole, made_folder  # noqa: E402
 from extract.images import DEFAULT_MAX_PIXELS, ImageError, load_image  # noqa: E402
 from train.analysis.phrases import Phrase  # noqa: E402
+from vlbert.utils.atomic import file_written_whole, made_folder  # noqa: E402
 
 
 @dataclass

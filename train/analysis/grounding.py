@@ -29,8 +29,6 @@ import torch
 from safetensors import SafetensorError
 from transformers import PreTrainedTokenizerFast
 
-from extract.atomic import made_folder, write_atomically
-from extract.device import check_device
 from extract.store.schema import StoreError, StoreMismatchError
 from train.analysis.figures import Example, draw_example, draw_heat_map
 from train.analysis.phrases import PHRASE_READERS, Phrase
@@ -45,6 +43,8 @@ from train.evaluation.statistics import LEVEL, bootstrap_interval, paired_compar
 from vlbert.model_folder import saved_config
 from vlbert.modeling import CONFIG_NAME, WEIGHTS_NAME, VLBertModel, VLBertPreTrainedModel
 from vlbert.tokenization import build_caption_sequence, check_vocabulary_size, load_tokenizer
+from vlbert.utils.atomic import made_folder, write_atomically
+from vlbert.utils.device import check_device
 
 IOU_THRESHOLD = 0.5
 TIE_TOLERANCE = 1e-6  # relative

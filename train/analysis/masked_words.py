@@ -22,8 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from extract.atomic import made_folder, write_atomically
-from extract.device import check_device
 from train.analysis.grounding import could_not_start, load_model, open_model
 from train.analysis.verdicts import rounded_interval
 from train.analysis.word_groups import check_groups
@@ -37,6 +35,8 @@ from train.evaluation.statistics import paired_comparison
 from vlbert.losses import IGNORE_INDEX
 from vlbert.modeling import VLBertForPreTraining
 from vlbert.tokenization import build_caption_sequence
+from vlbert.utils.atomic import made_folder, write_atomically
+from vlbert.utils.device import check_device
 
 CONDITIONS = ("own image", "another image")
 BY_WORD = 100  # the most frequent words get a row of their own (each a bootstrap); others count in all and groups

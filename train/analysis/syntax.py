@@ -30,9 +30,6 @@ from typing import Any, Container
 import numpy as np
 import torch
 
-from extract.atomic import made_folder, write_atomically
-from extract.device import check_device
-from extract.paths import path_inside
 from train.analysis.figures import draw_layer_plot, draw_relation_heat_map
 from train.analysis.grounding import (IOU_THRESHOLD, GroundingTally, batch_text_attention, box_problem,
                                       caption_sample, could_not_start, left_out, open_model, piece_masks,
@@ -45,6 +42,9 @@ from train.data.collate import collate
 from train.data.files import DataError
 from train.evaluation.markdown import markdown_row
 from train.evaluation.refer import box_ious
+from vlbert.utils.atomic import made_folder, write_atomically
+from vlbert.utils.device import check_device
+from vlbert.utils.paths import path_inside
 
 TOP_RELATIONS = 10  # the paper's table shows the 10 most common
 

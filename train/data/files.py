@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
-from vlbert.errors import UserError
+from vlbert.utils.errors import UserError
 
 BOM = codecs.BOM_UTF8
 T = TypeVar("T")

@@ -19,9 +19,9 @@ from typing import Callable
 import numpy as np
 
 from extract.images import DEFAULT_MAX_PIXELS, EncodedImage, ImageError, load_image
-from extract.paths import outside_reason
 from extract.shards import IMAGE_MEMBER_EXTENSIONS, ShardError, find_shards, names_shards, read_shard, shard_id
 from train.data.prepare import ImageFinder
+from vlbert.utils.paths import outside_reason
 
 
 @dataclass

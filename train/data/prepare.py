@@ -17,7 +17,7 @@ whose image is missing are skipped and counted; `max_missing` fails the preparat
 misses a larger share, and a preparation that yields no item fails.
 
 Outputs never replace inputs: `--out` may not be, lie inside or hold `--root`, `--images` or an
-input file option (extract/paths.py). Every file is written under a temporary name and renamed only
+input file option (vlbert/utils/paths.py). Every file is written under a temporary name and renamed only
 when the whole preparation has succeeded, and summary.json last: its presence says the preparation
 finished. A failed preparation leaves the folder as it was. Of the files listed above, those the new
 summary does not account for (splits it calls absent, a boxes.json or answers.txt not written this
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from extract.atomic import made_folder, write_atomically
 from extract.images import IMAGE_EXTENSIONS, is_utf8
-from extract.paths import checked, output_folder, outside_reason
-from extract.progress import progress_bar
 from extract.shards import SHARD_SUFFIX, names_shards, read_shard
 from train.data.files import DataError, shown
+from vlbert.utils.atomic import made_folder, write_atomically
+from vlbert.utils.paths import checked, output_folder, outside_reason
+from vlbert.utils.progress import progress_bar
 
 SUMMARY = "summary.json"
 IMAGES = "images.txt"

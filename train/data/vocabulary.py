@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from extract.atomic import made_folder, write_atomically
+from vlbert.utils.atomic import made_folder, write_atomically
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

@@ -27,13 +27,13 @@ from typing import Callable, Iterator, Sequence
 
 from tokenizers import BertWordPieceTokenizer
 
-from extract.atomic import made_folder
-from extract.paths import checked, output_folder
-from extract.progress import progress_bar
 from train.data.annotations import annotation_texts, parse_annotation_line
 from train.data.files import DataError
 from train.data.sources.text import corpus_files
 from train.data.vocabulary import SPECIAL_TOKENS
+from vlbert.utils.atomic import made_folder
+from vlbert.utils.paths import checked, output_folder
+from vlbert.utils.progress import progress_bar
 
 VOCABULARY_FILE = "vocab.txt"
 CONFIG_FILE = "tokenizer_config.json"

@@ -17,10 +17,10 @@ from time import monotonic
 import torch
 from safetensors.torch import load_file, save_file
 
-from extract.atomic import folder_written_whole
 from train.engine.errors import RunConfigError
 from train.engine.run_folder import StageFolder
-from vlbert.records import read_record
+from vlbert.utils.atomic import folder_written_whole
+from vlbert.utils.records import read_record
 
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"

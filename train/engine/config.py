@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
 
-from extract.modeling.precision import AUTO, TRAINING_PRECISIONS
-from extract.paths import output_folder
 from train.engine.compiled import COMPILE_MODES
 from train.engine.errors import RunConfigError, RunMismatchError  # noqa: F401 - the config's errors, named here too
 from train.engine.optimization import OPTIMIZERS
 from train.tasks import TASKS
 from vlbert import VLBertConfig
 from vlbert.config import MODEL_SIZES
-from vlbert.typed_config import (EXISTING_PATH, EXISTING_PATHS, SEEDS, above, at_least, checked_fields, describe,
+from vlbert.utils.paths import output_folder
+from vlbert.utils.precision import AUTO, TRAINING_PRECISIONS
+from vlbert.utils.typed_config import (EXISTING_PATH, EXISTING_PATHS, SEEDS, above, at_least, checked_fields, describe,
                                  did_you_mean, from_mapping, join_key, load_with_bases, located, under_key,
                                  with_setting)
 
@@ -328,7 +328,7 @@ def _tasks_with_option(name: str) -> list[str]:
 
 
 def load_run_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """The run a YAML file describes, over the run files its `base:` names (vlbert.typed_config's
+    """The run a YAML file describes, over the run files its `base:` names (vlbert.utils.typed_config's
     `load_with_bases`), `overrides` (command-line options and `--set` values: key path → value, such as
     `stages[0].base_lr`, `KEY+` appending) replacing its values in order; every problem is a RunConfigError
     starting with the file's name (a base's, where the key comes from one), and the line where it has one."""

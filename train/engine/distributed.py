@@ -3,7 +3,7 @@ collectives the trainer needs (agreeing on a flag, gathering objects to rank 0).
 
 Under torchrun every process reads RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; a plain
 `python` run is rank 0 of 1. Each rank trains on its own GPU, cuda:LOCAL_RANK
-(`extract.device.rank_device`): without that, every rank would put its model on cuda:0 and NCCL
+(`vlbert.utils.device.rank_device`): without that, every rank would put its model on cuda:0 and NCCL
 refuses two ranks on one GPU. The process group lives as long as the run (`process_group`).
 
 The ranks of a Slurm job meet where Slurm says (`rendezvous`): rank 0 asks Slurm for its node's
@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from extract.atomic import write_atomically
-from extract.device import launcher_variable
-from vlbert.errors import FAILED, UserError
+from vlbert.utils.atomic import write_atomically
+from vlbert.utils.device import launcher_variable
+from vlbert.utils.errors import FAILED, UserError
 
 RENDEZVOUS_VARIABLE = "VLBERT_RENDEZVOUS"  # the file in which rank 0 says where the ranks meet
 NODE_VARIABLE = "SLURMD_NODENAME"  # the Slurm node a process runs on, as Slurm names it
@@ -81,7 +81,7 @@ class RendezvousError(UserError):
 @contextmanager
 def process_group(world: World, device: torch.device) -> Iterator[None]:
     """The process group of a distributed `world` for the block: NCCL bound to this rank's GPU (the
-    current device already: `extract.device.use_device`) on CUDA, gloo on the CPU; met through the
+    current device already: `vlbert.utils.device.use_device`) on CUDA, gloo on the CPU; met through the
     `rendezvous` file where the executor names one (RENDEZVOUS_VARIABLE), else through the launcher's
     variables (MASTER_ADDR, MASTER_PORT); ended after the block, also on an error, unless it was
     running before."""

@@ -3,7 +3,7 @@ step kinds raise them when a pipeline loads, in processes that may never train."
 
 from __future__ import annotations
 
-from vlbert.errors import UserError
+from vlbert.utils.errors import UserError
 
 
 class RunConfigError(UserError):

@@ -14,15 +14,15 @@ from typing import Callable
 import torch
 from torch.utils.data import Dataset, Subset
 
-from extract.atomic import made_folder
-from extract.modeling.precision import Precision
-from extract.progress import progress_bar
-from train.end2end import with_appearance
 from train.data.collate import model_inputs, pixel_entries, to_device
+from train.end2end import with_appearance
 from train.engine.batches import Batch, evaluation_batches
 from train.engine.distributed import World, gathered
 from train.evaluation.item_scores import ItemScores
 from train.tasks.base import Evaluator
+from vlbert.utils.atomic import made_folder
+from vlbert.utils.precision import Precision
+from vlbert.utils.progress import progress_bar
 
 
 @torch.no_grad()

@@ -8,8 +8,8 @@ writes it and for the reports, pipeline steps, benches and tests that read it.
                                     items and share of them, under "speed" each stage's workers,
                                     optimiser kernel and speed paths as they ran, and under
                                     "cpu_capabilities" the CPU kernel families that trained it
-                                    (extract/kernels.py), under "versions" the environments (package
-                                    versions, CUDA, cuDNN: vlbert/versions.py) that trained it
+                                    (vlbert/utils/kernels.py), under "versions" the environments (package
+                                    versions, CUDA, cuDNN: vlbert/utils/versions.py) that trained it
     train.lock                      held by the process that trains the run (its pid and host inside)
     metrics.jsonl                   one JSON object per optimiser step and per evaluation
     tensorboard/<i>-<name>/         the stage's TensorBoard scalars
@@ -23,7 +23,7 @@ writes it and for the reports, pipeline steps, benches and tests that read it.
                                     and paired comparisons resample these)
     seed-<s>/                       a pipeline train step with `seeds`: one run folder per seed
 
-Every file is written whole or not at all (`extract.atomic.write_atomically`); model folders are
+Every file is written whole or not at all (`vlbert.utils.atomic.write_atomically`); model folders are
 written beside their name and renamed into it. What a killed writer left of them (`temporaries`)
 the next holder of the lock sweeps.
 """
@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import made_folder, temporaries, write_atomically
-from extract.kernels import CPU_CAPABILITIES
 from train.engine.errors import RunConfigError
-from vlbert.records import read_record
-from vlbert.versions import VERSIONS
+from vlbert.utils.atomic import made_folder, temporaries, write_atomically
+from vlbert.utils.kernels import CPU_CAPABILITIES
+from vlbert.utils.records import read_record
+from vlbert.utils.versions import VERSIONS
 
 _RUN_FILE = "run.json"
 _WORLD = "world"  # run.json's record of the processes, beside the config's fields
@@ -167,7 +167,7 @@ class RunFolder:
         return self._recorded().get(CPU_CAPABILITIES)
 
     def versions(self) -> list[dict[str, Any]]:
-        """run.json's record of the environments that trained the run (`vlbert.versions`: the project's,
+        """run.json's record of the environments that trained the run (`vlbert.utils.versions`: the project's,
         torch's, transformers', ... versions, CUDA and cuDNN), in order of first use; [] for a run from
         before the record."""
         return self._recorded().get(VERSIONS, [])

@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from extract.atomic import write_atomically, writing
-from extract.paths import checked
 from train.engine.config import TrackingConfig
 from train.engine.run_folder import RunFolder, StageFolder
 from train.engine.stage_progress import Mark
 from train.engine.tracking import TrackedStage, open_trackers
+from vlbert.utils.atomic import write_atomically, writing
+from vlbert.utils.paths import checked
 
 
 class StageLog:

@@ -22,7 +22,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from vlbert.errors import Stopped
+from vlbert.utils.errors import Stopped
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
 

@@ -26,12 +26,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
-from extract.atomic import folder_written_whole, made_folder, remove
-from extract.device import check_device, rank_device, use_device
-from extract.kernels import cpu_capability, with_capabilities
-from extract.locks import lock_holder, take_lock
-from extract.modeling.precision import TRAINING_PRECISIONS, Precision, precision, resolved_precision
-from extract.progress import progress_bar
 from train.data.annotations import AnnotationFile, MixedAnnotations
 from train.data.files import read_json
 from train.data.regions import RegionBank
@@ -45,8 +39,8 @@ from train.engine.distributed import (NO_BUFFER_BROADCASTS, World, any_rank, bar
 from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.run_folder import RunFolder, StageFolder
-from train.engine.stage_log import MutedStageLog, StageLog
 from train.engine.speed import stage_speed
+from train.engine.stage_log import MutedStageLog, StageLog
 from train.engine.stage_progress import StageProgress
 from train.engine.step_losses import PendingLosses, StepLosses
 from train.engine.stopping import StopSignals
@@ -54,11 +48,17 @@ from train.engine.tracking import check_installed
 from train.tasks import TASKS
 from train.tasks.base import TaskData
 from vlbert import VLBertConfig
-from vlbert.errors import FAILED, UserError
 from vlbert.model_folder import architecture_of
 from vlbert.modeling import CONFIG_NAME, DETECTOR_WEIGHTS, WEIGHTS_NAME
 from vlbert.tokenization import check_vocabulary_size, load_tokenizer
-from vlbert.versions import environment_versions, with_environment
+from vlbert.utils.atomic import folder_written_whole, made_folder, remove
+from vlbert.utils.device import check_device, rank_device, use_device
+from vlbert.utils.errors import FAILED, UserError
+from vlbert.utils.kernels import cpu_capability, with_capabilities
+from vlbert.utils.locks import lock_holder, take_lock
+from vlbert.utils.precision import TRAINING_PRECISIONS, Precision, precision, resolved_precision
+from vlbert.utils.progress import progress_bar
+from vlbert.utils.versions import environment_versions, with_environment
 
 
 class RunFolderBusyError(UserError):

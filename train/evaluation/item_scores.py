@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from extract.atomic import made_folder, write_atomically
 from train.data.files import DataError, read_json
 from train.evaluation.statistics import average_over_seeds
+from vlbert.utils.atomic import made_folder, write_atomically
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import write_atomically
 from train.data.files import DataError, read_text, shown
 from train.data.sources.nlvr2 import LABELS, read_statements
 from train.evaluation.predictions import check_prediction_ids
+from vlbert.utils.atomic import write_atomically
 
 
 def statement_group(identifier: str) -> tuple[str, str, str]:

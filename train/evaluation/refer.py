@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from extract.atomic import write_atomically
 from train.data.files import DataError, read_json
 from train.data.sources.refer import Box, Ref, published_files, read_instances, read_refs
 from train.evaluation.predictions import check_prediction_ids
+from vlbert.utils.atomic import write_atomically
 
 IOU_THRESHOLD = 0.5
 

@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import write_atomically
 from train.data.annotations import ENTAILMENT_LABELS
 from train.data.files import DataError, read_json, shown
 from train.data.sources.snli_ve import NO_CONSENSUS, read_pairs
 from train.evaluation.predictions import check_prediction_ids
+from vlbert.utils.atomic import write_atomically
 
 
 def pair_scores(truth: dict[str, str], predictions: dict[str, str]) -> dict[str, float]:

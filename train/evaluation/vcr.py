@@ -24,10 +24,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from extract.atomic import write_atomically
 from train.data.files import DataError, iter_jsonl
 from train.data.sources.vcr import CHOICES, parse_annotation
 from train.evaluation.predictions import SHOWN, check_prediction_ids
+from vlbert.utils.atomic import write_atomically
 
 ID_COLUMN = "annot_id"
 

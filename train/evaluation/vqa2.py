@@ -21,11 +21,11 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
-from extract.atomic import write_atomically
 from train.data.files import DataError, read_json
 from train.data.sources.vqa2 import read_annotations, read_questions
 from train.evaluation.predictions import check_prediction_ids
 from train.evaluation.vqa_answers import clean_answer, leave_one_out_accuracy, normalize_answer, process_answer
+from vlbert.utils.atomic import write_atomically
 
 DECIMALS = Decimal("0.01")
 

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from extract.atomic import write_atomically
 from train.data.annotations import AnnotationFile, answers_by_type
 from train.data.datasets import AnnotatedDataset, Sample, published_id
 from train.data.regions import RegionBank
 from train.tasks.base import Evaluator, Task, TaskData, scored, union, unscored
 from vlbert.modeling import VLBertForMultipleChoice
 from vlbert.tokenization import Segment, build_choice_sequences
+from vlbert.utils.atomic import write_atomically
 
 
 @dataclass

@@ -18,7 +18,7 @@ from train.data.sources.text import TextCorpus
 from train.tasks.base import Evaluator, Task, TaskData, scored
 from vlbert.modeling import VLBertForPreTraining
 from vlbert.tokenization import build_caption_sequence, choose_masked_regions, mask_whole_words, word_pieces
-from vlbert.typed_config import EXISTING_PATH
+from vlbert.utils.typed_config import EXISTING_PATH
 
 ROI_MASKING_MODES = ("pixel", "feature")
 

@@ -15,7 +15,6 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from extract.atomic import write_atomically
 from train.data.annotations import AnnotationFile, ImageAnnotation
 from train.data.datasets import AnnotatedDataset, Sample, SampleGroup, pair_sample
 from train.data.files import DataError
@@ -24,7 +23,8 @@ from train.evaluation.retrieval import RetrievalRanks, folds, protocol_recalls, 
 from train.tasks.base import Evaluator, Task, TaskData, filled, unscored
 from vlbert.modeling import VLBertForImageTextMatching
 from vlbert.tokenization import word_pieces
-from vlbert.typed_config import at_least
+from vlbert.utils.atomic import write_atomically
+from vlbert.utils.typed_config import at_least
 
 
 @dataclass

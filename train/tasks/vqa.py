@@ -16,7 +16,7 @@ from train.evaluation.vqa2 import VqaTruth, question_accuracy, score_vqa, write_
 from train.tasks.base import Evaluator, Task, TaskData, union, unscored
 from vlbert.modeling import VLBertForQuestionAnswering
 from vlbert.tokenization import build_vqa_sequence
-from vlbert.typed_config import EXISTING_PATH
+from vlbert.utils.typed_config import EXISTING_PATH
 
 
 @dataclass

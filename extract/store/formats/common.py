@@ -1,6 +1,6 @@
 """What every reader of others' feature files shares: the meta.json of an imported store, a record
 built from a file's arrays (each checked and given the schema's dtype, in one line naming the file
-and the field), base64 and .npy decoding (an object array's pickle only through extract/pickles.py),
+and the field), base64 and .npy decoding (an object array's pickle only through vlbert/utils/pickles.py),
 and another program's LMDB opened read-only once `check_data_file` found that LMDB cannot read
 outside it."""
 
@@ -20,9 +20,9 @@ from typing import Any, Iterator
 import lmdb
 import numpy as np
 
-from extract.pickles import OBJECT_ARRAYS, loads_pickle
 from extract.store.lmdb_file import DamagedFileError, check_data_file
 from extract.store.schema import FIELDS, StoreError, build_meta
+from vlbert.utils.pickles import OBJECT_ARRAYS, loads_pickle
 
 MEAN_IMAGE_FEATURE = "mean of the box features (the source has no whole-image feature)"
 # Formats that keep boxes only as fractions of their image give no image size: their boxes become

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from extract.pickles import load_pickle
 from extract.store.schema import StoreError
+from vlbert.utils.pickles import load_pickle
 
 
 def row_ids(path: Path, rows: int) -> list[str]:

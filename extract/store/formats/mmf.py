@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from extract.pickles import ARRAYS, loads_pickle
 from extract.store.formats.common import (
     Records, dict_in, files_in, image_id_of, imported_meta, imported_record, lmdb_values, npy_array, numbers,
     with_first,
 )
 from extract.store.schema import StoreError
+from vlbert.utils.pickles import ARRAYS, loads_pickle
 
 INFO = "_info.npy"
 KEYS = b"keys"

@@ -33,7 +33,7 @@ from extract.images import IMAGE_EXTENSIONS
 from extract.shards import find_shards, names_shards, read_shard
 from train.data.files import DataError
 from train.data.prepare import Preparation, SourceOption, SplitWriter, Source
-from vlbert.errors import UserError
+from vlbert.utils.errors import UserError
 
 SHARD_SIZE = 10_000  # img2dataset's --number_sample_per_shard default
 EMPTY_CAPTION = "empty or whitespace-only caption"

@@ -12,7 +12,7 @@ dataset's name (`.../refcoco+`); the dataset folders hold:
 `refs(<split_by>).p` is a pickle, written by Python 2, of a list of refs, one per referred object:
 {"ref_id", "ann_id" (the object's annotation in instances.json), "image_id", "split", "category_id",
 "file_name" (not the image's file: ignored), "sent_ids", "sentences": [{"sent_id", "sent", "raw",
-"tokens"}]}. A pickle can run code when loaded; these are read by extract/pickles.py's loader with
+"tokens"}]}. A pickle can run code when loaded; these are read by vlbert/utils/pickles.py's loader with
 no global allowed, so only plain containers, strings and numbers load (Python 2 strings as UTF-8).
 A pickle can also share one object between places (its memo): refs that share their sentences,
 which would multiply the sentences (N refs sharing one N-sentence list make N² of them), are
@@ -34,9 +34,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from extract.pickles import load_pickle
 from train.data.files import DataError, read_json, shown
 from train.data.prepare import Preparation, Source, SourceOption, SplitWriter
+from vlbert.utils.pickles import load_pickle
 
 IMAGE_FOLDER = "train2014"
 UNC_SPLITS = ("train", "val", "testA", "testB")  # testA: people only; testB: other objects

@@ -25,10 +25,10 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from extract.paths import check_apart
 from train.data.files import BOM, DataError
 from train.data.prepare import Preparation, Source
 from train.data.sources.img2dataset import add_caption_row, decoded_caption, img2dataset_stem, pyarrow_parquet
+from vlbert.utils.paths import check_apart
 
 URLS = "SBU_captioned_photo_dataset_urls.txt"
 CAPTIONS = "SBU_captioned_photo_dataset_captions.txt"

@@ -8,11 +8,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from extract.atomic import write_atomically
 from train.engine.config import TrackingConfig
 from train.engine.errors import RunConfigError
 from train.engine.run_folder import RunFolder, StageFolder
-from vlbert.records import read_record
+from vlbert.utils.atomic import write_atomically
+from vlbert.utils.records import read_record
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 
-from extract.atomic import writing
-from extract.paths import checked
 from train.engine.tracking.base import TrackedStage, Tracker, register
+from vlbert.utils.atomic import writing
+from vlbert.utils.paths import checked
 
 
 @register("tensorboard")
