@@ -72,10 +72,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 from pipelines.execution import STATE_FOLDER, Step, named_strings, strings
 from pipelines.executors import DEFAULT, executor_named, sections
+from pipelines.executors.base import StepFailed  # noqa: F401 - what run_pipeline raises, in its API
 from pipelines.steps import KINDS, Foreknown, Layout, StepKind
 from train.engine.config import RunConfigError
 from vlbert.utils.atomic import made_folder, write_atomically
-from vlbert.utils.errors import UserError, error_line, exit_status
+from vlbert.utils.errors import UserError
 from vlbert.utils.paths import output_folder
 from vlbert.utils.records import read_record
 from vlbert.utils.typed_config import did_you_mean, from_text, load_yaml
@@ -92,19 +93,6 @@ APPEND = "+"  # `--set STEP.FIELD+=VALUE` appends VALUE to a list field
 
 class PipelineError(UserError):
     """A pipeline file that cannot be run as given; each line names the file (and the step)."""
-
-
-class StepFailed(Exception):
-    """A step that raised while running; `cause` is its error (also `__cause__`)."""
-
-    def __init__(self, pipeline: Path, step: str, cause: Exception) -> None:
-        super().__init__(f"pipeline {pipeline}, step {step!r}: {error_line(cause)}")
-        self.pipeline, self.step, self.cause = pipeline, step, cause
-
-    @property
-    def exit_status(self) -> int | None:
-        """A failed step ends the command as its error would have (None: a bug)."""
-        return exit_status(self.cause)
 
 
 @dataclass(frozen=True)

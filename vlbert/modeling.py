@@ -227,9 +227,13 @@ class VLBertEncoder(nn.Module):
     def __init__(self, config: VLBertConfig):
         super().__init__()
         self.bert = BertEncoder(bert_config(config))
-        # Sequences padded to a multiple of this many elements, so that a few shapes cover every batch
-        # (each shape costs a compiled graph, or a cuDNN attention plan)
-        self.length_multiple = 1
+        self.length_multiple = 1  # `pad_sequences_to`
+
+    def pad_sequences_to(self, multiple: int) -> None:
+        """Pads every sequence to a multiple of `multiple` elements, so that a few shapes cover every batch
+        (each shape costs a compiled graph, or a cuDNN attention plan). The padding is masked out of
+        attention and cut off the output: real elements see the same."""
+        self.length_multiple = multiple
 
     def forward(
         self, embeddings: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False
@@ -324,6 +328,11 @@ class VLBertPreTrainedModel(nn.Module):
         self.tokenizer_source: Path | None = None
         # The keys of the config.json it was loaded from that this version does not know, written back.
         self.kept_config: dict[str, Any] = {}
+
+    def pad_sequences_to(self, multiple: int) -> None:
+        """Every encoder of the model pads its sequences to a multiple of `multiple` (`VLBertEncoder`)."""
+        for encoder in (module for module in self.modules() if isinstance(module, VLBertEncoder)):
+            encoder.pad_sequences_to(multiple)
 
     def init_weights(self) -> None:
         std = self.config.initializer_range

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 from pipelines.execution import STATE_FOLDER, Step, decide, read_stamp
 from vlbert.utils.atomic import write_atomically
-from vlbert.utils.errors import FAILED, UserError
+from vlbert.utils.errors import FAILED, UserError, error_line, exit_status
 from vlbert.utils.locks import is_held, lock_holder, take_lock
 from vlbert.utils.progress import progress_summary
 from vlbert.utils.records import read_record
@@ -56,6 +56,19 @@ class State(StrEnum):
 # The states in which a step will not be done by its launch, as a step that reads it says so
 UNDONE = {State.FAILED: "failed", State.CANCELLED: "was cancelled", State.NOT_RUN: "did not run"}
 LIVE = (State.RUNNING, State.QUEUED)
+
+
+class StepFailed(Exception):
+    """A step that raised while running; `cause` is its error (also `__cause__`)."""
+
+    def __init__(self, pipeline: Path, step: str, cause: Exception) -> None:
+        super().__init__(f"pipeline {pipeline}, step {step!r}: {error_line(cause)}")
+        self.pipeline, self.step, self.cause = pipeline, step, cause
+
+    @property
+    def exit_status(self) -> int | None:
+        """A failed step ends the command as its error would have (None: a bug)."""
+        return exit_status(self.cause)
 
 
 class StepsFailed(UserError):

@@ -51,8 +51,8 @@ from typing import Any, Callable, Iterator, TextIO
 
 from pipelines.execution import Step, StepSpec, new_attempt, recorded, resumed_threads, run_here, run_spec, state
 from pipelines.executors.base import (
-    Executor, Launch, State, StateUnreadable, StepsFailed, last_error, launched_steps, read_state, run_going_on,
-    state_file, updating_state,
+    Executor, Launch, State, StateUnreadable, StepFailed, StepsFailed, last_error, launched_steps, read_state,
+    run_going_on, state_file, updating_state,
 )
 from pipelines.executors.board import StatusBoard
 from pipelines.executors.forked import SAFE_PATH, ForkedProcess, shut_down, warm_up
@@ -539,8 +539,6 @@ class Scheduler:
         if not failed:
             return
         if len(failed) == 1 and next(iter(failed)) in self.outcome.causes:  # one error, raised here: itself
-            from pipelines.runner import StepFailed
-
             name = next(iter(failed))
             cause = self.outcome.causes[name]
             raise StepFailed(self.pipeline.path, name, cause) from cause

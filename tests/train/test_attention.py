@@ -13,7 +13,7 @@ from PIL import Image
 from pipelines.cli import main
 from tests.helpers.models import saved_world_model
 from train.analysis.attention import analyze_attention, word_pieces
-from train.analysis.grounding import caption_sample, text_region_attention
+from train.analysis.common import caption_sample, text_region_attention
 from train.data.annotations import read_annotations
 from train.data.collate import collate, model_inputs
 from train.data.regions import RegionBank

@@ -25,12 +25,12 @@ from tests.helpers.worlds import copy_world, run_config
 from train.data.annotations import AnnotationFile
 from train.data.regions import RegionBank
 from train.engine.batches import Collate, EpochBatches, LengthBuckets
-from train.engine.compiled import batch_length_multiple, few_shapes
+from train.engine.compiled import LENGTH_MULTIPLE
 from train.engine.config import RunConfigError, StageConfig
 from train.engine.distributed import World
 from train.engine.optimization import KERNELS, OPTIMIZERS, parameter_groups
 from train.engine.run_folder import RunFolder
-from train.engine.speed import CORES_VARIABLE, available_cores, worker_count
+from train.engine.speed import CORES_VARIABLE, StageSpeed, available_cores, worker_count
 from train.engine.trainer import Trainer
 from train.tasks import TASKS
 from train.tasks.base import TaskData
@@ -207,7 +207,7 @@ def test_an_encoder_rounding_its_lengths_gives_its_real_elements_the_same_output
     mask = torch.ones(3, 37, dtype=torch.bool)
     mask[1, 20:] = False
     exact, _ = encoder(embeddings, mask)
-    few_shapes(encoder)
+    encoder.pad_sequences_to(LENGTH_MULTIPLE)
     rounded, _ = encoder(embeddings, mask)
     assert encoder.length_multiple == 16 and rounded.shape == exact.shape
     assert torch.allclose(rounded[mask], exact[mask], atol=1e-6)
@@ -222,11 +222,13 @@ def test_a_compiled_stages_batches_pad_text_and_regions_to_a_multiple_of_eight(w
     dataset = TASKS["vqa"].dataset(data, VQA.options, data.train, 7, True)
     samples = [dataset[i] for i in range(5)]
     exact = Collate(tokenizer.pad_token_id)(samples).inputs
-    padded = Collate(tokenizer.pad_token_id, length_multiple=batch_length_multiple(compiled=True))(samples).inputs
+    compiled, eager = (StageSpeed.on(replace(VQA, compile=on), torch.device("cpu"), World(), "float32")
+                       for on in (True, False))
+    padded = Collate(tokenizer.pad_token_id, length_multiple=compiled.batch_length_multiple)(samples).inputs
     text, regions = exact["text_mask"].shape[1], exact["box_mask"].shape[1]
     assert text % 8 and regions % 8  # both get padding here
     assert padded["text_mask"].shape[1] == text + -text % 8 and padded["box_mask"].shape[1] == regions + -regions % 8
-    assert batch_length_multiple(compiled=False) == 1
+    assert eager.batch_length_multiple == 1
     assert padded["image_files"] == exact["image_files"]
     for name, value in ((k, v) for k, v in exact.items() if torch.is_tensor(v)):
         if value.dim() < 2 or value.shape == padded[name].shape:

@@ -47,7 +47,7 @@ def decisions(world: Path, stage: StageConfig, edit=lambda inputs: None) -> list
     stage = run.stages[0]  # pre-training's with the world's corpus
     trainer = Trainer(run)
     parts = trainer._parts(stage, None)
-    objective = Objective(parts.model, parts.visual, stage)
+    objective = Objective(parts.model, parts.visual, stage, trainer.speed[stage.name])
     batches = trainer._streams(stage, 0, None, None, 1).batches(0, trainer.tokenizer.pad_token_id, trainer.device, False)
     found = []
     for batch in (next(batches) for _ in range(3)):

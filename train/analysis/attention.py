@@ -21,7 +21,7 @@ import torch
 
 from extract.store.labels import Naming
 from train.analysis.attention_figures import SampleAttention, draw_word_regions, draw_word_region_grid
-from train.analysis.grounding import batch_text_attention, caption_sample, could_not_start, open_model
+from train.analysis.common import batch_text_attention, caption_sample, could_not_start, open_model
 from train.data.annotations import AnnotationFile
 from train.data.collate import collate
 from train.data.files import DataError

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from train.analysis.grounding import could_not_start, load_model, open_model
+from train.analysis.common import could_not_start, load_model, open_model
 from train.analysis.verdicts import rounded_interval
 from train.analysis.word_groups import check_groups
 from train.data.annotations import AnnotationFile

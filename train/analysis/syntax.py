@@ -30,10 +30,10 @@ from typing import Any, Container
 import numpy as np
 import torch
 
+from train.analysis.common import (batch_text_attention, box_problem, caption_sample, could_not_start, left_out,
+                                   open_model, piece_masks, pieces_mean, span_pieces)
 from train.analysis.figures import draw_layer_plot, draw_relation_heat_map
-from train.analysis.grounding import (IOU_THRESHOLD, GroundingTally, batch_text_attention, box_problem,
-                                      caption_sample, could_not_start, left_out, open_model, piece_masks,
-                                      pieces_mean, span_pieces)
+from train.analysis.grounding import IOU_THRESHOLD, GroundingTally
 from train.analysis.parses import PARSERS, ParsedSentence, Word, align
 from train.analysis.phrases import Caption, Phrase, flickr30k_entities_captions
 from train.analysis.relations import LABEL_SETS, PAPER_FIGURE_4, PAPER_TABLE_2, paper_name, stanford_names

@@ -15,9 +15,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch import nn
-
-from vlbert.modeling import VLBertEncoder
 
 LENGTH_MULTIPLE = 16
 # A compiled stage's batches pad their text and their RoIs to a multiple of this many, so that the
@@ -36,17 +33,6 @@ def compile_problem(device: torch.device) -> str | None:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"torch {torch.__version__} cannot compile on {device.type} here ({reason})"
     return None
-
-
-def few_shapes(model: nn.Module) -> None:
-    """Every VL-BERT encoder of `model` rounding its sequence lengths up to a multiple of LENGTH_MULTIPLE."""
-    for encoder in (module for module in model.modules() if isinstance(module, VLBertEncoder)):
-        encoder.length_multiple = LENGTH_MULTIPLE
-
-
-def batch_length_multiple(compiled: bool) -> int:
-    """What a stage's batches round their text and region counts up to a multiple of."""
-    return BATCH_LENGTH_MULTIPLE if compiled else 1
 
 
 def compiled_step(losses: Callable[[dict], dict[str, torch.Tensor]], mode: str) -> Callable[[dict], dict]:

@@ -32,14 +32,14 @@ from train.data.regions import RegionBank
 from train.end2end import EndToEndVisual, with_appearance
 from train.engine.batches import Batch, EpochBatches, LengthBuckets, StageStreams
 from train.engine.checkpoint import CheckpointSchedule, load_training_state, prune_checkpoints, random_state, save_checkpoint
-from train.engine.compiled import batch_length_multiple, compile_problem, compiled_step, few_shapes
+from train.engine.compiled import compile_problem
 from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
 from train.engine.distributed import (NO_BUFFER_BROADCASTS, World, any_rank, barrier, from_rank_zero, gathered,
                                       placement, process_group)
 from train.engine.evaluate import evaluate
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.run_folder import RunFolder, StageFolder
-from train.engine.speed import stage_speed
+from train.engine.speed import StageSpeed
 from train.engine.stage_log import MutedStageLog, StageLog
 from train.engine.stage_progress import StageProgress
 from train.engine.step_losses import PendingLosses, StepLosses
@@ -120,7 +120,7 @@ class Trainer:
         self.regions = RegionBank(run.store, run.max_regions, encoded=True)
         self._check_store_feeds_every_stage()
         feature_dtype = self.regions.store.meta["features"]["dtype"]
-        self.speed = {stage.name: stage_speed(stage, self.device, self.world, feature_dtype) for stage in run.stages}
+        self.speed = {stage.name: StageSpeed.on(stage, self.device, self.world, feature_dtype) for stage in run.stages}
         self.tokenizer = load_tokenizer(run.vocabulary)
         self._check_tokenizer_fits_model()
         self.data = TaskData(self.regions, self.tokenizer, run.max_length, self._train_annotations())
@@ -129,40 +129,12 @@ class Trainer:
         self.eval_annotations = self._annotations(run.eval_annotations, required=True)
         self.predict_annotations = [self._annotations(path, required=True) for path in run.predict]
 
-    # ---- public ----------------------------------------------------------------------------
-
-    def fit(self, resume: bool = False, restart: bool = False) -> list[dict]:
-        """Runs (or, with `resume`, continues) every stage not done yet; returns each stage's evaluation.
-
-        `out` must hold this run or none: a recorded config that differs beyond RESULT_NEUTRAL_FIELDS is
-        refused (RunMismatchError) unless `restart`, which removes the previous run's outputs first.
-        One process at a time trains in `out`: another is refused (RunFolderBusyError). SIGTERM or
-        SIGUSR2 stops training after the optimiser step in progress, with a checkpoint of it
-        (TrainingInterrupted; train.engine.stopping)."""
-        with process_group(self.world, self.device), self._run_folder_lock(), StopSignals() as self.stop:
-            return self._fit(resume, restart)
-
-    def _fit(self, resume: bool, restart: bool) -> list[dict]:
-        self._claim_run_folder(restart)
-        results = []
-        previous: Path | None = Path(self.run.init_from) if self.run.init_from else None
-        for index, stage in enumerate(self.run.stages):
-            stage_dir = self.folder.stage(index, stage.name)
-            if stage_dir.done:
-                self.log(f"stage {stage.name}: done ({stage_dir.final}), nothing to train")
-            else:
-                if not resume and stage_dir.latest_checkpoint() is not None:
-                    raise FileExistsError(f"{stage_dir.path} holds checkpoints of an earlier run: pass resume=True "
-                                          "(--resume) to continue it, restart=True (--restart) to start over, "
-                                          "or use another output folder")
-                if index == 0:
-                    self.log(f"model: {self._model_origin()}")
-                self._train_stage(stage, stage_dir, previous)
-            results.append(stage_dir.evaluation())
-            previous = stage_dir.final
-        return results
-
-    # ---- before training -------------------------------------------------------------------
+    def _check_compile(self) -> None:
+        """`compile: true` where torch cannot compile on this device: RunConfigError, in one line."""
+        compiled = [index for index, stage in enumerate(self.run.stages) if stage.compile]
+        problem = compile_problem(self.device) if compiled else None
+        if problem is not None:
+            raise RunConfigError(f"stages[{compiled[0]}].compile: {problem}; set compile: false")
 
     def _check_store_feeds_every_stage(self) -> None:
         meta = self.regions.store.meta  # opening the store: StoreError when `store` is no FeatureStore
@@ -178,13 +150,6 @@ class Trainer:
         if stage.visual == "end2end":
             problems.append(EndToEndVisual.store_problem(meta, self.run.images))
         return next((problem for problem in problems if problem), None)
-
-    def _check_compile(self) -> None:
-        """`compile: true` where torch cannot compile on this device: RunConfigError, in one line."""
-        compiled = [index for index, stage in enumerate(self.run.stages) if stage.compile]
-        problem = compile_problem(self.device) if compiled else None
-        if problem is not None:
-            raise RunConfigError(f"stages[{compiled[0]}].compile: {problem}; set compile: false")
 
     def _check_tokenizer_fits_model(self) -> None:
         """A checkpoint to start from fixes the vocabulary size; the tokenizer must have that many
@@ -219,17 +184,16 @@ class Trainer:
                      f"the store {self.run.store}; their items are left out")
         return annotations
 
-    def _model_origin(self) -> str:
-        if self.run.init_from:
-            return f"{self.run.init_from} (its sizes and weights)"
-        if self.run.bert:
-            return f"BERT {self.run.bert} for the text side; the visual side from random weights"
-        size = self.run.model.get("size", "base")
-        fields = sorted(k for k in self.run.model if k != "size")
-        if self.run.model:
-            return f"VL-BERT-{size}" + (f" with {', '.join(fields)} of `model:`" if fields else "") + ", every weight random"
-        return ("VL-BERT-base (no `model:` given), every weight random; `model:` picks a size (base, large, tiny) "
-                "or fields, `bert:` or `init_from:` starts from a checkpoint")
+    def fit(self, resume: bool = False, restart: bool = False) -> list[dict]:
+        """Runs (or, with `resume`, continues) every stage not done yet; returns each stage's evaluation.
+
+        `out` must hold this run or none: a recorded config that differs beyond RESULT_NEUTRAL_FIELDS is
+        refused (RunMismatchError) unless `restart`, which removes the previous run's outputs first.
+        One process at a time trains in `out`: another is refused (RunFolderBusyError). SIGTERM or
+        SIGUSR2 stops training after the optimiser step in progress, with a checkpoint of it
+        (TrainingInterrupted; train.engine.stopping)."""
+        with process_group(self.world, self.device), self._run_folder_lock(), StopSignals() as self.stop:
+            return self._fit(resume, restart)
 
     @contextmanager
     def _run_folder_lock(self) -> Iterator[None]:
@@ -249,6 +213,26 @@ class Trainer:
         finally:
             if lock is not None:
                 lock.close()
+
+    def _fit(self, resume: bool, restart: bool) -> list[dict]:
+        self._claim_run_folder(restart)
+        results = []
+        previous: Path | None = Path(self.run.init_from) if self.run.init_from else None
+        for index, stage in enumerate(self.run.stages):
+            stage_dir = self.folder.stage(index, stage.name)
+            if stage_dir.done:
+                self.log(f"stage {stage.name}: done ({stage_dir.final}), nothing to train")
+            else:
+                if not resume and stage_dir.latest_checkpoint() is not None:
+                    raise FileExistsError(f"{stage_dir.path} holds checkpoints of an earlier run: pass resume=True "
+                                          "(--resume) to continue it, restart=True (--restart) to start over, "
+                                          "or use another output folder")
+                if index == 0:
+                    self.log(f"model: {self._model_origin()}")
+                self._train_stage(stage, stage_dir, previous)
+            results.append(stage_dir.evaluation())
+            previous = stage_dir.final
+        return results
 
     def _claim_run_folder(self, restart: bool) -> None:
         """Refuses a run folder holding a run with another config unless `restart`, then records this
@@ -276,18 +260,11 @@ class Trainer:
             processes = {"size": self.world.size, "ranks": ranks, "changes": changes}
             self.folder.write_config(self.run.to_dict(), processes,
                                      {name: chosen.name for name, chosen in self.precisions.items()}, self.mixture,
-                                     self.speed, with_capabilities(previous, capabilities),
+                                     {name: speed.record() for name, speed in self.speed.items()},
+                                     with_capabilities(previous, capabilities),
                                      with_environment(versions, environment_versions()))
             self._sweep_temporaries()
         barrier(self.world)
-
-    def _sweep_temporaries(self) -> None:
-        """Under the run folder's lock no other process writes here: every temporary is a dead one's."""
-        left = self.folder.temporaries()
-        remove(left)
-        if left:
-            self.log(f"removed what an interrupted write left in {self.folder.root}: "
-                     + ", ".join(str(path.relative_to(self.folder.root)) for path in left))
 
     def _remove_outputs(self) -> None:
         previous = self.folder.outputs()
@@ -299,7 +276,25 @@ class Trainer:
         if previous:
             self.log(f"restart: removed the previous run's {', '.join(p.name for p in previous)} from {self.folder.root}")
 
-    # ---- one stage -------------------------------------------------------------------------
+    def _sweep_temporaries(self) -> None:
+        """Under the run folder's lock no other process writes here: every temporary is a dead one's."""
+        left = self.folder.temporaries()
+        remove(left)
+        if left:
+            self.log(f"removed what an interrupted write left in {self.folder.root}: "
+                     + ", ".join(str(path.relative_to(self.folder.root)) for path in left))
+
+    def _model_origin(self) -> str:
+        if self.run.init_from:
+            return f"{self.run.init_from} (its sizes and weights)"
+        if self.run.bert:
+            return f"BERT {self.run.bert} for the text side; the visual side from random weights"
+        size = self.run.model.get("size", "base")
+        fields = sorted(k for k in self.run.model if k != "size")
+        if self.run.model:
+            return f"VL-BERT-{size}" + (f" with {', '.join(fields)} of `model:`" if fields else "") + ", every weight random"
+        return ("VL-BERT-base (no `model:` given), every weight random; `model:` picks a size (base, large, tiny) "
+                "or fields, `bert:` or `init_from:` starts from a checkpoint")
 
     def _train_stage(self, stage: StageConfig, stage_dir: StageFolder, previous: Path | None) -> None:
         torch.manual_seed(self.run.seed)
@@ -310,9 +305,9 @@ class Trainer:
         step, saved, saved_world = self._start(stage, stage_dir, parts)
         progress = StageProgress.from_saved(saved, skip_damaged=self.run.damaged_records == "skip")
         streams = self._streams(stage, step, parts.visual, saved.get("positions"), saved_world)
-        workers = self.speed[stage.name]["workers"]
-        batches = PeekedBatches(streams.batches(workers, self.tokenizer.pad_token_id, self.device, stage.prefetch,
-                                                stage.decode_on_device, batch_length_multiple(stage.compile)))
+        speed = self.speed[stage.name]
+        batches = PeekedBatches(streams.batches(speed.workers, self.tokenizer.pad_token_id, self.device, stage.prefetch,
+                                                stage.decode_on_device, speed.batch_length_multiple))
         # Closed when the stage stops or fails too: the traceback would keep its DataLoader's workers running.
         with closing(batches):
             objective = self._objective(stage, parts, batches)
@@ -328,206 +323,6 @@ class Trainer:
                 self._finish(run, seconds)
         barrier(self.world)
 
-    def _evaluate_only(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, previous: Path) -> None:
-        """`steps: 0`: the stage's evaluation of the model as it starts, with no optimiser step and no
-        checkpoint; its final model is that model, so later stages start from it as from any stage's.
-        Zero-shot when that model is another task's (a pre-trained one): never trained on this task."""
-        self.log(f"stage {stage.name}: steps: 0, evaluating the model it starts from without training it")
-        progress = StageProgress.from_saved({}, skip_damaged=self.run.damaged_records == "skip")
-        architecture = architecture_of(read_json(previous / CONFIG_NAME))
-        with self._stage_log(stage, stage_dir, 0) as log:
-            self._finish(StageRun(stage, stage_dir, parts, progress, log), 0.0,
-                         zero_shot=architecture != TASKS[stage.task].model.__name__)
-        barrier(self.world)
-
-    def _start(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts) -> tuple[int, dict, int]:
-        """Loads the stage's latest checkpoint, if any: (the step to start from, the saved progress,
-        the number of processes that saved it). The model is on its device already, so the optimizer
-        state loads onto it too."""
-        checkpoint = stage_dir.latest_checkpoint()
-        if checkpoint is None:
-            attempted = self.folder.tensorboard(stage_dir).exists()  # an interrupted attempt logged there
-            self.log(f"stage {stage.name}: " + ("no checkpoint, starting again at step 0" if attempted
-                                               else "starting at step 0"))
-            return 0, {}, self.world.size
-        parts.model.load_state_dict(load_file(checkpoint / WEIGHTS_NAME))
-        if parts.visual is not None:
-            parts.visual.detector.load_state_dict(load_file(checkpoint / DETECTOR_WEIGHTS))
-        learning_rates = list(parts.scheduler.base_lrs)  # this world's: base_lr × its total batch
-        state = load_training_state(checkpoint, parts.optimizer, parts.scheduler, self.world.rank, self.world.size,
-                                    self.device)
-        if state.scaler is not None and parts.scaler.is_enabled():
-            parts.scaler.load_state_dict(state.scaler)
-        self.log(f"stage {stage.name}: resuming from {checkpoint} (step {state.step})")
-        if state.world_size != self.world.size:
-            self._rescale_learning_rate(stage, parts, learning_rates, state.step, state.world_size)
-        if state.random_state_note is not None:
-            self.log(f"stage {stage.name}: {state.random_state_note}")
-        return state.step, state.progress, state.world_size
-
-    def _rescale_learning_rate(self, stage: StageConfig, parts: StageParts, learning_rates: list[float], step: int,
-                               saved_world: int) -> None:
-        """A checkpoint of another number of processes: its optimizer and scheduler hold the learning
-        rate of its total batch; the stage goes on with this world's (base_lr × total batch, as it
-        would have started with), which the log and run.json say."""
-        before = parts.scheduler.get_last_lr()[0]
-        for group, learning_rate in zip(parts.optimizer.param_groups, learning_rates):
-            group["initial_lr"] = learning_rate
-        # A scheduler resumed at the checkpoint's step from the base rates set above.
-        parts.scheduler = torch.optim.lr_scheduler.LambdaLR(parts.optimizer, learning_rate_factor(stage),
-                                                            last_epoch=parts.scheduler.last_epoch - 1)
-        per_process = stage.batch_size * stage.grad_accumulation
-        scale = self.world.size / saved_world
-        self.log(f"stage {stage.name}: the checkpoint of step {step} was written by {saved_world} process(es), this run "
-                 f"has {self.world.size}: the total batch goes from {per_process * saved_world} to "
-                 f"{per_process * self.world.size} samples and the learning rate with it (base_lr × total batch), "
-                 f"{before:.4g} → {parts.scheduler.get_last_lr()[0]:.4g}; the samples continue in the same order")
-        if self.world.rank == 0:
-            world = self.folder.world()
-            world["changes"].append({"stage": stage.name, "step": step, "from": saved_world, "to": self.world.size,
-                                     "learning_rate_scale": scale})
-            self.folder.write_world(world)
-
-    def _optimise(self, run: StageRun, objective: nn.Module, batches: Iterator[Batch], step: int) -> None:
-        """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule, and
-        when a stop signal came, then stopping.
-
-        The losses stay on the device until the end of each logging interval (`log_every` steps), of
-        the stage, or a checkpoint: then they come to the host, are logged and checked finite
-        (`_logged`), so no checkpoint holds a step after a NaN. Ranks agree on a stop signal and on
-        the time trigger of checkpoints at those points only (a single process, after any step)."""
-        stage = run.stage
-        schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
-        pending = PendingLosses()
-        interval = run.progress.now(step)  # where the first logging interval starts
-        with progress_bar(stage.steps, stage.name, "step", initial=step, enabled=self.world.rank == 0) as bar:
-            while step < stage.steps:
-                skipped_before = run.progress.damaged.skipped
-                lr = run.parts.scheduler.get_last_lr()[0]  # the rate this step applies; the step then advances it
-                losses = self._optimiser_step(run, objective, batches)
-                step += 1
-                pending.add(step, lr, losses, run.progress.damaged.skipped - skipped_before)
-                bar.update(1)
-                interval_end = step % stage.log_every == 0 or step == stage.steps
-                agreed = interval_end or not self.world.distributed
-                stopping = agreed and any_rank(self.stop.requested, self.world, self.device)
-                saving = stopping or (step < stage.steps and self._checkpoint_due(schedule, step, agreed))
-                if interval_end or saving:
-                    self._logged(run, pending.to_host(), bar)
-                    run.progress.mark(step)
-                    run.log.interval(interval, run.progress.marks[-1], self.world.size, self.device)
-                    interval = run.progress.marks[-1]
-                if saving:
-                    self._save(run, step)
-                    schedule.written()
-                if stopping:
-                    raise self.stop.interrupted(f"{self.folder.root}: stage {stage.name}, step {step} "
-                                                f"({run.folder.checkpoint(step).name} written)")
-
-    def _logged(self, run: StageRun, steps: list[StepLosses], bar) -> None:
-        """Logs the steps' losses; stops the stage (every rank) at a NaN or infinite loss, logging
-        only the steps before it: the parameters it updated are lost, the last checkpoint is kept, and
-        no final model is written."""
-        diverged = next((losses for losses in steps if not losses.finite), None)
-        if any_rank(diverged is not None, self.world, self.device):
-            shown = diverged or steps[-1]  # another rank's loss diverged
-            self._log_steps(run, [losses for losses in steps if losses.step < shown.step], bar)
-            kept = run.folder.latest_checkpoint()
-            keeping = f" (its last checkpoint, {kept.name}, is kept)" if kept else ""
-            raise NonFiniteLossError(
-                f"{self.folder.root}: stage {run.stage.name}: the loss is {shown.losses['loss']} at step {shown.step}; "
-                f"training stopped, saving nothing of it{keeping}: a lower base_lr or clip_grad_norm may avoid it (a "
-                "changed config needs --restart)")
-        self._log_steps(run, steps, bar)
-
-    @staticmethod
-    def _log_steps(run: StageRun, steps: list[StepLosses], bar) -> None:
-        for losses in steps:
-            run.log.step(losses.step, losses.lr, losses.losses, losses.damaged_skipped)
-        if steps:
-            bar.set_postfix(loss=f"{steps[-1].losses['loss']:.3f}")
-
-    def _optimiser_step(self, run: StageRun, objective: nn.Module, batches: Iterator[Batch]) -> dict[str, torch.Tensor]:
-        """One step over `grad_accumulation` micro-batches; returns the losses averaged over them, and
-        the gradient norm before clipping where the stage clips, on the device. Gradients are all-reduced
-        once, on the last micro-batch."""
-        stage, parts, progress = run.stage, run.parts, run.progress
-        parts.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, torch.Tensor] = {}
-        for micro in range(stage.grad_accumulation):
-            batch = progress.next_batch(batches)  # its tensors on the device already (StageStreams.batches)
-            progress.damaged.check(batch.damaged, batch.with_images)
-            last = micro == stage.grad_accumulation - 1
-            with nullcontext() if last or not isinstance(objective, DistributedDataParallel) else objective.no_sync():
-                with record_function("forward"), parts.precision.applied(self.device):
-                    losses = objective(batch.inputs, batch.pixels)
-                with record_function("backward"), parts.precision.float32_math(self.device):
-                    parts.scaler.scale(losses["loss"] / stage.grad_accumulation).backward()
-            for name, value in losses.items():
-                totals[name] = totals.get(name, 0) + value.detach() / stage.grad_accumulation
-        with record_function("optimiser"):
-            if stage.clip_grad_norm > 0:
-                parts.scaler.unscale_(parts.optimizer)
-                # The total norm and the scaling stay on the device: no per-parameter sync. The norm
-                # goes to the host with the losses, at the logging interval.
-                totals["grad_norm"] = torch.nn.utils.clip_grad_norm_(parts.parameters, stage.clip_grad_norm)
-            parts.scaler.step(parts.optimizer)
-            parts.scaler.update()
-            parts.scheduler.step()
-        return totals
-
-    def _checkpoint_due(self, schedule: CheckpointSchedule, step: int, agreed: bool) -> bool:
-        """The schedule's decision, the same on every rank: each rank keeps its own clock, and saving
-        is collective (every rank's random state goes into the checkpoint), so ranks agree on the
-        time trigger where `agreed` (the end of a logging interval), counting only steps elsewhere."""
-        if not (self.world.distributed and schedule.seconds > 0):
-            return schedule.due(step)
-        return any_rank(schedule.due(step), self.world, self.device) if agreed else schedule.due(step, clock=False)
-
-    def _finish(self, run: StageRun, seconds: float, zero_shot: bool = False) -> None:
-        """Evaluates the stage on every rank (writing its predictions); rank 0 logs the result and
-        writes the final model. `zero_shot`: the stage evaluated another task's model without training."""
-        stage, progress = run.stage, run.progress
-        run.parts.model.eval()
-        scores = self._evaluate(run, self.eval_annotations)
-        for predicted in self.predict_annotations:
-            self._evaluate(run, predicted)
-        if self.world.rank != 0:
-            return
-        # data_wait_share: the share of training time spent waiting for batches (rank 0's): near 0
-        # when the workers keep up with the device. The steady_ figures leave the stage's start-up and
-        # first logging interval out (train.engine.stage_progress).
-        # evaluation_only: the stage trained nothing (`steps: 0`); zero_shot: nor had its model been
-        # trained on this task (it started from another task's, e.g. pre-training's)
-        result = {"stage": stage.name, "task": stage.task, "visual": stage.visual, "steps": stage.steps,
-                  "evaluation_only": stage.steps == 0, "zero_shot": zero_shot, "wall_s": round(seconds, 2),
-                  "samples_per_s": round(progress.samples * self.world.size / seconds, 2) if seconds else 0.0,
-                  "data_wait_share": round(progress.data_wait / seconds, 4) if seconds else 0.0,
-                  **progress.steady(self.world.size), **scores, "damaged_skipped": progress.damaged.skipped}
-        # Logged before the final model marks the stage done: a crash in between evaluates again.
-        run.log.evaluation(result, stage.steps)
-        self._save_final(run.folder, run.parts, result)
-        self.log(f"stage {stage.name}: " + ", ".join(f"{k} {v}" for k, v in result.items()))
-        if progress.damaged.skipped:
-            self.log(f"stage {stage.name}: {progress.damaged.summary()}")
-
-    def _evaluate(self, run: StageRun, annotations: AnnotationFile) -> dict | None:
-        """The split's evaluation on rank 0, None on the other ranks."""
-        task = TASKS[run.stage.task]
-        dataset = task.dataset(self.data, run.stage.options, annotations, self.run.seed, False)
-        split = annotations.path.stem
-        predictions = None
-        if task.prediction_suffix is not None:
-            predictions = run.folder.predictions(split, task.prediction_suffix)
-        return evaluate(task.evaluator(self.data, dataset), run.parts.model, run.parts.visual, dataset,
-                        self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id,
-                        lambda batch: run.progress.damaged.check(batch.damaged, batch.with_images),
-                        run.parts.precision, predictions, run.folder.item_scores(split),
-                        self.speed[run.stage.name]["workers"], self.world,
-                        f"{run.stage.name} on {split}")
-
-    # ---- pieces ----------------------------------------------------------------------------
-
     def _parts(self, stage: StageConfig, previous: Path | None) -> StageParts:
         """The stage's model (and end-to-end detector) on the device, and its optimiser."""
         model = self._model(stage, previous).to(self.device).train()
@@ -538,42 +333,11 @@ class Trainer:
         parameters = [p for m in (model, visual) if m is not None for p in m.parameters() if p.requires_grad]
         total_batch = stage.batch_size * self.world.size * stage.grad_accumulation
         optimizer = OPTIMIZERS[stage.optimizer](parameter_groups(model, visual, stage.weight_decay),
-                                                stage.base_lr * total_batch, self.speed[stage.name]["optimizer_kernel"])
+                                                stage.base_lr * total_batch, self.speed[stage.name].optimizer_kernel)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(stage))
         stage_precision = self.precisions[stage.name]
         scaler = torch.amp.GradScaler(self.device.type, enabled=stage_precision.loss_scaling)
         return StageParts(model, visual, optimizer, scheduler, parameters, stage_precision, scaler)
-
-    def _objective(self, stage: StageConfig, parts: StageParts, batches: PeekedBatches) -> nn.Module:
-        if stage.compile or stage.length_buckets:
-            few_shapes(parts.model)
-        objective = Objective(parts.model, parts.visual, stage)
-        if not self.world.distributed:
-            return objective
-        # DDP searches the graph for parameters without a gradient every step only where a stage
-        # leaves some unused (the pooler in VQA, say): where it does not, the search is wasted.
-        unused = any_rank(self._leaves_parameters_unused(objective, parts, batches.peek()), self.world, self.device)
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        # No buffer changes in training (frozen norms, anchors), and every rank loaded the same ones:
-        # broadcasting them before each forward would only cost time and undo the folded norms.
-        return DistributedDataParallel(objective, device_ids=device_ids, find_unused_parameters=unused,
-                                       **NO_BUFFER_BROADCASTS)
-
-    def _leaves_parameters_unused(self, objective: nn.Module, parts: StageParts, batch: Batch) -> bool:
-        """Whether the loss of `batch` reaches some trained parameter not at all. A forward pass
-        whose random draws are undone, so training continues as if it never ran."""
-        if batch.inputs is None:
-            return True
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), parts.precision.applied(self.device):
-            loss = objective(batch.inputs, batch.pixels)["loss"]
-        reached = graph_parameters(loss)
-        return any(id(p) not in reached for p in parts.parameters)
-
-    def _stage_log(self, stage: StageConfig, stage_dir: StageFolder, start: int) -> StageLog | MutedStageLog:
-        if self.world.rank != 0:
-            return MutedStageLog()
-        return StageLog(self.folder, stage_dir, stage.name, start, self.run.tracking, self.run.to_dict())
 
     def _model(self, stage: StageConfig, previous: Path | None):
         task = TASKS[stage.task]
@@ -624,6 +388,120 @@ class Trainer:
             visual.detector.load_checkpoint(previous / DETECTOR_WEIGHTS, trunk_only=True)
         return visual
 
+    def _evaluate_only(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts, previous: Path) -> None:
+        """`steps: 0`: the stage's evaluation of the model as it starts, with no optimiser step and no
+        checkpoint; its final model is that model, so later stages start from it as from any stage's.
+        Zero-shot when that model is another task's (a pre-trained one): never trained on this task."""
+        self.log(f"stage {stage.name}: steps: 0, evaluating the model it starts from without training it")
+        progress = StageProgress.from_saved({}, skip_damaged=self.run.damaged_records == "skip")
+        architecture = architecture_of(read_json(previous / CONFIG_NAME))
+        with self._stage_log(stage, stage_dir, 0) as log:
+            self._finish(StageRun(stage, stage_dir, parts, progress, log), 0.0,
+                         zero_shot=architecture != TASKS[stage.task].model.__name__)
+        barrier(self.world)
+
+    def _stage_log(self, stage: StageConfig, stage_dir: StageFolder, start: int) -> StageLog | MutedStageLog:
+        if self.world.rank != 0:
+            return MutedStageLog()
+        return StageLog(self.folder, stage_dir, stage.name, start, self.run.tracking, self.run.to_dict())
+
+    def _finish(self, run: StageRun, seconds: float, zero_shot: bool = False) -> None:
+        """Evaluates the stage on every rank (writing its predictions); rank 0 logs the result and
+        writes the final model. `zero_shot`: the stage evaluated another task's model without training."""
+        stage, progress = run.stage, run.progress
+        run.parts.model.eval()
+        scores = self._evaluate(run, self.eval_annotations)
+        for predicted in self.predict_annotations:
+            self._evaluate(run, predicted)
+        if self.world.rank != 0:
+            return
+        # data_wait_share: the share of training time spent waiting for batches (rank 0's): near 0
+        # when the workers keep up with the device. The steady_ figures leave the stage's start-up and
+        # first logging interval out (train.engine.stage_progress).
+        # evaluation_only: the stage trained nothing (`steps: 0`); zero_shot: nor had its model been
+        # trained on this task (it started from another task's, e.g. pre-training's)
+        result = {"stage": stage.name, "task": stage.task, "visual": stage.visual, "steps": stage.steps,
+                  "evaluation_only": stage.steps == 0, "zero_shot": zero_shot, "wall_s": round(seconds, 2),
+                  "samples_per_s": round(progress.samples * self.world.size / seconds, 2) if seconds else 0.0,
+                  "data_wait_share": round(progress.data_wait / seconds, 4) if seconds else 0.0,
+                  **progress.steady(self.world.size), **scores, "damaged_skipped": progress.damaged.skipped}
+        # Logged before the final model marks the stage done: a crash in between evaluates again.
+        run.log.evaluation(result, stage.steps)
+        self._save_final(run.folder, run.parts, result)
+        self.log(f"stage {stage.name}: " + ", ".join(f"{k} {v}" for k, v in result.items()))
+        if progress.damaged.skipped:
+            self.log(f"stage {stage.name}: {progress.damaged.summary()}")
+
+    def _evaluate(self, run: StageRun, annotations: AnnotationFile) -> dict | None:
+        """The split's evaluation on rank 0, None on the other ranks."""
+        task = TASKS[run.stage.task]
+        dataset = task.dataset(self.data, run.stage.options, annotations, self.run.seed, False)
+        split = annotations.path.stem
+        predictions = None
+        if task.prediction_suffix is not None:
+            predictions = run.folder.predictions(split, task.prediction_suffix)
+        return evaluate(task.evaluator(self.data, dataset), run.parts.model, run.parts.visual, dataset,
+                        self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id,
+                        lambda batch: run.progress.damaged.check(batch.damaged, batch.with_images),
+                        run.parts.precision, predictions, run.folder.item_scores(split),
+                        self.speed[run.stage.name].workers, self.world,
+                        f"{run.stage.name} on {split}")
+
+    def _save_final(self, stage_dir: StageFolder, parts: StageParts, result: dict) -> None:
+        with folder_written_whole(stage_dir.final, stage_dir.final_staging) as tmp:
+            parts.model.save_pretrained(tmp)
+            if parts.visual is not None:
+                save_file(_detector_state(parts.visual), tmp / DETECTOR_WEIGHTS)
+            stage_dir.write_evaluation(result)
+
+    def _start(self, stage: StageConfig, stage_dir: StageFolder, parts: StageParts) -> tuple[int, dict, int]:
+        """Loads the stage's latest checkpoint, if any: (the step to start from, the saved progress,
+        the number of processes that saved it). The model is on its device already, so the optimizer
+        state loads onto it too."""
+        checkpoint = stage_dir.latest_checkpoint()
+        if checkpoint is None:
+            attempted = self.folder.tensorboard(stage_dir).exists()  # an interrupted attempt logged there
+            self.log(f"stage {stage.name}: " + ("no checkpoint, starting again at step 0" if attempted
+                                               else "starting at step 0"))
+            return 0, {}, self.world.size
+        parts.model.load_state_dict(load_file(checkpoint / WEIGHTS_NAME))
+        if parts.visual is not None:
+            parts.visual.detector.load_state_dict(load_file(checkpoint / DETECTOR_WEIGHTS))
+        learning_rates = list(parts.scheduler.base_lrs)  # this world's: base_lr × its total batch
+        state = load_training_state(checkpoint, parts.optimizer, parts.scheduler, self.world.rank, self.world.size,
+                                    self.device)
+        if state.scaler is not None and parts.scaler.is_enabled():
+            parts.scaler.load_state_dict(state.scaler)
+        self.log(f"stage {stage.name}: resuming from {checkpoint} (step {state.step})")
+        if state.world_size != self.world.size:
+            self._rescale_learning_rate(stage, parts, learning_rates, state.step, state.world_size)
+        if state.random_state_note is not None:
+            self.log(f"stage {stage.name}: {state.random_state_note}")
+        return state.step, state.progress, state.world_size
+
+    def _rescale_learning_rate(self, stage: StageConfig, parts: StageParts, learning_rates: list[float], step: int,
+                               saved_world: int) -> None:
+        """A checkpoint of another number of processes: its optimizer and scheduler hold the learning
+        rate of its total batch; the stage goes on with this world's (base_lr × total batch, as it
+        would have started with), which the log and run.json say."""
+        before = parts.scheduler.get_last_lr()[0]
+        for group, learning_rate in zip(parts.optimizer.param_groups, learning_rates):
+            group["initial_lr"] = learning_rate
+        # A scheduler resumed at the checkpoint's step from the base rates set above.
+        parts.scheduler = torch.optim.lr_scheduler.LambdaLR(parts.optimizer, learning_rate_factor(stage),
+                                                            last_epoch=parts.scheduler.last_epoch - 1)
+        per_process = stage.batch_size * stage.grad_accumulation
+        scale = self.world.size / saved_world
+        self.log(f"stage {stage.name}: the checkpoint of step {step} was written by {saved_world} process(es), this run "
+                 f"has {self.world.size}: the total batch goes from {per_process * saved_world} to "
+                 f"{per_process * self.world.size} samples and the learning rate with it (base_lr × total batch), "
+                 f"{before:.4g} → {parts.scheduler.get_last_lr()[0]:.4g}; the samples continue in the same order")
+        if self.world.rank == 0:
+            world = self.folder.world()
+            world["changes"].append({"stage": stage.name, "step": step, "from": saved_world, "to": self.world.size,
+                                     "learning_rate_scale": scale})
+            self.folder.write_world(world)
+
     def _streams(self, stage: StageConfig, step: int, visual: EndToEndVisual | None, positions: list | None,
                  saved_world: int) -> StageStreams:
         """The stage's streams from optimiser step `step` on: the task's samples, and as many of each
@@ -648,6 +526,128 @@ class Trainer:
                          for data in [main, *extra]]
         return StageStreams.at(list(zip([main, *extra], orders)), batch, positions)
 
+    def _objective(self, stage: StageConfig, parts: StageParts, batches: PeekedBatches) -> nn.Module:
+        speed = self.speed[stage.name]
+        speed.shape(parts.model)
+        objective = Objective(parts.model, parts.visual, stage, speed)
+        if not self.world.distributed:
+            return objective
+        # DDP searches the graph for parameters without a gradient every step only where a stage
+        # leaves some unused (the pooler in VQA, say): where it does not, the search is wasted.
+        unused = any_rank(self._leaves_parameters_unused(objective, parts, batches.peek()), self.world, self.device)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        # No buffer changes in training (frozen norms, anchors), and every rank loaded the same ones:
+        # broadcasting them before each forward would only cost time and undo the folded norms.
+        return DistributedDataParallel(objective, device_ids=device_ids, find_unused_parameters=unused,
+                                       **NO_BUFFER_BROADCASTS)
+
+    def _leaves_parameters_unused(self, objective: nn.Module, parts: StageParts, batch: Batch) -> bool:
+        """Whether the loss of `batch` reaches some trained parameter not at all. A forward pass
+        whose random draws are undone, so training continues as if it never ran."""
+        if batch.inputs is None:
+            return True
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), parts.precision.applied(self.device):
+            loss = objective(batch.inputs, batch.pixels)["loss"]
+        reached = graph_parameters(loss)
+        return any(id(p) not in reached for p in parts.parameters)
+
+    def _optimise(self, run: StageRun, objective: nn.Module, batches: Iterator[Batch], step: int) -> None:
+        """Optimiser steps from `step` to the stage's end, checkpointing on the stage's schedule, and
+        when a stop signal came, then stopping.
+
+        The losses stay on the device until the end of each logging interval (`log_every` steps), of
+        the stage, or a checkpoint: then they come to the host, are logged and checked finite
+        (`_logged`), so no checkpoint holds a step after a NaN. Ranks agree on a stop signal and on
+        the time trigger of checkpoints at those points only (a single process, after any step)."""
+        stage = run.stage
+        schedule = CheckpointSchedule(stage.checkpoint_every, stage.checkpoint_minutes)
+        pending = PendingLosses()
+        interval = run.progress.now(step)  # where the first logging interval starts
+        with progress_bar(stage.steps, stage.name, "step", initial=step, enabled=self.world.rank == 0) as bar:
+            while step < stage.steps:
+                skipped_before = run.progress.damaged.skipped
+                lr = run.parts.scheduler.get_last_lr()[0]  # the rate this step applies; the step then advances it
+                losses = self._optimiser_step(run, objective, batches)
+                step += 1
+                pending.add(step, lr, losses, run.progress.damaged.skipped - skipped_before)
+                bar.update(1)
+                interval_end = step % stage.log_every == 0 or step == stage.steps
+                agreed = interval_end or not self.world.distributed
+                stopping = agreed and any_rank(self.stop.requested, self.world, self.device)
+                saving = stopping or (step < stage.steps and self._checkpoint_due(schedule, step, agreed))
+                if interval_end or saving:
+                    self._logged(run, pending.to_host(), bar)
+                    run.progress.mark(step)
+                    run.log.interval(interval, run.progress.marks[-1], self.world.size, self.device)
+                    interval = run.progress.marks[-1]
+                if saving:
+                    self._save(run, step)
+                    schedule.written()
+                if stopping:
+                    raise self.stop.interrupted(f"{self.folder.root}: stage {stage.name}, step {step} "
+                                                f"({run.folder.checkpoint(step).name} written)")
+
+    def _optimiser_step(self, run: StageRun, objective: nn.Module, batches: Iterator[Batch]) -> dict[str, torch.Tensor]:
+        """One step over `grad_accumulation` micro-batches; returns the losses averaged over them, and
+        the gradient norm before clipping where the stage clips, on the device. Gradients are all-reduced
+        once, on the last micro-batch."""
+        stage, parts, progress = run.stage, run.parts, run.progress
+        parts.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, torch.Tensor] = {}
+        for micro in range(stage.grad_accumulation):
+            batch = progress.next_batch(batches)  # its tensors on the device already (StageStreams.batches)
+            progress.damaged.check(batch.damaged, batch.with_images)
+            last = micro == stage.grad_accumulation - 1
+            with nullcontext() if last or not isinstance(objective, DistributedDataParallel) else objective.no_sync():
+                with record_function("forward"), parts.precision.applied(self.device):
+                    losses = objective(batch.inputs, batch.pixels)
+                with record_function("backward"), parts.precision.float32_math(self.device):
+                    parts.scaler.scale(losses["loss"] / stage.grad_accumulation).backward()
+            for name, value in losses.items():
+                totals[name] = totals.get(name, 0) + value.detach() / stage.grad_accumulation
+        with record_function("optimiser"):
+            if stage.clip_grad_norm > 0:
+                parts.scaler.unscale_(parts.optimizer)
+                # The total norm and the scaling stay on the device: no per-parameter sync. The norm
+                # goes to the host with the losses, at the logging interval.
+                totals["grad_norm"] = torch.nn.utils.clip_grad_norm_(parts.parameters, stage.clip_grad_norm)
+            parts.scaler.step(parts.optimizer)
+            parts.scaler.update()
+            parts.scheduler.step()
+        return totals
+
+    def _checkpoint_due(self, schedule: CheckpointSchedule, step: int, agreed: bool) -> bool:
+        """The schedule's decision, the same on every rank: each rank keeps its own clock, and saving
+        is collective (every rank's random state goes into the checkpoint), so ranks agree on the
+        time trigger where `agreed` (the end of a logging interval), counting only steps elsewhere."""
+        if not (self.world.distributed and schedule.seconds > 0):
+            return schedule.due(step)
+        return any_rank(schedule.due(step), self.world, self.device) if agreed else schedule.due(step, clock=False)
+
+    def _logged(self, run: StageRun, steps: list[StepLosses], bar) -> None:
+        """Logs the steps' losses; stops the stage (every rank) at a NaN or infinite loss, logging
+        only the steps before it: the parameters it updated are lost, the last checkpoint is kept, and
+        no final model is written."""
+        diverged = next((losses for losses in steps if not losses.finite), None)
+        if any_rank(diverged is not None, self.world, self.device):
+            shown = diverged or steps[-1]  # another rank's loss diverged
+            self._log_steps(run, [losses for losses in steps if losses.step < shown.step], bar)
+            kept = run.folder.latest_checkpoint()
+            keeping = f" (its last checkpoint, {kept.name}, is kept)" if kept else ""
+            raise NonFiniteLossError(
+                f"{self.folder.root}: stage {run.stage.name}: the loss is {shown.losses['loss']} at step {shown.step}; "
+                f"training stopped, saving nothing of it{keeping}: a lower base_lr or clip_grad_norm may avoid it (a "
+                "changed config needs --restart)")
+        self._log_steps(run, steps, bar)
+
+    @staticmethod
+    def _log_steps(run: StageRun, steps: list[StepLosses], bar) -> None:
+        for losses in steps:
+            run.log.step(losses.step, losses.lr, losses.losses, losses.damaged_skipped)
+        if steps:
+            bar.set_postfix(loss=f"{steps[-1].losses['loss']:.3f}")
+
     def _save(self, run: StageRun, step: int) -> None:
         """A checkpoint, with every rank's random state and where each stream's next batch begins,
         written by rank 0; then the stage's oldest beyond `keep_checkpoints` removed."""
@@ -661,13 +661,6 @@ class Trainer:
         save_checkpoint(run.folder.checkpoint(step), parts.model, parts.optimizer, parts.scheduler, step, saved, extra,
                         random_states, scaler)
         prune_checkpoints(run.folder, run.stage.keep_checkpoints)
-
-    def _save_final(self, stage_dir: StageFolder, parts: StageParts, result: dict) -> None:
-        with folder_written_whole(stage_dir.final, stage_dir.final_staging) as tmp:
-            parts.model.save_pretrained(tmp)
-            if parts.visual is not None:
-                save_file(_detector_state(parts.visual), tmp / DETECTOR_WEIGHTS)
-            stage_dir.write_evaluation(result)
 
 
 class PeekedBatches:
@@ -714,11 +707,11 @@ class Objective(nn.Module):
     """The stage's losses as one module, so DDP sees every trained parameter (VL-BERT and, for
     end-to-end stages, the detector) and only the loss tensors among the outputs."""
 
-    def __init__(self, model: nn.Module, visual: EndToEndVisual | None, stage: StageConfig) -> None:
+    def __init__(self, model: nn.Module, visual: EndToEndVisual | None, stage: StageConfig, speed: StageSpeed) -> None:
         super().__init__()
         self.model, self.visual, self.stage = model, visual, stage
         self.task = TASKS[stage.task]
-        self.losses = compiled_step(self._losses, stage.compile_mode) if stage.compile else self._losses
+        self.losses = speed.step(self._losses)
 
     def forward(self, inputs: dict[str, torch.Tensor], pixels: dict[str, list]) -> dict[str, torch.Tensor]:
         """`pixels`: the batch's PIXELS entries, which the end-to-end visual side reads (eager, before
