@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -18,6 +18,9 @@ from train.engine.config import StageConfig
 from train.engine.distributed import World
 from train.engine.errors import RunConfigError
 from train.engine.optimization import optimizer_kernel
+
+if TYPE_CHECKING:
+    from vlbert.modeling import VLBertPreTrainedModel
 
 
 # The cores an executor gives a step's processes, all ranks together, where it leaves their affinity
@@ -85,7 +88,7 @@ class StageSpeed:
         """What the stage's batches pad their text and region counts to a multiple of."""
         return BATCH_LENGTH_MULTIPLE if self.compile else 1
 
-    def shape(self, model: torch.nn.Module) -> None:
+    def shape(self, model: VLBertPreTrainedModel) -> None:
         """A compiled stage's or length-aware batches' model pads its sequences to few shapes."""
         if self.compile or self.length_buckets:
             model.pad_sequences_to(LENGTH_MULTIPLE)
