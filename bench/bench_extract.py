@@ -81,6 +81,7 @@ import extract.job  # noqa: E402
 from extract.backends import build_extractor  # noqa: E402
 from extract.config import parse_override  # noqa: E402
 from extract.images import load_image  # noqa: E402
+from extract.extraction_config import ExtractionConfig  # noqa: E402
 from extract.job import _region_computer, run_extraction  # noqa: E402
 from extract.loader import DecodingPipeline  # noqa: E402
 from extract.modeling.roi_heads import Res5ROIHeads  # noqa: E402
@@ -320,10 +321,10 @@ def measure(job: Job) -> tuple[Measured, str | None]:
 def run_job(job: Job, image_list: Path | None = None):
     newer = {name: getattr(job, name) for name in ("streams", "jpeg_decoding", "res5_layout")
              if getattr(job, name) is not None}
-    return run_extraction(job.images, job.store, job.detector, boxes=job.boxes, image_list=image_list,
-                          batch_size=job.batch_size, device=job.device, precision=job.precision,
-                          mask_variants=job.variants, decode_workers=job.workers, overrides=job.overrides,
-                          progress=False, **newer)
+    return run_extraction(ExtractionConfig(job.images, job.detector, boxes=job.boxes, image_list=image_list,
+                                           batch_size=job.batch_size, device=job.device, precision=job.precision,
+                                           mask_variants=job.variants, decode_workers=job.workers,
+                                           overrides=job.overrides, progress=False, **newer), job.store)
 
 
 def measure_in_child(job: Job, code: Path) -> Measured:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from extract import Detector
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.store import FeatureStore, FeatureStoreWriter, build_meta, decode_record, encode_record
 from extract.store import q8
@@ -208,8 +209,8 @@ def detector_features(work: Path, images: int) -> None:
     for name in ("float16", "q8"):
         for variants in (0, 3):
             out = work / f"{name}-k{variants}"
-            summary = run_extraction(work / "images", out, "tiny", feature_dtype=name, mask_variants=variants,
-                                     progress=False)
+            summary = run_extraction(ExtractionConfig(work / "images", "tiny", feature_dtype=name,
+                                                      mask_variants=variants, progress=False), out)
             bytes_per_image[name, variants] = summary.bytes_written / summary.written
         stores[name] = FeatureStore(work / f"{name}-k3")
     keys = stores["float16"].keys()

@@ -34,6 +34,7 @@ from pathlib import Path
 from PIL import Image
 
 from extract.images import EncodedImage, load_image
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.shards import IMAGE_MEMBER_EXTENSIONS, find_shards, read_shard
 from extract.synthetic import synthetic_image
@@ -152,9 +153,10 @@ def main() -> None:
                 os.link(files_root / "00000" / name, subset / "files" / "00000" / name)
         extraction = {}
         for name, images in (("shards", subset / "webdataset"), ("files", subset / "files")):
-            summary = run_extraction(images, folder / f"store-{name}", str(DETECTOR),
-                                     weights=DETECTOR.with_suffix(".safetensors"), batch_size=args.batch_size,
-                                     decode_workers=args.workers, progress=False)
+            summary = run_extraction(ExtractionConfig(images, str(DETECTOR),
+                                                      weights=DETECTOR.with_suffix(".safetensors"),
+                                                      batch_size=args.batch_size, decode_workers=args.workers,
+                                                      progress=False), folder / f"store-{name}")
             extraction[name] = summary.images_per_second
             print(f"extraction from {name}: {summary.written} images, {summary.images_per_second:.2f} img/s "
                   f"({summary.threads} CPU thread(s), {args.workers} decoding worker(s), demo detector)")

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from pipelines.world.tiny import TINY_MODEL, build_tiny_world  # noqa: E402
 from train.data.annotations import AnnotationFile  # noqa: E402
 from train.data.regions import RegionBank  # noqa: E402
-from train.engine.evaluate import evaluate  # noqa: E402
+from train.engine.evaluate import EvaluationSetting, evaluate  # noqa: E402
 from train.tasks.retrieval import RetrievalCandidates, RetrievalRecall  # noqa: E402
 from vlbert import VLBertConfig  # noqa: E402
 from vlbert.modeling import VLBertForImageTextMatching  # noqa: E402
@@ -40,7 +40,8 @@ TEST_PAIRS = 1_000 * 5_000
 
 def pairs_per_s(model, dataset: RetrievalCandidates, batch_size: int, device: torch.device, pad: int) -> float:
     evaluator = RetrievalRecall(None, dataset)
-    evaluate(evaluator, model, None, dataset, batch_size, device, pad, lambda batch: None, PRECISIONS["fp32"])
+    evaluate(evaluator, model, None, dataset, EvaluationSetting(batch_size, device, pad, PRECISIONS["fp32"]),
+             lambda batch: None)
     return evaluator.result()["pairs_per_s"]
 
 

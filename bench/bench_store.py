@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.store import FeatureStore, FeatureStoreWriter, build_meta, decode_record, encode_record, lmdb_file
 from extract.synthetic import write_synthetic_images
@@ -28,8 +29,8 @@ def extraction(images: Path, work: Path, detector: str, device: str, batch_size:
     figures = {}
     for variants in (0, 3):
         out = work / f"{detector}-k{variants}"
-        summary = run_extraction(images, out, detector, batch_size=batch_size, device=device,
-                                 mask_variants=variants, progress=False)
+        summary = run_extraction(ExtractionConfig(images, detector, batch_size=batch_size, device=device,
+                                                  mask_variants=variants, progress=False), out)
         figures[variants] = (summary.images_per_second, summary.bytes_written / max(summary.written, 1))
     return figures
 

@@ -20,23 +20,22 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
-from PIL import Image
 
 from extract.backends import build_extractor
 from extract.checkpoint import file_sha256
 from extract.detector import REGION_ARRAYS, Detector, regions_numpy
-from extract.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, ImageError, image_id, is_utf8, list_images, load_image
-from extract.jpeg import DEFAULT_JPEG_DECODING, JPEG_DECODING, decode_batch, jpeg_for_device
+from extract.extraction_config import ExtractionConfig, JobError
+from extract.images import IMAGE_EXTENSIONS, ImageError, image_id, is_utf8, list_images, load_image
+from extract.jpeg import decode_batch, jpeg_for_device
 from extract.loader import DecodingPipeline, WorkItem, failure_reason
 from extract.masking import draw_masks
-from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, RES5_LAYOUTS
 from extract.resources import job_resources
 from extract.shard_source import ShardSource, unfinished_tar_shards
 from extract.shards import find_shards, names_shards
 from extract.store.layout import META
 from extract.store.reader import FeatureStore
-from extract.store.schema import FEATURE_ENCODINGS, MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
-from extract.store.writer import DEFAULT_MAP_SIZE, CommitThread, FeatureStoreWriter
+from extract.store.schema import MASKED_REGION_ARRAYS, build_meta, encode_key, record_from_regions
+from extract.store.writer import CommitThread, FeatureStoreWriter
 from vlbert.utils.device import (StickyDeviceError, check_device, is_sticky_cuda_error, launcher_variable, rank_device,
                            use_device)
 from vlbert.utils.errors import FAILED, UserError
@@ -46,10 +45,6 @@ from vlbert.utils.precision import precision as find_precision
 from vlbert.utils.progress import progress_bar
 from vlbert.utils.records import read_record
 from vlbert.utils.threads import ComputeLanes, configured_threads
-
-
-class JobError(UserError):
-    """Job arguments that cannot be used (shard spec, boxes file, ...); nothing has been written."""
 
 
 @dataclass
@@ -213,105 +208,28 @@ def given_boxes(item: WorkItem) -> np.ndarray:
     return boxes.reshape(-1, 4)
 
 
-@dataclass(frozen=True)
-class Bounds:
-    least: float
-    most: float | None = None  # None: no bound
-    why: str = ""  # what sets the bound, for the message
-
-    def holds(self, value: float) -> bool:
-        return self.least <= value and (self.most is None or value <= self.most)  # NaN: neither
-
-    def __str__(self) -> str:
-        return (f"{self.least} to {self.most}" if self.most is not None else f"at least {self.least}") + self.why
-
-
-# run_extraction's numeric arguments (None is a value of `threads` and `top_k_classes`: the default
-# threads, full class distributions).
-ARGUMENT_BOUNDS = {
-    "batch_size": Bounds(1), "mask_variants": Bounds(0), "mask_prob": Bounds(0.0, 1.0), "mask_seed": Bounds(0),
-    "decode_workers": Bounds(0), "threads": Bounds(1), "streams": Bounds(1), "top_k_classes": Bounds(1),
-    "initial_map_size": Bounds(1),
-    "max_pixels": Bounds(1, Image.MAX_IMAGE_PIXELS, " (Pillow's decompression-bomb limit, PIL.Image.MAX_IMAGE_PIXELS)"),
-}
-
-
-# run_extraction's arguments that name one of a few choices: (the choices, the default).
-ARGUMENT_CHOICES = {"feature_dtype": (FEATURE_ENCODINGS, "float16"),
-                    "jpeg_decoding": (JPEG_DECODING, DEFAULT_JPEG_DECODING),
-                    "res5_layout": (RES5_LAYOUTS, DEFAULT_RES5_LAYOUT)}
-
-
-def check_arguments(arguments: Mapping[str, Any]) -> None:
-    """JobError naming the first of run_extraction's `arguments` (by name) that it cannot take: a number
-    out of ARGUMENT_BOUNDS, a shard that is not (i, n) with 0 <= i < n, a name not among ARGUMENT_CHOICES. The
-    pipeline's extract step checks its options with it when the pipeline loads."""
-    for name, bounds in ARGUMENT_BOUNDS.items():
-        value = arguments.get(name)
-        if value is not None and not bounds.holds(value):
-            raise JobError(f"{name} {value}: expected {bounds}")
-    shard = arguments.get("shard")
-    if shard is not None and not (len(shard) == 2 and 0 <= shard[0] < shard[1]):
-        raise JobError(f"shard {list(shard)}: expected [i, n] with 0 <= i < n")
-    for name, (choices, default) in ARGUMENT_CHOICES.items():
-        value = arguments.get(name, default)
-        if value not in choices:
-            raise JobError(f"{name} {value!r}: expected one of {', '.join(choices)}")
-
-
-def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg", *,
-                   weights: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
-                   boxes: str | Path | None = None, image_list: str | Path | None = None,
-                   batch_size: int = 8, device: str = "cpu", precision: str = "fp32",
-                   res5_layout: str = DEFAULT_RES5_LAYOUT, feature_dtype: str = "float16",
-                   top_k_classes: int | None = 10,
-                   mask_variants: int = 0, mask_prob: float = 0.15, mask_seed: int = 0,
-                   shard: tuple[int, int] | None = None, decode_workers: int | None = None, progress: bool = True,
-                   max_pixels: int = DEFAULT_MAX_PIXELS, threads: int | None = None, streams: int | None = None,
-                   jpeg_decoding: str = DEFAULT_JPEG_DECODING, initial_map_size: int = DEFAULT_MAP_SIZE) -> ExtractionSummary:
-    """Extracts every image under `images` (or every image named in the `boxes` file or in
-    `image_list`) that `out` does not hold yet into the FeatureStore `out`. `images` may name tar
-    shards (img2dataset's webdataset output; extract.shards.names_shards): their images get the ids
-    of img2dataset's files output, `shard` takes whole tar shards, and a tar shard committed whole is
-    not read again (extract/shard_source.py). `top_k_classes=None` stores full class
-    distributions. `decode_workers` processes read and decode the image files (0: this process;
-    default: extract/resources.py). `jpeg_decoding`: where JPEGs are decoded (workers, the default: Pillow, bitwise
-    the CPU's pixels; auto: on a CUDA device that can, extract/jpeg.py; device). `precision` (fp32, tf32, bf16) is the detector's
-    arithmetic and `res5_layout` (dilated, polyphase: extract/modeling/res5_layouts.py) how it runs res5, both
-    recorded in meta.json. An image of more than `max_pixels` pixels is a failure, refused
-    from its header before decoding. `threads` is the number of batches computed at once on the CPU,
-    each with single-threaded ops (default: one per core, at most 4, unless OMP_NUM_THREADS is set),
-    or torch's host-side threads on a GPU; `streams` the number computed at once on a GPU, each on a
-    CUDA stream of its own (default 2). Raises StoreMismatchError when `out` was written with other
-    settings."""
+def run_extraction(config: ExtractionConfig, out: str | Path) -> ExtractionSummary:
+    """Extracts every image of the job (those under `config.images`, or those its boxes file or image list
+    names) that `out` does not hold yet into the FeatureStore `out`, as `config` says (extract/extraction_config.py).
+    Raises StoreMismatchError when `out` was written with other settings."""
     start = time.perf_counter()
-    out, tar_shards = Path(out), names_shards(images)
-    check_arguments(dict(batch_size=batch_size, mask_variants=mask_variants, mask_prob=mask_prob, mask_seed=mask_seed,
-                         decode_workers=decode_workers, threads=threads, streams=streams, max_pixels=max_pixels,
-                         top_k_classes=top_k_classes, initial_map_size=initial_map_size, shard=shard,
-                         feature_dtype=feature_dtype, jpeg_decoding=jpeg_decoding, res5_layout=res5_layout))
-    shard, device = resolve_shard_and_device(shard, device)
-    find_precision(precision).check(check_device(device))  # before anything else is read or built
-    if boxes is not None and image_list is not None:
+    out, tar_shards = Path(out), names_shards(config.images)
+    shard, device = resolve_shard_and_device(config.shard, config.device)
+    find_precision(config.precision).check(check_device(device))  # before anything else is read or built
+    if config.boxes is not None and config.image_list is not None:
         raise JobError("give a boxes file or an image list, not both: the boxes file lists its images")
-    if tar_shards and boxes is not None:
-        raise JobError(f"--boxes with tar shards ({images}): a boxes file names image files; extract from "
+    if tar_shards and config.boxes is not None:
+        raise JobError(f"--boxes with tar shards ({config.images}): a boxes file names image files; extract from "
                        "img2dataset's files output to give boxes")
-    root = (find_shards(images)[0] if tar_shards else Path(images)).resolve()
+    root = (find_shards(config.images)[0] if tar_shards else Path(config.images)).resolve()
     # Nothing is written before: an out over an input (OutputOverlapError) leaves every file as it was.
-    output_folder(out, (("--images", root), ("--weights", weights), ("--boxes", boxes), ("--list", image_list)))
-    source = None
-    if tar_shards:
-        listed, refused = listed_ids(Path(image_list)) if image_list is not None else (None, [])
-        source = ShardSource(images, out, shard, listed)
-        refused += [(WorkItem(i, i), f"listed, but no tar shard of {images} would hold it") for i in source.unknown]
-        items = []
-    else:
-        items, refused = work_items(root, Path(boxes) if boxes is not None else None,
-                                    Path(image_list) if image_list is not None else None)
-    model = build_extractor(detector, weights=weights, device=device, overrides=overrides, precision=precision,
-                            res5_layout=res5_layout)  # Res5LayoutError where the detector's res5 cannot run so
-    if mask_variants and boxes is None and model.cfg.box_source == "regressed":
+    output_folder(out, (("--images", root), ("--weights", config.weights), ("--boxes", config.boxes),
+                        ("--list", config.image_list)))
+    items, refused, source = _job_images(config, out, root, shard, tar_shards)
+    model = build_extractor(config.detector, weights=config.weights, device=device, overrides=config.overrides,
+                            precision=config.precision,
+                            res5_layout=config.res5_layout)  # Res5LayoutError where the detector's res5 cannot run so
+    if config.mask_variants and config.boxes is None and model.cfg.box_source == "regressed":
         # Variants re-pool the stored boxes; with regressed boxes those are not the pooled proposals,
         # so masked and unmasked features would describe different regions.
         raise JobError("masked-pixel variants need box_source=proposals (the stored boxes are then the "
@@ -321,20 +239,9 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     # policy says (extract/resources.py).
     compute_device = use_device(model.device)
     on_cpu = compute_device.type == "cpu"
-    resources = job_resources(compute_device, threads=threads, streams=streams, decode_workers=decode_workers,
-                              jpeg_decoding=jpeg_decoding)
-    meta = build_meta(
-        feature_dim=model.cfg.feature_dim, feature_dtype=feature_dtype, mode="detect" if boxes is None else "given",
-        detector={"source": str(detector), "config": model.cfg.to_dict(),
-                  "checkpoint": None if weights is None else str(Path(weights).resolve()),
-                  "checkpoint_sha256": None if weights is None else file_sha256(weights), "precision": precision,
-                  "res5_layout": res5_layout, "jpeg_decoding": decoded_where(resources)},
-        top_k_classes=top_k_classes, num_classes=model.cfg.num_classes + 1,
-        class_names=model.cfg.class_names, attribute_names=model.cfg.attribute_names,
-        has_attributes=model.cfg.num_attributes > 0, mask_variants=mask_variants, mask_prob=mask_prob,
-        mask_seed=mask_seed, images_root=str(root), source=f"tar shards {images}" if tar_shards else None,
-        cpu_capabilities=[cpu_capability()],
-    )
+    resources = job_resources(compute_device, threads=config.threads, streams=config.streams,
+                              decode_workers=config.decode_workers, jpeg_decoding=config.jpeg_decoding)
+    meta = _store_meta(config, model, resources, root, tar_shards)
     stored: set[str] = set()
     if (out / META).exists():
         with FeatureStore(out) as existing:
@@ -342,9 +249,9 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
     items = [item for item in items if in_shard(item.image_id, shard)]
     refused = [(item, error) for item, error in refused if in_shard(item.image_id, shard)]
     pending = source.items(stored) if source else [item for item in items if item.image_id not in stored]
-    compute = _region_computer(model, given=boxes is not None,
-                               top_k=meta["class_probs"]["top_k"], mask_variants=mask_variants,
-                               mask_prob=mask_prob, mask_seed=mask_seed)
+    compute = _region_computer(model, given=config.boxes is not None,
+                               top_k=meta["class_probs"]["top_k"], mask_variants=config.mask_variants,
+                               mask_prob=config.mask_prob, mask_seed=config.mask_seed)
     summary = ExtractionSummary(out, shard, len(items) + len(refused), len(items) - len(pending), 0, 0, 0.0, 0) \
         if source is None else ExtractionSummary(out, shard, 0, 0, 0, 0, 0.0, 0, tar_shards=len(source.tars),
                                                  tar_shards_done=len(source.tars) - len(source.pending))
@@ -363,34 +270,24 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
 
     summary.resources = resources.describe(compute_device)
     # The workers are forked before the store is opened, so that they hold none of its files.
-    decode = partial(_decode, max_pixels=max_pixels, for_device=resources.jpeg_on_device)
+    decode = partial(_decode, max_pixels=config.max_pixels, for_device=resources.jpeg_on_device)
     # float32 math set for the whole job: each forward sets it too, and lanes setting and restoring
     # a process-wide setting on their own would race.
-    with configured_threads(1 if on_cpu else threads) as torch_threads, \
-            find_precision(precision).float32_math(compute_device), \
-            DecodingPipeline(decode, pending, resources.decode_workers, (resources.lanes + 1) * batch_size) as files, \
-            FeatureStoreWriter(out, meta, shard, initial_map_size) as writer, \
+    with configured_threads(1 if on_cpu else config.threads) as torch_threads, \
+            find_precision(config.precision).float32_math(compute_device), \
+            DecodingPipeline(decode, pending, resources.decode_workers,
+                             (resources.lanes + 1) * config.batch_size) as files, \
+            FeatureStoreWriter(out, meta, shard, config.initial_map_size) as writer, \
             progress_bar(len(pending) + len(refused) if source is None else len(source.pending),
-                         unit="img" if source is None else "shard", enabled=progress) as bar, \
+                         unit="img" if source is None else "shard", enabled=config.progress) as bar, \
             CommitThread(writer, committed) as commits, \
             ComputeLanes(partial(_compute_batch, model, compute), resources.lanes, partial(_hand_to_commits, commits),
                          resources.start_lane(compute_device, torch_threads)) as computing:
         summary.threads = resources.lanes if on_cpu else torch_threads
         if source is not None:
             source.on_finished = bar.update
-        batch, failures = [], list(refused)
         try:
-            for item, decoded, error in files:
-                if error is not None:
-                    failures.append((item, error))
-                else:
-                    batch.append((item, decoded))
-                failures += source.take_failures() if source else []
-                if len(batch) + len(failures) >= batch_size:
-                    computing.submit(batch, failures)
-                    batch, failures = [], []
-            computing.submit(batch, failures + (source.take_failures() if source else []))
-            computing.finish()
+            _submit_batches(files, computing, refused, source, config.batch_size)
         except Exception as exc:
             # Leaving the `with` lets the commit thread write the batches already submitted; those
             # in flight are not recorded at all, so that a rerun computes them again.
@@ -405,6 +302,56 @@ def run_extraction(images: str | Path, out: str | Path, detector: str = "butd-vg
         summary.images = summary.skipped + summary.written + summary.failed - summary.damaged
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _job_images(config: ExtractionConfig, out: Path, root: Path, shard: tuple[int, int], tar_shards: bool
+                ) -> tuple[list[WorkItem], list[tuple[WorkItem, str]], ShardSource | None]:
+    """(the job's image files, those refused up front, None), or from tar shards ([], the listed images
+    refused, the ShardSource that reads this shard's tar shards)."""
+    image_list = Path(config.image_list) if config.image_list is not None else None
+    if not tar_shards:
+        return *work_items(root, Path(config.boxes) if config.boxes is not None else None, image_list), None
+    listed, refused = listed_ids(image_list) if image_list is not None else (None, [])
+    source = ShardSource(config.images, out, shard, listed)
+    refused += [(WorkItem(i, i), f"listed, but no tar shard of {config.images} would hold it") for i in source.unknown]
+    return [], refused, source
+
+
+def _store_meta(config: ExtractionConfig, model: Detector, resources, root: Path, tar_shards: bool) -> dict[str, Any]:
+    """The store's meta.json: what a rerun into it must match (extract/store/schema.py)."""
+    weights = config.weights
+    return build_meta(
+        feature_dim=model.cfg.feature_dim, feature_dtype=config.feature_dtype,
+        mode="detect" if config.boxes is None else "given",
+        detector={"source": str(config.detector), "config": model.cfg.to_dict(),
+                  "checkpoint": None if weights is None else str(Path(weights).resolve()),
+                  "checkpoint_sha256": None if weights is None else file_sha256(weights),
+                  "precision": config.precision, "res5_layout": config.res5_layout,
+                  "jpeg_decoding": decoded_where(resources)},
+        top_k_classes=config.top_k_classes, num_classes=model.cfg.num_classes + 1,
+        class_names=model.cfg.class_names, attribute_names=model.cfg.attribute_names,
+        has_attributes=model.cfg.num_attributes > 0, mask_variants=config.mask_variants, mask_prob=config.mask_prob,
+        mask_seed=config.mask_seed, images_root=str(root), source=f"tar shards {config.images}" if tar_shards else None,
+        cpu_capabilities=[cpu_capability()],
+    )
+
+
+def _submit_batches(files, computing: ComputeLanes, refused: list[tuple[WorkItem, str]], source: ShardSource | None,
+                    batch_size: int) -> None:
+    """Hands the decoded images to the compute lanes `batch_size` at a time, each batch with the failures
+    met since the last (decoding, refused up front, damage in tar shards); then waits for the lanes."""
+    batch, failures = [], list(refused)
+    for item, decoded, error in files:
+        if error is not None:
+            failures.append((item, error))
+        else:
+            batch.append((item, decoded))
+        failures += source.take_failures() if source else []
+        if len(batch) + len(failures) >= batch_size:
+            computing.submit(batch, failures)
+            batch, failures = [], []
+    computing.submit(batch, failures + (source.take_failures() if source else []))
+    computing.finish()
 
 
 def _compute_batch(model: Detector, compute: Callable, batch: list[tuple[WorkItem, Any]]) -> tuple[dict, list]:

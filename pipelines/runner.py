@@ -37,7 +37,8 @@ step `STEP.STAGE.FIELD` a field of the stage named STAGE (`--set finetune.vqa.st
 their order, whole fields are set first, then appends (each one given, in order), then keys and stage
 fields, so a stage field may name a stage that `+=` adds; an input's value may refer to `${here}` and
 steps only. A name the file declares as an input is the input. An executor's settings section
-(pipelines/executors: `slurm:`) is a top-level mapping, a step's own mapping, or `--set SECTION.KEY=VALUE`.
+(pipelines/executors: `slurm:`) is a top-level mapping, a step's own mapping, or `--set SECTION.KEY=VALUE`;
+`--set EXECUTOR.OPTION=VALUE` is an executor's run option (`local.jobs` is `--jobs`, `slurm.wait` `--wait`).
 
 The whole file is checked when it loads, before any step runs, and every problem found is named
 together, one line each, in one PipelineError (`FILE: step 'NAME' (kind): problem`): `--set` names
@@ -68,18 +69,18 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from pipelines.execution import STATE_FOLDER, Step, named_strings, strings
-from pipelines.executors import DEFAULT, executor_named, sections
-from pipelines.executors.base import StepFailed  # noqa: F401 - what run_pipeline raises, in its API
+from pipelines.executors import DEFAULT, EXECUTORS, executor_named, sections
+from pipelines.executors.base import StepFailed, option_names  # noqa: F401 - StepFailed: what run_pipeline raises
 from pipelines.steps import KINDS, Foreknown, Layout, StepKind
 from train.engine.config import RunConfigError
 from vlbert.utils.atomic import made_folder, write_atomically
 from vlbert.utils.errors import UserError
 from vlbert.utils.paths import output_folder
 from vlbert.utils.records import read_record
-from vlbert.utils.typed_config import did_you_mean, from_text, load_yaml
+from vlbert.utils.typed_config import checked_fields, did_you_mean, from_text, load_yaml
 
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a step's folder, an input's name
@@ -104,6 +105,8 @@ class Pipeline:
     executor_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     # step → an executor's section → the step's own settings of that section
     step_executor_settings: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # an executor → its run options given as `--set EXECUTOR.OPTION=VALUE`
+    run_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -141,7 +144,8 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
     declared = _declared_inputs(path, document)
     step_names = [entry["name"] for entry in document["steps"] if isinstance(entry, dict)
                   and isinstance(entry.get("name"), str)]
-    given, step_settings, executor_settings, problems = _sorted_settings(path, step_names, declared, settings)
+    given, step_settings, executor_settings, run_options, problems = _sorted_settings(path, step_names, declared,
+                                                                                      settings)
     inputs, unset, input_problems = _input_values(path, declared, given, here, step_names)
     problems += input_problems
     references: dict[str, Any] = {HERE: here, **{INPUT + name: value for name, value in inputs.items()}}
@@ -177,7 +181,7 @@ def load_pipeline(path: str | Path, settings: Mapping[str, Any] | None = None) -
     if problems:
         raise PipelineError("\n".join(problems))
     return Pipeline(path, out, steps, {section: {**(document.get(section) or {}), **executor_settings.get(section, {})}
-                                       for section in sections()}, step_executor_settings)
+                                       for section in sections()}, step_executor_settings, run_options)
 
 
 def with_out(path: str | Path, out: str | Path | None, settings: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -191,23 +195,26 @@ def with_out(path: str | Path, out: str | Path | None, settings: Mapping[str, An
 
 
 def run_pipeline(path: str | Path, out: str | Path | None = None, log: Callable[[str], None] = print,
-                 settings: Mapping[str, Any] | None = None, executor: str = DEFAULT, **options: Any) -> Path:
+                 settings: Mapping[str, Any] | None = None, executor: str = DEFAULT,
+                 status_stream: TextIO | None = None, **options: Any) -> Path:
     """Runs every step that is not up to date; returns the pipeline's output folder. `out` is the
     setting `out` (`--out`); `settings` the `--set` values, which the output folder records for
     `status` and `cancel` (`load_run`). `executor` (pipelines/executors) runs the steps, `options`
     are its run's (local: `jobs`, by default 1: one after another in this process, None: as many as
-    the cores and GPUs allow, `threads`, `gpus`; slurm: `wait`): one it does not take is refused when
-    given. PipelineError before any step runs when the file cannot be run as given, CannotRun when
-    the executor cannot run it (more processes than the machine or partition has, unknown settings),
-    RunGoingOn while another process runs the same output folder; StepFailed (or StepsFailed,
-    naming each) when steps fail."""
+    the cores and GPUs allow, `threads`, `gpus`; slurm: `wait`, `threads`), also given as settings
+    `EXECUTOR.OPTION`: one it does not take is refused when given; `status_stream` (a terminal) shows
+    a line per running step. PipelineError before any step runs when the file cannot be run as given,
+    CannotRun when the executor cannot run it (more processes than the machine or partition has,
+    unknown settings), RunGoingOn while another process runs the same output folder; StepFailed (or
+    StepsFailed, naming each) when steps fail."""
     from pipelines.executors.base import CannotRun, running
 
     chosen = executor_named(executor)
-    taken = chosen.taken(options)
+    chosen.options_from(options)  # what it does not take is refused before the file is read
     settings = with_out(path, out, settings)
     pipeline = load_pipeline(path, settings)
-    problems = chosen.problems(pipeline, **taken)
+    taken = chosen.options_from(_joined_options(path, options, pipeline.run_options.get(executor, {}), executor))
+    problems = chosen.problems(pipeline, taken)
     if problems:
         raise CannotRun("\n".join(f"{pipeline.path}: {problem}" for problem in problems))
     declare_out(pipeline)
@@ -216,8 +223,19 @@ def run_pipeline(path: str | Path, out: str | Path | None = None, log: Callable[
         write_atomically(pipeline.out / STATE_FOLDER / SETTINGS_FILE,
                          json.dumps({name: value for name, value in settings.items() if name != OUT}, indent=1,
                                     default=str))
-        chosen.run(pipeline, log, **taken)
+        chosen.run(pipeline, log, taken, status_stream)
     return pipeline.out
+
+
+def _joined_options(path: str | Path, given: Mapping[str, Any], settings: Mapping[str, Any], executor: str
+                    ) -> dict[str, Any]:
+    """The run options `given` (as keywords, a command's flags; None or False: not given) with those of the
+    `--set EXECUTOR.OPTION` settings; one given both ways, with two values, is a PipelineError."""
+    twice = [f"--{name} {given[name]} and --set {executor}.{name}={value}" for name, value in settings.items()
+             if given.get(name) not in (None, False, value)]
+    if twice:
+        raise PipelineError(f"{path}: {'; '.join(twice)}: the same option given twice; give one of them")
+    return {**given, **settings}
 
 
 def declare_out(pipeline: Pipeline) -> None:
@@ -275,23 +293,39 @@ def _declared_inputs(path: Path, document: dict[str, Any]) -> dict[str, Any]:
 
 
 def _sorted_settings(path: Path, step_names: list[str], declared: dict[str, Any], settings: dict[str, Any]
-                     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any], list[str]]:
+                     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any], dict[str, Any], list[str]]:
     """The settings of inputs, those of steps' fields (step name → {FIELD or STAGE.FIELD: value}), the
-    executors' settings (section → {KEY: value} of `SECTION.KEY`), and a problem for each name that is
-    none of these."""
-    inputs, steps, executor_settings, problems = {}, {}, {}, []
+    executors' settings (section → {KEY: value} of `SECTION.KEY`), their run options (executor →
+    {OPTION: value} of `EXECUTOR.OPTION`, each checked against its option's type), and a problem for
+    each name that is none of these or holds a value its option does not take."""
+    inputs, steps, executor_settings, run_options, problems = {}, {}, {}, {}, []
     for name, value in settings.items():
         step = max((s for s in step_names if name.startswith(s + ".")), key=len, default=None)
+        prefix, _, key = name.partition(".")
         if name in declared:
             inputs[name] = value
         elif step is not None:
             steps.setdefault(step, {})[name[len(step) + 1:]] = value
-        elif name.partition(".")[0] in sections() and name.partition(".")[2]:
-            section, _, key = name.partition(".")
-            executor_settings.setdefault(section, {})[key] = value
+        elif key and prefix in EXECUTORS and key in option_names(executor_named(prefix)):
+            try:
+                run_options.setdefault(prefix, {}).update(
+                    checked_fields(executor_named(prefix).options, {key: value}, f"--set {prefix}", PipelineError))
+            except PipelineError as exc:  # named with the other problems
+                problems.append(f"{path}: {exc}")
+        elif key and prefix in sections():
+            executor_settings.setdefault(prefix, {})[key] = value
+        elif key and prefix in EXECUTORS:  # an executor that takes no settings: its options only
+            problems.append(_unknown_option(path, name, executor_named(prefix)))
         elif name != OUT:
             problems.append(_unknown_setting(path, name, [*declared, OUT], step_names))
-    return inputs, steps, executor_settings, problems
+    return inputs, steps, executor_settings, run_options, problems
+
+
+def _unknown_option(path: Path, name: str, executor) -> str:
+    options = option_names(executor)
+    return (f"{path}: --set {name}: not an option of the {executor.name} executor"
+            f"{did_you_mean(name.partition('.')[2], options)}; its options: "
+            + "; ".join(f"{option} ({help})" for option, help in options.items()))
 
 
 def _unknown_setting(path: Path, name: str, inputs: list[str], steps: list[str]) -> str:

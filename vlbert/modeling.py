@@ -48,6 +48,11 @@ WEIGHTS_NAME = "model.safetensors"  # a model folder's weights (transformers' BE
 AUTO_MODEL_ARGUMENTS = ("_from_auto", "_commit_hash", "trust_remote_code", "adapter_kwargs", "code_revision")
 # Beside them, a detector's weights: an end-to-end stage's tuned detector, an official checkpoint's Fast R-CNN.
 DETECTOR_WEIGHTS = "detector.safetensors"
+# What a BERT checkpoint's config.json gives a model built on it (`from_bert`): its sizes, which its
+# weights fix, and its activation, dropouts and LayerNorm epsilon, which a caller may override.
+BERT_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "max_position_embeddings")
+BERT_DEFAULTS = ("hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -438,25 +443,14 @@ class VLBertPreTrainedModel(nn.Module):
 
         Word, position and segment A/B embeddings, the embedding LayerNorm, the encoder, the
         pooler and the MLM head transform are BERT's; the [IMG]/[END]/visual parameters and
-        segment 2 are new, N(0, 0.02).
+        segment 2 are new, N(0, 0.02). The config is BERT's sizes (`BERT_SIZES`: `config_overrides` of
+        them are dropped, its weights fix them) and, unless `config_overrides` replace them, its
+        `BERT_DEFAULTS`; VLBertConfig's defaults for the rest.
         """
         bert = BertConfig.from_pretrained(bert_directory)
-        sizes = {
-            name: getattr(bert, name)
-            for name in (
-                "vocab_size",
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "intermediate_size",
-                "hidden_act",
-                "hidden_dropout_prob",
-                "attention_probs_dropout_prob",
-                "max_position_embeddings",
-                "layer_norm_eps",
-            )
-        }
-        model = cls(VLBertConfig(**{**sizes, **config_overrides}))
+        given = {name: getattr(bert, name) for name in BERT_SIZES + BERT_DEFAULTS}
+        overrides = {name: value for name, value in config_overrides.items() if name not in BERT_SIZES}
+        model = cls(VLBertConfig(**{**given, **overrides}))
         backbone, heads = read_bert_weights(bert_directory)
         segments = backbone.pop("embeddings.token_type_embeddings.weight")
         own_segments = model.state_dict()[model.backbone_prefix + "embeddings.token_type_embeddings.weight"].clone()

@@ -71,16 +71,17 @@ def grounding_command(model_dir: Path, store: Path, annotations: Path, phrase_fo
     result = analyze_grounding(model_dir, store, annotations, vocabulary, out, phrase_format, images=images,
                                examples=examples, max_items=max_items, batch_size=batch_size, device=device,
                                max_length=max_length, fresh_weights=fresh_weights)
-    best = result["best"]
-    click.echo(f"{result['phrases']} phrases: best head layer {best['layer']} head {best['head']} "
-               f"{best['accuracy']:.3f}, mean over heads {result['mean_accuracy']:.3f}, random RoI "
-               f"{result['random_baseline']:.3f}, most confident RoI {result['confidence_baseline']:.3f}; "
+    figures = result.scores.figures
+    best = figures.best
+    click.echo(f"{result.scores.count} phrases: best head layer {best.layer} head {best.head} "
+               f"{best.accuracy:.3f}, mean over heads {figures.mean_accuracy:.3f}, random RoI "
+               f"{figures.random_baseline:.3f}, most confident RoI {figures.confidence_baseline:.3f}; "
                f"{out / 'grounding.json'}")
-    if result["left_out"]:
-        ids = [phrase["item_id"] for phrase in result["left_out"]]
+    if result.left_out:
+        ids = [phrase["item_id"] for phrase in result.left_out]
         click.echo(f"{len(ids)} phrases left out, their box no box (NaN, or x2 <= x1 or y2 <= y1): "
                    f"{', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''} (all in grounding.json, left_out)")
-    for line in grounding_verdicts(result):
+    for line in grounding_verdicts(figures.held_out_best):
         click.echo(f"Held out: {line}")
 
 
@@ -127,17 +128,17 @@ def syntax_command(model_dir: Path, store: Path, annotations: Path, parses: Path
                             plot=list(plot) or None, min_region_attention=min_region_attention, max_items=max_items,
                             batch_size=batch_size, device=device, max_length=max_length, fresh_weights=fresh_weights,
                             labels=labels)
-    click.echo(f"{result['arcs']} arcs of {len(result['relations'])} relations in {result['captions']} captions; "
+    click.echo(f"{result.arcs} arcs of {len(result.relations)} relations in {result.captions} captions; "
                f"{out / 'syntax.md'}, {out / 'syntax.json'}")
-    for row in result["relations"][:3]:
-        best = row["best"]
-        click.echo(f"  {row['relation']}: {row['arcs']} arcs, most confident RoI {row['confidence_baseline']:.3f}, "
+    for row in result.relations[:3]:
+        best = row.figures.best
+        click.echo(f"  {row.relation}: {row.arcs} arcs, most confident RoI {row.figures.confidence_baseline:.3f}, "
                    + ("no head passes --min-region-attention" if best is None else
-                      f"best head {best['layer']}-{best['head']} {best['accuracy']:.3f}"))
-    for line in syntax_verdicts(result)[:1]:
+                      f"best head {best.layer}-{best.head} {best.accuracy:.3f}"))
+    for line in syntax_verdicts(result.held_out())[:1]:
         click.echo(f"Held out: {line} (each relation's verdict in syntax.md)")
-    if result["skipped"]:
-        names = [f"{item['image_id']}/{item['caption']}" for item in result["skipped"]]
+    if result.skipped:
+        names = [f"{item['image_id']}/{item['caption']}" for item in result.skipped]
         click.echo(f"{len(names)} captions skipped, their parse not a tree or not their text: {', '.join(names[:5])}"
                    f"{', ...' if len(names) > 5 else ''} (all in syntax.json, skipped)")
 
@@ -211,7 +212,7 @@ def words_command(model_dir: Path, store: Path, annotations: Path, vocabulary: P
                       ("--vocabulary", vocabulary)))
     result = analyze_masked_words(model_dir, store, annotations, vocabulary, out, groups, max_items, batch_size,
                                   device, max_length, fresh_weights)
-    click.echo(f"{result['masked_words']} masked words in {result['captions']} captions; {out / 'words.md'}")
+    click.echo(f"{result.figures.masked_words} masked words in {result.captions} captions; {out / 'words.md'}")
     for line in words_verdicts(result):
         click.echo(f"  {line}")
 

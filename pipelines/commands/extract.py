@@ -5,9 +5,9 @@ from pathlib import Path
 import click
 
 from extract.config import parse_override
-from extract.images import DEFAULT_MAX_PIXELS
-from extract.jpeg import DEFAULT_JPEG_DECODING, JPEG_DECODING
-from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, RES5_LAYOUTS
+from extract.extraction_config import ExtractionConfig, default_of
+from extract.jpeg import JPEG_DECODING
+from extract.modeling.res5_layouts import RES5_LAYOUTS
 from extract.presets import PRESETS
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
 from pipelines.commands.values import FiniteFloatRange
@@ -55,24 +55,26 @@ def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Pat
 @click.option("--list", "image_list", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Text file of image paths relative to --images, one a line (images.txt of `vlbert data "
                    "prepare`): only these are extracted.")
-@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1))
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
-@click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32", show_default=True,
+@click.option("--batch-size", default=default_of("batch_size"), show_default=True, type=click.IntRange(min=1))
+@click.option("--device", default=default_of("device"), show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--precision", type=click.Choice(list(PRECISIONS)), default=default_of("precision"), show_default=True,
               help="Detector arithmetic, recorded in the store's meta.json: fp32 (the reference numbers), tf32 "
                    "(CUDA only) or bf16 (for GPUs; slower on CPUs without bfloat16 instructions).")
-@click.option("--res5-layout", type=click.Choice(list(RES5_LAYOUTS)), default=DEFAULT_RES5_LAYOUT, show_default=True,
+@click.option("--res5-layout", type=click.Choice(list(RES5_LAYOUTS)), default=default_of("res5_layout"),
+              show_default=True,
               help="How the RoI head runs res5, recorded in the store's meta.json: dilated (as built: the reference "
                    "numbers) or polyphase (BUTD's dilated res5 as standard convs on each RoI's sub-grids: the same "
                    "features up to float rounding; refused where res5 is not stride 1 with dilation 2 or more).")
-@click.option("--feature-dtype", type=click.Choice(list(FEATURE_ENCODINGS)), default="float16", show_default=True,
+@click.option("--feature-dtype", type=click.Choice(list(FEATURE_ENCODINGS)), default=default_of("feature_dtype"),
+              show_default=True,
               help=feature_dtype_help())
-@click.option("--top-k-classes", default="10", show_default=True,
+@click.option("--top-k-classes", default=str(default_of("top_k_classes")), show_default=True,
               help="Class probabilities kept per box for masked-RoI targets; 'all' keeps the full distribution.")
-@click.option("--mask-variants", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--mask-variants", default=default_of("mask_variants"), show_default=True, type=click.IntRange(min=0),
               help="Masked-pixel variants per image (K).")
-@click.option("--mask-prob", default=0.15, show_default=True, type=FiniteFloatRange(0, 1),
+@click.option("--mask-prob", default=default_of("mask_prob"), show_default=True, type=FiniteFloatRange(0, 1),
               help="Probability of masking each box in a variant (at least one box is masked).")
-@click.option("--mask-seed", default=0, show_default=True, type=int)
+@click.option("--mask-seed", default=default_of("mask_seed"), show_default=True, type=int)
 @click.option("--shard", default=None, metavar="i/n",
               help="Process slice i of n (default: RANK/WORLD_SIZE from a launcher, else everything); with tar "
                    "shards, every n-th tar shard from the i-th.")
@@ -80,7 +82,8 @@ def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Pat
               help="Processes that read and decode the image files (0: the job's process) [default: 2 on the CPU; "
                    "on a GPU the cores this process may use less one per stream and one, from 2 to 8]. A worker "
                    "that crashes on a file makes that file a failure and is replaced.")
-@click.option("--jpeg-decoding", type=click.Choice(JPEG_DECODING), default=DEFAULT_JPEG_DECODING, show_default=True,
+@click.option("--jpeg-decoding", type=click.Choice(JPEG_DECODING), default=default_of("jpeg_decoding"),
+              show_default=True,
               help="Where JPEGs are decoded: workers (Pillow, the CPU's pixels bit for bit), auto (on a CUDA device, "
                    "in batches with nvJPEG, where torchvision can; faster, but its pixels differ from libjpeg's by a "
                    "level or so), or device (refused where it cannot). Other formats, and JPEGs the device cannot "
@@ -93,7 +96,7 @@ def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Pat
 @click.option("--streams", type=click.IntRange(min=1),
               help="On a GPU, batches computed at once, each on a CUDA stream of its own, so that the device "
                    "computes one while the host works on another [default: 2].")
-@click.option("--max-pixels", default=DEFAULT_MAX_PIXELS, show_default=True, type=click.IntRange(min=1),
+@click.option("--max-pixels", default=default_of("max_pixels"), show_default=True, type=click.IntRange(min=1),
               help="Images with more pixels (width x height, read from the file's header) are failures, refused "
                    "before decoding: a small file can declare a huge image. At most Pillow's decompression-bomb "
                    "limit, PIL.Image.MAX_IMAGE_PIXELS (about 89 MP).")
@@ -108,14 +111,15 @@ def extract_command(images, out, detector, weights, overrides, boxes, image_list
     """
     from extract.job import parse_shard, run_extraction
 
-    summary = run_extraction(
-        images, out, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
+    config = ExtractionConfig(
+        images, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
         boxes=boxes, image_list=image_list, batch_size=batch_size, device=device, precision=precision,
         res5_layout=res5_layout, feature_dtype=feature_dtype,
         top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
         mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
         progress=not quiet, max_pixels=max_pixels, threads=threads, streams=streams, jpeg_decoding=jpeg_decoding,
     )
+    summary = run_extraction(config, out)
     click.echo(summary.report())
     if strict and summary.failed:
         raise click.ClickException(f"{summary.failed} image(s) failed (--strict)")

@@ -16,7 +16,8 @@ def _pipeline_options(command):
                            help="Output folder (default: the file's `out`).")(command)
     command = click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
                            help="An input the file declares, STEP.FIELD / STEP.STAGE.FIELD / STEP.FIELD+ "
-                                "(append), or slurm.KEY (repeatable); VALUE is read as YAML, null is none. "
+                                "(append), slurm.KEY, or an executor's option EXECUTOR.OPTION (local.jobs=2 is "
+                                "--jobs 2) (repeatable); VALUE is read as YAML, null is none. "
                                 "out=DIR is --out.")(command)
     return click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))(command)
 
@@ -37,16 +38,16 @@ def pipeline_group() -> None:
 @_pipeline_options
 @click.option("--jobs", type=click.IntRange(min=1),
               help="Steps at once (local executor) [default: as many as the cores and GPUs allow]; 1 runs them "
-                   "one after another in this process.")
+                   "one after another in this process. Also --set local.jobs=N.")
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads of every step's processes [default: the free cores shared among the steps "
                    "starting; on Slurm, slurm.cpus_per_task, which --threads sets]; results are bitwise the "
-                   "same for the same count.")
+                   "same for the same count. Also --set local.threads=N (slurm.threads=N).")
 @click.option("--executor", type=click.Choice(list(EXECUTORS)), default=DEFAULT, show_default=True,
               help="local: this machine; slurm: a job per step through submitit (settings: slurm.KEY).")
 @click.option("--wait", is_flag=True,
               help="slurm: wait for the jobs and report their end [default: submit and return]; the local "
-                   "executor always waits.")
+                   "executor always waits. Also --set slurm.wait=true.")
 def run_command(file: Path, settings: tuple[str, ...], out: Path | None, jobs: int | None, threads: int | None,
                 executor: str, wait: bool) -> None:
     """Run FILE's steps, each into its own folder under the output folder, every step whose inputs

@@ -4,10 +4,12 @@
 - `slurm` (slurm.py): a Slurm cluster through submitit, each step a job after the jobs it reads.
 
 An executor module offers `EXECUTOR`, an instance of base.Executor (run, status, cancel, its settings
-section, the environment it gives a step's processes); another engine (Ray, Kubernetes jobs) is one
-more module and one more entry here, and nothing else names it. Every executor runs a step the same
-way, in a process that `vlbert pipeline step SPEC` starts (pipelines/execution.py), and records what
-it launched in the pipeline's state file, which `status` and `cancel` read, from any process.
+section, its run options as a dataclass, the attempt its step's processes belong to); the environment
+it gives them is built in environment.py. Another engine (Ray, Kubernetes jobs) is one more module and
+one more entry here, and nothing else names it (tests/pipelines/test_executor_toy.py adds one so).
+Every executor runs a step the same way, in a process that `vlbert pipeline step SPEC` starts
+(pipelines/execution.py), and records what it launched in the pipeline's state file, which `status`
+and `cancel` read, from any process.
 
 This module imports nothing, so that the command line lists the executors without loading them.
 """
@@ -37,6 +39,6 @@ def sections() -> list[str]:
 
 def executor_of(out: Path):
     """The executor that last ran the pipeline in `out` (its state file says), else the default one."""
-    from pipelines.executors.base import read_state
+    from pipelines.executors.base import read_run
 
-    return executor_named(read_state(out).get("executor", DEFAULT))
+    return executor_named(read_run(out).executor or DEFAULT)

@@ -17,21 +17,22 @@ record was never closed is known to be over, and a second run of the same folder
 from __future__ import annotations
 
 import fcntl
-import inspect
 import json
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, TextIO
 
 from pipelines.execution import STATE_FOLDER, Step, decide, read_stamp
+from pipelines.executors.records import LaunchRecord, RunRecord
 from vlbert.utils.atomic import write_atomically
 from vlbert.utils.errors import FAILED, UserError, error_line, exit_status
 from vlbert.utils.locks import is_held, lock_holder, take_lock
 from vlbert.utils.progress import progress_summary
 from vlbert.utils.records import read_record
+from vlbert.utils.typed_config import checked_fields
 
 Log = Callable[[str], None]
 STATE_FILE = "state.json"
@@ -114,6 +115,11 @@ class Launch:
     attempts: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class NoOptions:
+    """The run options of an executor that takes none."""
+
+
 class Executor(ABC):
     """One way of running a pipeline's steps; each is one module and one entry of EXECUTORS."""
 
@@ -121,15 +127,20 @@ class Executor(ABC):
     # Its settings: the pipeline file's top-level mapping of this name, a step's own mapping of this
     # name, and `--set SECTION.KEY=VALUE`; None: it takes none from the file.
     section: str | None = None
+    # Its run's options: a frozen dataclass, every field with its default and a `help` line in its
+    # metadata; given to `run_pipeline` as keywords, to `vlbert pipeline run` as flags or as
+    # `--set NAME.OPTION=VALUE` (NAME: the executor's).
+    options: type = NoOptions
 
     @abstractmethod
-    def problems(self, pipeline, **options: Any) -> list[str]:
-        """What keeps it from running the pipeline as given (more processes than it can start, unknown
-        settings), found before anything runs."""
+    def problems(self, pipeline, options) -> list[str]:
+        """What keeps it from running the pipeline as given with `options` (an instance of `self.options`):
+        more processes than it can start, unknown settings; found before anything runs."""
 
     @abstractmethod
-    def run(self, pipeline, log: Log, **options: Any) -> None:
-        """Runs or submits every step not up to date; raises StepsFailed (or a step's error) at the end."""
+    def run(self, pipeline, log: Log, options, status_stream: TextIO | None = None) -> None:
+        """Runs or submits every step not up to date (a line per running step on `status_stream`, a
+        terminal, while it waits); raises StepsFailed (or a step's error) at the end."""
 
     @abstractmethod
     def launches(self, pipeline) -> tuple[dict[str, Launch], bool]:
@@ -150,17 +161,19 @@ class Executor(ABC):
     # the option is refused.
     instead: dict[str, str] = {}
 
-    def taken(self, options: dict[str, Any]) -> dict[str, Any]:
-        """The options its `run` takes (its keyword-only parameters), `wait` dropped where it waits anyway;
-        one it does not take is refused when given (not None or False), with what does its work here."""
-        own = [name for name, parameter in inspect.signature(self.run).parameters.items()
-               if parameter.kind is parameter.KEYWORD_ONLY]
-        given = [name for name, value in options.items() if name not in own and value is not None and value is not False
-                 and not (name == "wait" and self.waits)]
-        if given:
+    def options_from(self, given: Mapping[str, Any]) -> Any:
+        """Its options (an instance of `self.options`) from the values `given` by name, each checked against
+        its field's type; `wait` is dropped where it waits anyway, and an option it does not have is refused
+        when given (not None or False), with what does its work here."""
+        own = option_names(self)
+        refused = [name for name, value in given.items() if name not in own and value is not None
+                   and value is not False and not (name == "wait" and self.waits)]
+        if refused:
             raise CannotRun("; ".join(f"{name}: not an option of the {self.name} executor"
-                                      + (f" ({self.instead[name]})" if name in self.instead else "") for name in given))
-        return {name: value for name, value in options.items() if name in own}
+                                      + (f" ({self.instead[name]})" if name in self.instead else "")
+                                      for name in refused))
+        values = {name: value for name, value in given.items() if name in own}
+        return self.options(**checked_fields(self.options, values, error=CannotRun))
 
     def status(self, pipeline) -> list[StepStatus]:
         """Every step's status, in the pipeline's order."""
@@ -169,6 +182,11 @@ class Executor(ABC):
         for step in pipeline.steps:
             rows[step.name] = _status(step, launches.get(step.name, Launch()), rows, going_on)
         return list(rows.values())
+
+
+def option_names(executor: Executor) -> dict[str, str]:
+    """The executor's run options, each name with its help line."""
+    return {option.name: option.metadata.get("help", "") for option in fields(executor.options)}
 
 
 def _status(step: Step, launch: Launch, rows: dict[str, StepStatus], going_on: bool) -> StepStatus:
@@ -254,10 +272,40 @@ def read_state(out: Path) -> dict[str, Any]:
     return read_record(state_file(out), "the record of what ran", StateUnreadable) or {}
 
 
-def launched_steps(out: Path, executor: str) -> dict[str, dict[str, Any]]:
+def read_run(out: Path) -> RunRecord:
+    """The state file of `out` as records (records.py); one that is no record is StateUnreadable naming it."""
+    recorded = read_state(out)  # outside the try: a StateUnreadable is a ValueError too
+    try:
+        return RunRecord.from_json(recorded)
+    except ValueError as exc:
+        raise damaged_state(out, str(exc)) from None
+
+
+def launched_steps(out: Path, executor: str) -> dict[str, LaunchRecord]:
     """What `executor` recorded of each step it launched in `out`; {} when another executor ran it last."""
-    recorded = read_state(out)
-    return recorded.get("steps", {}) if recorded.get("executor") == executor else {}
+    return read_run(out).launched(executor)
+
+
+def record_run(out: Path, change: Callable[[RunRecord], RunRecord]) -> None:
+    """The state file of `out` changed by `change`, under its lock: what every executor records goes
+    through it (a run's start writes a new RunRecord whole)."""
+    with updating_state(out) as recorded:
+        try:
+            run = RunRecord.from_json(recorded)
+        except ValueError as exc:
+            raise damaged_state(out, str(exc)) from None
+        recorded.clear()
+        recorded.update(change(run).to_json())
+
+
+def record_launch(out: Path, step: str, change: Callable[[LaunchRecord | None], LaunchRecord]) -> None:
+    """The launch record of `step` in the state file of `out` changed by `change` (given None where there
+    is none yet)."""
+    record_run(out, lambda run: replace(run, steps={**run.steps, step: change(run.steps.get(step))}))
+
+
+def damaged_state(out: Path, problem: str, consequence: str = "") -> StateUnreadable:
+    return StateUnreadable(f"{state_file(out)}: damaged ({problem}){consequence}")
 
 
 def last_error(log: Path, start: int = 0) -> str:

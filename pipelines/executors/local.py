@@ -40,35 +40,36 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import Callable, Iterator, TextIO
 
 from pipelines.execution import Step, StepSpec, new_attempt, recorded, resumed_threads, run_here, run_spec, state
 from pipelines.executors.base import (
-    Executor, Launch, State, StateUnreadable, StepFailed, StepsFailed, last_error, launched_steps, read_state,
-    run_going_on, state_file, updating_state,
+    Executor, Launch, State, StepFailed, StepsFailed, damaged_state, last_error, launched_steps, read_run,
+    record_launch, record_run, run_going_on,
 )
+from pipelines.executors.allocation import Demand, Limits, allocate
 from pipelines.executors.board import StatusBoard
-from pipelines.executors.forked import SAFE_PATH, ForkedProcess, shut_down, warm_up
+from pipelines.executors.environment import local_environment
+from pipelines.executors.forked import shut_down, warm_up
+from pipelines.executors.launchers import Launched, Process, Task, Way, forks, launchers, way_of
 from pipelines.executors.processes import (
     ENDING_GRACE_S, process_identity, recorded_pid, scheduler_variable, wait_for_end,
 )
+from pipelines.executors.records import LaunchRecord, RunRecord, SchedulerRecord
 from pipelines.executors.shard_limits import local_processes, too_many_shards
-from pipelines.steps import KINDS
 from vlbert.utils.errors import Stopped, error_line, exit_status
-from vlbert.utils.progress import PROGRESS_VARIABLE, progress_summary
+from vlbert.utils.progress import progress_summary
+from vlbert.utils.step_environment import ATTEMPT
 
 Log = Callable[[str], None]
 NAME = "local"
 POLL_S = 0.5
 STOP_GRACE_S = 120.0  # how long stopped steps may take to write their checkpoints before they are killed
-ATTEMPT_VARIABLE = "VLBERT_ATTEMPT"  # what the processes of one launch of a step share
 
 
 class Interrupted(Stopped):
@@ -80,32 +81,6 @@ class Interrupted(Stopped):
 
 
 @dataclass
-class Task:
-    """One launch: a step, or one shard of a sharded step."""
-
-    step: Step
-    shard: int | None = None
-
-    @property
-    def processes(self) -> int:
-        return 1 if self.shard is not None else self.step.layout.ranks
-
-    @property
-    def name(self) -> str:
-        return self.step.name + (f" shard {self.shard}" if self.shard is not None else "")
-
-
-@dataclass
-class Launched:
-    task: Task
-    process: subprocess.Popen | ForkedProcess
-    cores: int
-    gpus: list[str]
-    threads: int
-    log_start: int  # the size of the step's log when the launch started: what follows is the launch's
-
-
-@dataclass
 class Outcome:
     failed: dict[str, str] = field(default_factory=dict)  # step → its error line
     statuses: dict[str, int] = field(default_factory=dict)  # step → the exit status it failed with
@@ -113,13 +88,26 @@ class Outcome:
     causes: dict[str, Exception] = field(default_factory=dict)  # step → its error, when it ran here
 
 
+@dataclass(frozen=True)
+class LocalOptions:
+    """The local executor's run options (`--jobs`, `--threads`; `--set local.OPTION=VALUE`)."""
+
+    jobs: int | None = field(default=1, metadata={"help": "launches at once; 1: one after another in this process, "
+                                                          "null: as many as the cores and GPUs allow"})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads of every step's processes; null: the "
+                                                                "free cores shared among the steps starting"})
+    gpus: tuple[str, ...] | None = field(default=None, metadata={
+        "help": "the GPUs to hand out; null: CUDA_VISIBLE_DEVICES, else every GPU torch sees"})
+
+
 class LocalExecutor(Executor):
     name = NAME
+    options = LocalOptions
 
-    def problems(self, pipeline, *, jobs: int | None = 1, threads: int | None = None, gpus: list[str] | None = None,
-                 status_stream: TextIO | None = None) -> list[str]:
+    def problems(self, pipeline, options: LocalOptions) -> list[str]:
+        jobs, threads = options.jobs, options.threads
         cores = len(os.sched_getaffinity(0))
-        gpus = visible_gpus() if gpus is None else gpus
+        gpus = visible_gpus() if options.gpus is None else options.gpus
         problems = []
         if jobs is not None and jobs < 1:
             problems.append(f"jobs {jobs}: expected a positive number of steps at once")
@@ -141,10 +129,10 @@ class LocalExecutor(Executor):
                                 "GPUs; name cuda or auto (or run them one after another with --jobs 1)")
         return problems + too_many_shards(pipeline, *local_processes())
 
-    def run(self, pipeline, log: Log, *, jobs: int | None = 1, threads: int | None = None,
-            gpus: list[str] | None = None, status_stream: TextIO | None = None) -> None:
+    def run(self, pipeline, log: Log, options: LocalOptions, status_stream: TextIO | None = None) -> None:
         """Runs the pipeline's steps that are not up to date (see the module's docstring)."""
-        Scheduler(pipeline, log, jobs, threads, visible_gpus() if gpus is None else list(gpus), status_stream).run()
+        gpus = visible_gpus() if options.gpus is None else list(options.gpus)
+        Scheduler(pipeline, log, options.jobs, options.threads, gpus, status_stream).run()
 
     def launches(self, pipeline) -> tuple[dict[str, Launch], bool]:
         return {name: launch for name, entry in launched_steps(pipeline.out, NAME).items()
@@ -166,8 +154,8 @@ class LocalExecutor(Executor):
             log(f"{out}: the run's scheduler is process {scheduler.pid} on host {scheduler.host}: run "
                 "`vlbert pipeline cancel` there")
         elif scheduler.pid in (os.getpid(), os.getpgrp()):
-            raise _damaged(out, f"its scheduler's pid {scheduler.pid} is this process's own or its process "
-                                "group's", ": nothing was signalled")
+            raise damaged_state(out, f"its scheduler's pid {scheduler.pid} is this process's own or its process "
+                                     "group's", ": nothing was signalled")
         elif process_identity(scheduler.pid) != scheduler.identity:
             log(f"{out}: process {scheduler.pid} is no longer the run's scheduler (its pid was taken by another "
                 "process): nothing was signalled")
@@ -176,7 +164,7 @@ class LocalExecutor(Executor):
             log(f"{out}: asked the run (process {scheduler.pid}) to stop; its steps resume on a rerun")
 
     def attempt(self) -> str | None:
-        return os.environ.get(ATTEMPT_VARIABLE)
+        return os.environ.get(ATTEMPT)
 
 
 @dataclass(frozen=True)
@@ -190,64 +178,60 @@ def _recorded_scheduler(out: Path) -> RecordedScheduler | None:
     """The local scheduler that the state file of `out` records without its end; None when it records
     none (another executor ran last) or its end. Nothing is signalled on the word of a record that is
     not one (a pid that is not a process's, no identity, no host): StateUnreadable naming the file."""
-    recorded = read_state(out)
-    scheduler = recorded.get("scheduler") if recorded.get("executor") == NAME else None
-    if scheduler is None or isinstance(scheduler, dict) and "ended" in scheduler:
+    run = read_run(out)
+    scheduler = run.scheduler if run.executor == NAME else None
+    if scheduler is None or isinstance(scheduler, SchedulerRecord) and scheduler.ended is not None:
         return None
-    if not isinstance(scheduler, dict):
-        raise _damaged(out, "its scheduler is not a record", ": nothing was signalled")
+    if not isinstance(scheduler, SchedulerRecord):
+        raise damaged_state(out, "its scheduler is not a record", ": nothing was signalled")
     try:
-        pid = recorded_pid(scheduler.get("pid"))
+        pid = recorded_pid(scheduler.pid)
     except ValueError as exc:
-        raise _damaged(out, f"its scheduler's pid: {exc}", ": nothing was signalled") from None
-    identity, host = scheduler.get("identity"), scheduler.get("host")
+        raise damaged_state(out, f"its scheduler's pid: {exc}", ": nothing was signalled") from None
+    identity, host = scheduler.identity, scheduler.host
     if not isinstance(identity, str):
-        raise _damaged(out, f"no identity (start time and boot) of its scheduler, process {pid}",
-                       ": nothing was signalled")
+        raise damaged_state(out, f"no identity (start time and boot) of its scheduler, process {pid}",
+                            ": nothing was signalled")
     if not (isinstance(host, str) and host.isprintable() and 0 < len(host) <= 255):
-        raise _damaged(out, f"no host name of its scheduler, process {pid}", ": nothing was signalled")
+        raise damaged_state(out, f"no host name of its scheduler, process {pid}", ": nothing was signalled")
     return RecordedScheduler(pid, identity, host)
 
 
-def _launch_of(out: Path, step: str, entry: dict[str, Any]) -> Launch | None:
+def _launch_of(out: Path, step: str, record: LaunchRecord) -> Launch | None:
     """What the scheduler recorded of a step's launch, as a Launch; None when it ended well."""
-    attempts = (entry["attempt"],) if "attempt" in entry else ()
-    if entry.get("state") == "failed":
-        return Launch(State.FAILED, detail=entry.get("error", ""), attempts=attempts)
-    if entry.get("state") == State.NOT_RUN.value:  # never launched: a step it reads failed
-        return Launch(State.CANCELLED, detail=entry.get("error", ""))
-    if entry.get("state") not in ("running", "stopped"):
+    attempts = (record.attempt,) if record.attempt is not None else ()
+    if record.state == State.FAILED:
+        return Launch(State.FAILED, detail=record.error or "", attempts=attempts)
+    if record.state == State.NOT_RUN:  # never launched: a step it reads failed
+        return Launch(State.CANCELLED, detail=record.error or "")
+    if record.state not in (State.RUNNING, State.STOPPED):
         return None
-    alive = [str(pid) for pid in _live_processes(out, step, entry)]
-    if entry["state"] == "running" and alive:
+    alive = [str(pid) for pid in _live_processes(out, step, record)]
+    if record.state == State.RUNNING and alive:
         return Launch(State.RUNNING, ",".join(alive), attempts=attempts)
     return Launch(State.STOPPED, detail="resumes on a rerun", attempts=attempts)
 
 
-def _recorded_processes(out: Path, step: str, entry: dict[str, Any]) -> dict[int, str | None]:
+def _recorded_processes(out: Path, step: str, record: LaunchRecord) -> dict[int, str | None]:
     """The processes the state file of `out` records for a step's launch, {pid: identity}; a pid that
     is not a process's is StateUnreadable naming the file."""
-    processes = entry.get("processes", {})
+    processes = record.processes
     if not isinstance(processes, dict):
-        raise _damaged(out, f"step {step!r}: its processes are not a record")
+        raise damaged_state(out, f"step {step!r}: its processes are not a record")
     pids = {}
     for key, identity in processes.items():
         try:  # a JSON object's keys are strings: the pid's digits
             pid = recorded_pid(int(key) if key.isascii() and key.isdigit() and len(key) <= 10 else key)
         except ValueError as exc:
-            raise _damaged(out, f"step {step!r}: a process's pid: {exc}") from None
+            raise damaged_state(out, f"step {step!r}: a process's pid: {exc}") from None
         pids[pid] = identity if isinstance(identity, str) else None  # none: it ended before it was recorded
     return pids
 
 
-def _live_processes(out: Path, step: str, entry: dict[str, Any]) -> dict[int, str]:
+def _live_processes(out: Path, step: str, record: LaunchRecord) -> dict[int, str]:
     """The step's recorded processes that still run: {pid: identity}."""
-    return {pid: identity for pid, identity in _recorded_processes(out, step, entry).items()
+    return {pid: identity for pid, identity in _recorded_processes(out, step, record).items()
             if identity is not None and process_identity(pid) == identity}
-
-
-def _damaged(out: Path, problem: str, consequence: str = "") -> StateUnreadable:
-    return StateUnreadable(f"{state_file(out)}: damaged ({problem}){consequence}")
 
 
 def visible_gpus() -> list[str]:
@@ -264,10 +248,11 @@ class Scheduler:
                  status_stream: TextIO | None) -> None:
         from vlbert.utils.threads import thread_count
 
-        self.pipeline, self.jobs, self.threads, self.gpus = pipeline, jobs, threads, gpus
+        self.pipeline, self.threads, self.gpus = pipeline, threads, gpus
         self.inline = jobs == 1
         self.cores = len(os.sched_getaffinity(0))
-        self.most_threads = thread_count(env=os.environ, default=None)  # OMP_NUM_THREADS, where set
+        # OMP_NUM_THREADS, where set, bounds the threads a step is offered
+        self.limits = Limits(self.cores, jobs, threads, thread_count(env=os.environ, default=None))
         self.board = StatusBoard(log, status_stream)
         self.waiting = list(pipeline.steps)  # not ready yet: an earlier step they read is not done
         self.ready: list[Task] = []
@@ -283,24 +268,22 @@ class Scheduler:
         # otherwise: stopping a server that someone else started waits for every process holding its
         # pipe, a failed inline step's DataLoader workers too.
         self.forking = False
+        self.launchers = launchers(NAME, self._run_inline, self._environment)
 
     # ---- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
         """The loop, under the run lock that the caller holds (base.running), recorded in the state file."""
         self._wait_for_the_last_run()
-        with updating_state(self.pipeline.out) as records:
-            records.clear()
-            records.update(executor=NAME, scheduler={"pid": os.getpid(), "identity": process_identity(os.getpid()),
-                                                     "host": socket.gethostname(), "started": time.time()}, steps={})
+        scheduler = SchedulerRecord(os.getpid(), process_identity(os.getpid()), socket.gethostname(), time.time())
+        record_run(self.pipeline.out, lambda _: RunRecord(NAME, scheduler))
         try:
             with self._signals_handled():
                 self._loop()
         finally:
             if self.forking:
                 shut_down()
-            with updating_state(self.pipeline.out) as records:
-                records["scheduler"]["ended"] = time.time()
+            record_run(self.pipeline.out, _scheduler_ended)
         self._report()
 
     def _wait_for_the_last_run(self) -> None:
@@ -308,8 +291,8 @@ class Scheduler:
         this run holds the lock it held): they are stopping (processes.end_with_scheduler), and their steps
         resume here once they let go of their locks. After the grace they are killed; this run then goes on."""
         out = self.pipeline.out
-        left = {pid: identity for name, entry in launched_steps(out, NAME).items()
-                for pid, identity in _live_processes(out, name, entry).items() if pid != os.getpid()}
+        left = {pid: identity for name, launch in launched_steps(out, NAME).items()
+                for pid, identity in _live_processes(out, name, launch).items() if pid != os.getpid()}
         if not left:
             return
         self.board.event(f"waiting for {len(left)} process(es) of the last run's steps to stop, as they do when "
@@ -340,7 +323,7 @@ class Scheduler:
                 self.outcome.left_out[step.name] = failed
                 self.board.event(f"[{step.name}] not run: it reads {failed}, which failed")
                 # for the run's timeline (pipelines/report/timeline.py); status derives it from the graph
-                self._record(step, State.NOT_RUN.value, error=f"it reads {failed}, which failed")
+                self._record(step, State.NOT_RUN, error=f"it reads {failed}, which failed")
                 continue
             if not all(name in self.done for name in step.reads):
                 continue
@@ -359,75 +342,51 @@ class Scheduler:
         # The server's imports (~5 s) overlap what runs before the first heavy step (a light world or
         # preparation step): it starts as soon as a step is to run and a heavy one is ready or to come.
         to_come = [*self.ready, *(Task(step) for step in self.waiting)]
-        if not self.inline and not self.forking and self.ready and any(_forked(task) for task in to_come):
+        if not self.inline and not self.forking and self.ready and any(forks(task) for task in to_come):
             self.forking = True
             warm_up()
 
     def _launch(self) -> None:
-        """Starts the ready launches that fit: a core per process and thread, a GPU per process of a
-        GPU step, at most `jobs` at once; the free cores are then shared among the heavy steps starting (a
-        light step, `StepKind.light`, runs with one thread beside them and counts for no core)."""
+        """Starts the ready launches that fit (allocation.py: cores, GPUs, `jobs`, each one's threads)."""
         free_cores = self.cores - sum(launched.cores for launched in self.running)
         free_gpus = [gpu for gpu in self.gpus if all(gpu not in launched.gpus for launched in self.running)]
-        starting: list[tuple[Task, list[str]]] = []
-        for task in list(self.ready):
-            if self.jobs is not None and len(self.running) + len(starting) >= self.jobs:
-                break
-            gpus = task.processes if task.step.layout.gpu and self.gpus else 0
-            fits_alone = not self.running and not starting  # more than the machine has still runs, alone
-            # Threads fixed (`--threads`, or those a resumed step started with) claim their cores: two
-            # 2-thread steps on 2 cores would spin-wait on each other's cores, many times slower.
-            fixed = self.resumed_threads.get(task.step.name) or self.threads or 1
-            cores = 0 if _light(task) else task.processes * fixed
-            if (cores > free_cores or gpus > len(free_gpus)) and not fits_alone:
-                continue
-            starting.append((task, free_gpus[:gpus]))
-            free_gpus = free_gpus[gpus:]
-            free_cores -= cores
-            self.ready.remove(task)
-        heavy = sum(task.processes for task, _ in starting if not _light(task))
-        for task, gpus in starting:
-            offered = self.threads or (1 if _light(task) else min(1 + max(free_cores, 0) // heavy,
-                                                                  self.most_threads or self.cores))
-            self._start(task, gpus, self.resumed_threads.get(task.step.name) or offered)
+        tasks = {task.name: task for task in self.ready}
+        starts = allocate([self._demand(task) for task in self.ready], len(self.running), free_cores, free_gpus,
+                          self.limits)
+        for start in starts:
+            self.ready.remove(tasks[start.name])
+        for start in starts:
+            self._start(tasks[start.name], list(start.gpus), start.threads)
+
+    def _demand(self, task: Task) -> Demand:
+        """What `task` asks for: a GPU per process of a GPU step (where GPUs are given), the threads its
+        step resumes with."""
+        return Demand(task.name, task.processes, task.processes if task.step.layout.gpu and self.gpus else 0,
+                      task.light, self.resumed_threads.get(task.step.name))
 
     def _start(self, task: Task, gpus: list[str], threads: int) -> None:
-        from train.engine.speed import CORES_VARIABLE  # torch: imported by then to check the steps' configs
-
-        step = task.step
-        if self.inline and task.processes == 1 and task.shard is None:
-            self._run_inline(step)
+        way = way_of(task, self.inline)
+        self.forking = self.forking or way is Way.FORKED
+        launched = self.launchers[way].start(task, threads, gpus)
+        if launched is None:  # it ran here, to its end
             return
-        step.folder.mkdir(parents=True, exist_ok=True)
-        log_start = step.log_file.stat().st_size if step.log_file.exists() else 0
-        spec = StepSpec(step, NAME, threads, "shard" if task.shard is not None else "").write()
-        # The cores it is given, all its processes together: its DataLoader workers fit within them.
-        # PYTHONSAFEPATH: no folder of the user's is on the import path of the step's processes (torch's
-        # launcher starts its ranks as `python -u -m pipelines`, without -P); the scheduler's identity:
-        # they end with it (processes.py).
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), CORES_VARIABLE: str(task.processes * threads),
-               "CUDA_VISIBLE_DEVICES": ",".join(gpus), SAFE_PATH: "1", **self.scheduler,
-               ATTEMPT_VARIABLE: self.attempts[step.name], PROGRESS_VARIABLE: str(step.progress_file(task.shard))}
-        if _forked(task):
-            self.forking = True
-            process = ForkedProcess(step_arguments(spec, task), env, step.log_file)
-        else:
-            with step.log_file.open("ab") as log_file:
-                process = subprocess.Popen(launch_command(spec, task), stdin=subprocess.DEVNULL, stdout=log_file,
-                                           stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.running.append(Launched(task, process, 0 if _light(task) else task.processes * threads, gpus, threads,
-                                     log_start))
+        self.running.append(launched)
         on = f", GPU {','.join(gpus)}" if gpus else ""
-        self.board.event(f"[{task.name}] {step.kind} started: {task.processes} process(es), {threads} thread(s) each"
-                         f"{on}; log {step.log_file}")
-        self._record_process(step, process.pid)
+        self.board.event(f"[{task.name}] {task.step.kind} started: {task.processes} process(es), {threads} thread(s) "
+                         f"each{on}; log {task.step.log_file}")
+        self._record_process(task.step, launched.process.pid)
+
+    def _environment(self, task: Task, threads: int, gpus: list[str]) -> dict[str, str]:
+        return local_environment(task.step, task.shard, threads, task.processes, gpus, self.scheduler,
+                                 self.attempts[task.step.name])
 
     def _record_process(self, step: Step, pid: int) -> None:
         """A process of the step's launch, with what tells it from a later process of the same pid."""
-        with updating_state(self.pipeline.out) as records:
-            entry = records["steps"].setdefault(step.name, {"state": "running", "processes": {}, "started": time.time(),
-                                                            "attempt": self.attempts[step.name]})
-            entry["processes"][str(pid)] = process_identity(pid)
+        def with_process(launch: LaunchRecord | None) -> LaunchRecord:
+            launch = launch or LaunchRecord(State.RUNNING, started=time.time(), attempt=self.attempts[step.name])
+            return launch.with_process(pid, process_identity(pid))
+
+        record_launch(self.pipeline.out, step.name, with_process)
 
     def _run_inline(self, step: Step) -> None:
         self._record_process(step, os.getpid())
@@ -483,9 +442,9 @@ class Scheduler:
         self.board.event(f"[{step.name}] failed: {error} (log: {step.log_file})")
         self._record(step, "failed", error=error)
 
-    def _record(self, step: Step, outcome: str, **details: Any) -> None:
-        with updating_state(self.pipeline.out) as records:
-            records["steps"].setdefault(step.name, {}).update(state=outcome, ended=time.time(), **details)
+    def _record(self, step: Step, outcome: str, **details: str) -> None:
+        record_launch(self.pipeline.out, step.name,
+                      lambda launch: replace(launch or LaunchRecord(), state=outcome, ended=time.time(), **details))
 
     def _status_line(self, launched: Launched) -> str:
         task = launched.task
@@ -552,6 +511,10 @@ class Scheduler:
         raise error
 
 
+def _scheduler_ended(run: RunRecord) -> RunRecord:
+    return replace(run, scheduler=replace(run.scheduler, ended=time.time()))
+
+
 def _interruption(signum: int) -> BaseException:
     """What a run stopped by `signum` ends with: Ctrl-C's own KeyboardInterrupt, else `Interrupted`."""
     return KeyboardInterrupt() if signum == signal.SIGINT else Interrupted(signum)
@@ -567,31 +530,6 @@ def _how_it_stopped(launched: Launched) -> str:
     return f"ended by {signal.Signals(-code).name}" if code < 0 else f"ended with exit status {code}"
 
 
-def _light(task: Task) -> bool:
-    return KINDS[task.step.kind].light
-
-
-def _forked(task: Task) -> bool:
-    """A heavy launch of one process is forked from the server that imported torch (forked.py); a light
-    one (it imports no torch) and torch's launcher for DDP start as commands."""
-    return task.processes == 1 and not _light(task)
-
-
-def step_arguments(spec: Path, task: Task) -> list[str]:
-    """The `vlbert` arguments of one launch: `pipeline step SPEC`, with its shard."""
-    return ["pipeline", "step", str(spec), *(["--shard", str(task.shard)] if task.shard is not None else [])]
-
-
-def launch_command(spec: Path, task: Task) -> list[str]:
-    """The command of one launch that is not forked: `vlbert pipeline step SPEC`, under torch's
-    launcher for several DDP processes."""
-    command = [sys.executable, "-m", "pipelines", *step_arguments(spec, task)]
-    if task.processes > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                f"--nproc-per-node={task.processes}", *command[1:]]
-    return command
-
-
 def appending_to(path: Path) -> Log:
     def log(message: str) -> None:
         with path.open("a", encoding="utf-8") as file:
@@ -600,7 +538,7 @@ def appending_to(path: Path) -> Log:
     return log
 
 
-def _signal_group(process: subprocess.Popen | ForkedProcess, signum: int) -> None:
+def _signal_group(process: Process, signum: int) -> None:
     try:
         os.killpg(process.pid, signum)
     except ProcessLookupError:

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.own_packages import USAGE
+from vlbert.utils import step_environment
 
-SCHEDULER_VARIABLE = "VLBERT_SCHEDULER"  # in a step's environment: "PID IDENTITY" of the scheduler that started it
+SCHEDULER_VARIABLE = step_environment.SCHEDULER  # "PID IDENTITY" of the scheduler that started a step
 PID_MAX_FILE = Path("/proc/sys/kernel/pid_max")
 PID_LIMIT = 4194304  # Linux's highest pid_max (PID_MAX_LIMIT on 64 bits): where pid_max cannot be read
 POLL_S = 0.5  # how often a process is looked at where no pidfd can watch it

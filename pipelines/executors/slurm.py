@@ -43,20 +43,20 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from pipelines.execution import STATE_FOLDER, Step, StepSpec, run_spec, state
 from pipelines.executors.base import (
-    LIVE, Executor, Launch, State, StateUnreadable, StepsFailed, last_error, launched_steps, state_file,
-    updating_state,
+    LIVE, Executor, Launch, State, StepsFailed, damaged_state, last_error, launched_steps, record_run,
 )
 from pipelines.executors.board import StatusBoard
+from pipelines.executors.records import LaunchRecord, RunRecord
+from pipelines.executors.environment import slurm_variables
 from pipelines.executors.shard_limits import array_tasks, too_many_shards
 from vlbert.utils.atomic import made_folder
 from vlbert.utils.errors import UserError, error_line, exit_status
-from vlbert.utils.progress import PROGRESS_VARIABLE
 from vlbert.utils.typed_config import did_you_mean
 
 Log = Callable[[str], None]
@@ -90,24 +90,34 @@ class SlurmError(UserError):
     """Slurm settings that submitit refuses, or a Slurm command that fails."""
 
 
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The Slurm executor's run options (`--wait`, `--threads`; `--set slurm.OPTION=VALUE`, beside its settings)."""
+
+    wait: bool = field(default=False, metadata={"help": "wait for the jobs and report their end; false: submit "
+                                                        "and return"})
+    threads: int | None = field(default=None, metadata={"help": "each process's CPUs and threads, cpus_per_task "
+                                                                "of every step"})
+
+
 class SlurmExecutor(Executor):
     name = NAME
     section = NAME
+    options = SlurmOptions
     waits = False
     instead = {"jobs": "Slurm decides how many jobs run at once; slurm.array_parallelism bounds an extraction's "
                        "shards"}
 
-    def problems(self, pipeline, *, wait: bool = False, threads: int | None = None,
-                 status_stream: TextIO | None = None) -> list[str]:
+    def problems(self, pipeline, options: SlurmOptions) -> list[str]:
+        threads = options.threads
         return (_unknown_settings(pipeline) or _threads_given_twice(pipeline, threads) or _unfit_jobs(pipeline, threads)
                 or too_many_shards(pipeline, *array_tasks(_slurm_command(["scontrol", "show", "config"]))))
 
-    def run(self, pipeline, log: Log, *, wait: bool = False, threads: int | None = None,
-            status_stream: TextIO | None = None) -> None:
+    def run(self, pipeline, log: Log, options: SlurmOptions, status_stream: TextIO | None = None) -> None:
         """Submits every step that is not done and not queued or running already, each of its processes
-        with `threads` CPUs and threads (cpus_per_task) where given; with `wait`, waits for them (a line
-        per running step on `status_stream`, a terminal) and raises StepsFailed naming every step that
-        failed."""
+        with `options.threads` CPUs and threads (cpus_per_task) where given; with `options.wait`, waits for
+        them (a line per running step on `status_stream`, a terminal) and raises StepsFailed naming every
+        step that failed."""
         import submitit
 
         live = _live_jobs()
@@ -119,19 +129,18 @@ class SlurmExecutor(Executor):
                 log(f"[{step.name}] up to date")
                 continue
             will_run.add(step.name)
-            queued = previous.get(step.name, {}).get("jobs", [])
+            queued = previous.get(step.name, LaunchRecord()).jobs
             if queued and any(_job_base(job) in live for job in queued):
                 log(f"[{step.name}] already queued or running: job {', '.join(queued)}")
                 jobs_of[step.name] = queued
                 continue
             after = [jobs_of[name][-1] for name in step.reads if name in jobs_of]
-            jobs_of[step.name] = _submit(submitit, pipeline, step, after, threads)
+            jobs_of[step.name] = _submit(submitit, pipeline, step, after, options.threads)
             log(f"[{step.name}] submitted: job {', '.join(jobs_of[step.name])}"
                 + (f" (after {', '.join(after)})" if after else "") + f"; log {step.log_file}")
-        with updating_state(pipeline.out) as records:
-            records.clear()
-            records.update(executor=NAME, steps={name: {"jobs": ids} for name, ids in jobs_of.items()})
-        if wait and jobs_of:
+        record_run(pipeline.out, lambda _: RunRecord(NAME, steps={name: LaunchRecord(jobs=ids)
+                                                                  for name, ids in jobs_of.items()}))
+        if options.wait and jobs_of:
             _wait(self, pipeline, set(jobs_of), StatusBoard(log, status_stream))
 
     def launches(self, pipeline) -> tuple[dict[str, Launch], bool]:
@@ -139,7 +148,7 @@ class SlurmExecutor(Executor):
         recorded = launched_steps(pipeline.out, NAME)
         launches = {}
         for step in pipeline.steps:
-            jobs = recorded.get(step.name, {}).get("jobs", [])
+            jobs = recorded.get(step.name, LaunchRecord()).jobs
             if not jobs:
                 continue
             listed = [entry for job in jobs for entry in live.get(_job_base(job), [])]
@@ -161,7 +170,7 @@ class SlurmExecutor(Executor):
         """scancel for every job of a step not done."""
         recorded = launched_steps(pipeline.out, NAME)
         jobs = [job for step in pipeline.steps if state(step) != "done"
-                for job in _recorded_jobs(pipeline.out, step.name, recorded.get(step.name, {}))]
+                for job in _recorded_jobs(pipeline.out, step.name, recorded.get(step.name, LaunchRecord()))]
         if not jobs:
             log(f"{pipeline.out}: no job to cancel")
             return
@@ -175,15 +184,15 @@ class SlurmExecutor(Executor):
         return f"{variable}={os.environ[variable]}.{os.environ.get('SLURM_RESTART_COUNT', 0)}"
 
 
-def _recorded_jobs(out: Path, step: str, entry: dict[str, Any]) -> list[str]:
+def _recorded_jobs(out: Path, step: str, launch: LaunchRecord) -> list[str]:
     """The job ids the state file records for a step; one that is not a job's id (`-u`, a number, a string
     for the list) is StateUnreadable naming the file: scancel would read it as an option or other jobs."""
-    jobs = entry.get("jobs", [])
+    jobs = launch.jobs
     wrong = [f"{reprlib.repr(jobs)} is not a list of job ids"] if not isinstance(jobs, list) else [
         f"job id {reprlib.repr(job)} is not a Slurm job's" for job in jobs
         if not (isinstance(job, str) and JOB_ID.fullmatch(job))]
     if wrong:
-        raise StateUnreadable(f"{state_file(out)}: damaged (step {step!r}: {wrong[0]}): nothing was cancelled")
+        raise damaged_state(out, f"step {step!r}: {wrong[0]}", ": nothing was cancelled")
     return jobs
 
 
@@ -331,13 +340,11 @@ class StepJob:
         spec = StepSpec.from_file(self.spec)
         attempt = EXECUTOR.attempt()
         print(f"{ATTEMPT_MARKER} {attempt}", file=sys.stderr, flush=True)
-        os.environ["OMP_NUM_THREADS"] = str(spec.threads)
-        os.environ[PROGRESS_VARIABLE] = str(spec.step.progress_file(shard))
-        if _distributed(spec.step) and spec.part != "close":
-            from train.engine.distributed import RENDEZVOUS_VARIABLE
-
+        distributed = _distributed(spec.step) and spec.part != "close"
+        if distributed:
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-            os.environ[RENDEZVOUS_VARIABLE] = str(_rendezvous_file(spec.step))
+        os.environ.update(slurm_variables(spec.step, shard, spec.threads,
+                                          _rendezvous_file(spec.step) if distributed else None))
         requeue = signal.getsignal(signal.SIGUSR2)  # submitit's: checkpoint() below, then requeue
         with _appended_to(spec.step.log_file):
             print(f"[{spec.step.name}] {_task(spec, shard)} on node {os.environ.get(NODE_VARIABLE)} (host "

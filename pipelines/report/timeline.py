@@ -27,7 +27,7 @@ from typing import Any
 from pipelines import STEP_FILE
 from pipelines.execution import FILES, LOG_FILE, RecordUnreadable, Step, read_stamp
 from pipelines.executors import executor_of
-from pipelines.executors.base import State, StepStatus, read_state
+from pipelines.executors.base import State, StepStatus, read_run
 from pipelines.runner import Pipeline
 
 DONE, UP_TO_DATE, FAILED, NOT_RUN, UNFINISHED = "done", "up to date", "failed", "not run", "unfinished"
@@ -76,7 +76,7 @@ def step_runs(root: Path, pipeline=None, now: float | None = None) -> list[StepR
     """Every step of the run in `root`: those of `pipeline` (runner.Pipeline, where its file is at hand)
     in its order, else those its records and state file name (see the module's docstring), in the order
     they started. An unfinished step's bar ends when it last wrote its log or progress, else at `now`."""
-    this_run = set(read_state(root).get("steps") or {})
+    this_run = set(read_run(root).steps)
     steps = pipeline.steps if pipeline is not None else _recorded_steps(root, this_run)
     records = {step.name: _record(step.folder) for step in steps}
     decidable, undecided = _decidable(steps, records)

@@ -12,10 +12,13 @@ from typing import Any, Callable, Literal
 from pipelines.steps.base import (Foreknown, Layout, Log, StepKind, device_problems, missing_paths, parse, registered,
                                   takes_gpu)
 from train.analysis.parses import PARSERS
+from train.analysis.grounding_results import held_out_of
 from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS
 from train.analysis.relations import LABEL_SETS
+from train.analysis.syntax_results import held_out_by_relation
 from train.analysis.verdicts import grounding_verdicts, syntax_verdicts, words_verdicts
 from train.analysis.word_groups import check_groups
+from train.analysis.word_results import WordsResult
 from train.data.files import DataError, read_json
 from train.engine.errors import RunConfigError
 from vlbert.utils.paths import resolves_inside
@@ -81,11 +84,12 @@ def _grounding(chosen: GroundingParams, folder: Path) -> str:
     result = analyze_grounding(chosen.model, chosen.store, chosen.annotations, chosen.vocabulary, folder,
                                chosen.format, images=chosen.images, examples=chosen.examples,
                                max_items=chosen.max_items, **_running(chosen))
-    best = result["best"]
-    return (f"{result['phrases']} phrases: best head layer {best['layer']} head {best['head']} "
-            f"{best['accuracy']:.3f}, random RoI {result['random_baseline']:.3f}, most confident RoI "
-            f"{result['confidence_baseline']:.3f}, {len(result['left_out'])} left out (their box no box)"
-            + "".join(f"; {line}" for line in grounding_verdicts(result)))
+    figures = result.scores.figures
+    best = figures.best
+    return (f"{result.scores.count} phrases: best head layer {best.layer} head {best.head} "
+            f"{best.accuracy:.3f}, random RoI {figures.random_baseline:.3f}, most confident RoI "
+            f"{figures.confidence_baseline:.3f}, {len(result.left_out)} left out (their box no box)"
+            + "".join(f"; {line}" for line in grounding_verdicts(figures.held_out_best)))
 
 
 def _syntax(chosen: SyntaxParams, folder: Path) -> str:
@@ -95,9 +99,9 @@ def _syntax(chosen: SyntaxParams, folder: Path) -> str:
                             parses=chosen.parses, parser=chosen.parser, plot=chosen.plot or None,
                             min_region_attention=chosen.min_region_attention, max_items=chosen.max_items,
                             labels=chosen.labels, **_running(chosen))
-    verdicts = syntax_verdicts(result)
-    return (f"{result['arcs']} arcs of {len(result['relations'])} relations in {result['captions']} captions, "
-            f"{len(result['skipped'])} skipped" + "".join(f"; {line}" for line in verdicts[:2]))
+    verdicts = syntax_verdicts(result.held_out())
+    return (f"{result.arcs} arcs of {len(result.relations)} relations in {result.captions} captions, "
+            f"{len(result.skipped)} skipped" + "".join(f"; {line}" for line in verdicts[:2]))
 
 
 def _words(chosen: WordsParams, folder: Path) -> str:
@@ -105,7 +109,7 @@ def _words(chosen: WordsParams, folder: Path) -> str:
 
     result = analyze_masked_words(chosen.model, chosen.store, chosen.annotations, chosen.vocabulary, folder,
                                   chosen.groups, max_items=chosen.max_items, **_running(chosen))
-    return "; ".join([f"{result['masked_words']} masked words in {result['captions']} captions",
+    return "; ".join([f"{result.figures.masked_words} masked words in {result.captions} captions",
                       *words_verdicts(result)])
 
 
@@ -120,13 +124,14 @@ class Analysis:
     run: Callable[[Any, Path], str]  # (params, folder) → a line for the log; writes its outputs in folder
     paths: tuple[str, ...]  # its fields that name input files and folders, beyond the common ones
     result: str  # the file of its folder holding its result (JSON)
-    verdicts: Callable[[dict[str, Any]], list[str]]  # that result → its verdicts in words, for the report
+    verdicts: Callable[[Any], list[str]]  # that result → its verdicts in words, for the report
+    read: Callable[[dict[str, Any]], Any]  # the JSON → what the verdicts take (the report reads the file)
 
 
 ANALYSES = {
-    "grounding": Analysis(GroundingParams, _grounding, ("images",), "grounding.json", grounding_verdicts),
-    "syntax": Analysis(SyntaxParams, _syntax, ("parses",), "syntax.json", syntax_verdicts),
-    "words": Analysis(WordsParams, _words, (), "words.json", words_verdicts),
+    "grounding": Analysis(GroundingParams, _grounding, ("images",), "grounding.json", grounding_verdicts, held_out_of),
+    "syntax": Analysis(SyntaxParams, _syntax, ("parses",), "syntax.json", syntax_verdicts, held_out_by_relation),
+    "words": Analysis(WordsParams, _words, (), "words.json", words_verdicts, WordsResult.from_json),
 }
 
 
@@ -142,7 +147,7 @@ def analysis_verdicts(folder: Path) -> list[str]:
             result = read_json(path)
             if not isinstance(result, dict):
                 raise DataError(f"{path}: expected the analysis's JSON object, found {type(result).__name__}")
-            lines += analysis.verdicts(result)
+            lines += analysis.verdicts(analysis.read(result))
     return lines
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from pipelines.world.generate import generate_world
 from train.data.vocabulary import write_world_vocabulary
@@ -18,6 +19,6 @@ def build_tiny_world(root: Path, images: int = 24) -> Path:
     variants) and vocab/."""
     world = root / "world"
     generate_world(world, num_images=images, seed=3)
-    run_extraction(world, root / "cache", "tiny", mask_variants=2, batch_size=4, progress=False)
+    run_extraction(ExtractionConfig(world, "tiny", mask_variants=2, batch_size=4, progress=False), root / "cache")
     write_world_vocabulary(world, root / "vocab")
     return root

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from extract import CheckpointError, ConfigError, Detector, load_image, load_weights, mask_pixels
 from extract.backends import RegionExtractor, build_extractor
 from extract.checkpoint import file_sha256
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.store import FeatureStore, StoreMismatchError
 from extract.store.audit import verify_store
@@ -213,7 +214,7 @@ def test_the_job_writes_a_store_and_resumes_only_the_same_model(fpn, images, tmp
     np.testing.assert_array_equal(record["features"], regions["features"].astype(np.float16))
     assert record["masked_features"].shape == (2, len(regions["boxes"]), 64)
 
-    rerun = run_extraction(images, out, f"d2:{config}", weights=weights, progress=False, **MASKED)
+    rerun = run_extraction(ExtractionConfig(images, f"d2:{config}", weights=weights, progress=False, **MASKED), out)
     assert (rerun.skipped, rerun.written) == (5, 0)
     other_model = tmp_path / "other.yaml"
     other_model.write_text(config.read_text().replace("POST_NMS_TOPK_TEST: 60", "POST_NMS_TOPK_TEST: 50"))
@@ -225,7 +226,7 @@ def test_the_job_writes_a_store_and_resumes_only_the_same_model(fpn, images, tmp
     ]:
         arguments = dict(detector=f"d2:{config}", weights=weights) | change
         with pytest.raises(StoreMismatchError, match=match):
-            run_extraction(images, out, progress=False, **arguments, **MASKED)
+            run_extraction(ExtractionConfig(images, progress=False, **arguments, **MASKED), out)
 
 
 def test_given_box_job_stores_the_boxes_in_order(fpn, images, tmp_path):
@@ -233,8 +234,8 @@ def test_given_box_job_stores_the_boxes_in_order(fpn, images, tmp_path):
     boxes = {"image0000.png": [[30, 20, 60, 50], [1, 2, 20, 30]], "nested/image0003.png": [[5, 5, 40, 40]]}
     (tmp_path / "boxes.json").write_text(json.dumps(boxes))
     out = tmp_path / "store"
-    summary = run_extraction(images, out, f"d2:{config}", weights=weights, boxes=tmp_path / "boxes.json",
-                             progress=False)
+    summary = run_extraction(ExtractionConfig(images, f"d2:{config}", weights=weights, boxes=tmp_path / "boxes.json",
+                                              progress=False), out)
     assert (summary.written, summary.failed) == (2, 0)
     with FeatureStore(out) as store:
         assert store.meta["mode"] == "given"

@@ -21,6 +21,7 @@ from torchvision.ops import nms, roi_align, roi_pool
 from extract import Detector, mask_pixels
 from extract.detector import REGION_ARRAYS, regions_numpy
 from extract.images import load_image
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.jpeg import decode_batch, jpeg_for_device
 from vlbert.utils.device import is_sticky_cuda_error
@@ -200,8 +201,8 @@ def test_a_whole_job_on_cuda_stores_what_the_cpu_stores_on_one_stream_or_two(ima
     runs = {"cpu": dict(device="cpu"), "cuda-1": dict(device="cuda", streams=1),
             "cuda-2": dict(device="cuda", streams=2)}
     for name, run in runs.items():
-        summary = run_extraction(images, tmp_path / name, "tiny", batch_size=2, feature_dtype="float32",
-                                 progress=False, **run, **options)
+        summary = run_extraction(ExtractionConfig(images, "tiny", batch_size=2, feature_dtype="float32",
+                                                  progress=False, **run, **options), tmp_path / name)
         assert (summary.written, summary.failed) == (9, 0 if mode == "given" else 1)  # notes.jpg has no boxes
     for name in ("cuda-1", "cuda-2"):
         with FeatureStore(tmp_path / "cpu") as cpu, FeatureStore(tmp_path / name) as cuda:
@@ -240,8 +241,9 @@ def test_jpegs_decoded_on_the_gpu_keep_pillows_boxes_and_features(anchor_weights
     options = dict(boxes=tmp_path / "boxes.json", mask_variants=1) if mode == "given" else \
         dict(weights=anchor_weights, overrides=EVERY_PROPOSAL)
     for decoding in ("workers", "device"):
-        summary = run_extraction(images, tmp_path / decoding, "tiny", device="cuda", batch_size=4,
-                                 jpeg_decoding=decoding, feature_dtype="float32", progress=False, **options)
+        summary = run_extraction(ExtractionConfig(images, "tiny", device="cuda", batch_size=4,
+                                                  jpeg_decoding=decoding, feature_dtype="float32", progress=False,
+                                                  **options), tmp_path / decoding)
         assert (summary.written, summary.failed) == (10, 1)  # cut.jpg
         assert ("on cuda" in summary.resources) == (decoding == "device")
     photos = sorted(images.glob("photo*.jpg"))

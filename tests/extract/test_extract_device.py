@@ -10,6 +10,7 @@ import torch
 from click.testing import CliRunner
 
 import extract.job
+from extract.extraction_config import ExtractionConfig
 from extract.job import WorkItem, _isolating_failures, run_extraction
 from extract.store import FeatureStore
 from extract.store.audit import verify_store
@@ -96,7 +97,7 @@ def images(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(images, tmp_path_factory):
     out = tmp_path_factory.mktemp("reference") / "store"
-    run_extraction(images, out, "tiny", batch_size=3, mask_variants=1, progress=False)
+    run_extraction(ExtractionConfig(images, "tiny", batch_size=3, mask_variants=1, progress=False), out)
     return out
 
 
@@ -164,7 +165,7 @@ def test_the_python_api_raises_the_sticky_error_with_its_cause(images, tmp_path,
     failing_on_second_batch(monkeypatch, STICKY[0])
     with pytest.raises(StickyDeviceError, match="device cpu: RuntimeError: CUDA error: device-side assert "
                                                 "triggered; the job stopped") as raised:
-        run_extraction(images, tmp_path / "store", "tiny", batch_size=3, progress=False)
+        run_extraction(ExtractionConfig(images, "tiny", batch_size=3, progress=False), tmp_path / "store")
     assert raised.value.__cause__ is STICKY[0] and "\n" not in str(raised.value)
 
 

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from extract import Detector
 from extract.backends import build_extractor
+from extract.extraction_config import ExtractionConfig
 from extract.job import JobError, run_extraction
 from extract.masking import draw_masks
 from extract.modeling.res5_layouts import Res5LayoutError
@@ -37,7 +38,7 @@ def images(tmp_path_factory):
 def reference(images, tmp_path_factory):
     """One uninterrupted masked-variant run: batch size 4, a single shard."""
     out = tmp_path_factory.mktemp("reference") / "store"
-    summary = run_extraction(images, out, "tiny", batch_size=4, progress=False, **MASKED)
+    summary = run_extraction(ExtractionConfig(images, "tiny", batch_size=4, progress=False, **MASKED), out)
     return out, summary
 
 
@@ -82,7 +83,8 @@ def test_stored_numbers_are_the_detectors(images, reference, tiny_detector):
 def test_masked_variants_do_not_depend_on_batch_order_or_shard(images, reference, tmp_path):
     out = tmp_path / "sharded"
     for index in (1, 0):  # the shards in the other order, other batch sizes
-        run_extraction(images, out, "tiny", batch_size=3 - index, shard=(index, 2), progress=False, **MASKED)
+        run_extraction(ExtractionConfig(images, "tiny", batch_size=3 - index, shard=(index, 2), progress=False,
+                                        **MASKED), out)
     with FeatureStore(reference[0]) as a, FeatureStore(out) as b:
         assert len(b.shards) == 2
         assert_same_records(a, b)
@@ -94,7 +96,7 @@ def test_rerun_skips_stored_images_and_retries_failures(images, reference, tmp_p
     shutil.copytree(images, moved)  # the store does not depend on where the images root is
     (moved / "notes.jpg").rename(moved / "fixed.jpg")
     write_synthetic_images(tmp_path / "extra", 1, seed=5)[0].rename(moved / "notes.png")
-    summary = run_extraction(moved, out, "tiny", batch_size=4, progress=False, **MASKED)
+    summary = run_extraction(ExtractionConfig(moved, "tiny", batch_size=4, progress=False, **MASKED), out)
     assert (summary.skipped, summary.written, summary.failed) == (10, 1, 2)  # notes.png; broken.png, fixed.jpg
     failures = [json.loads(line)["image"] for line in (out / "failures.jsonl").read_text().splitlines()]
     assert failures == ["broken.png", "fixed.jpg"]
@@ -104,21 +106,21 @@ def test_resume_with_other_settings_is_refused(images, reference, tmp_path):
     out = tmp_path / "store"
     shutil.copytree(reference[0], out)
     with pytest.raises(StoreMismatchError, match="score_thresh"):
-        run_extraction(images, out, "tiny", overrides={"score_thresh": 0.5}, progress=False, **MASKED)
+        run_extraction(ExtractionConfig(images, "tiny", overrides={"score_thresh": 0.5}, progress=False, **MASKED), out)
     checkpoint = tmp_path / "tiny.pth"
     import torch
 
     torch.save(Detector.build("tiny").state_dict(), checkpoint)
     with pytest.raises(StoreMismatchError, match="checkpoint_sha256"):
-        run_extraction(images, out, "tiny", weights=checkpoint, progress=False, **MASKED)
+        run_extraction(ExtractionConfig(images, "tiny", weights=checkpoint, progress=False, **MASKED), out)
     with FeatureStore(out) as store:
         assert len(store) == 10  # nothing lost
 
 
 def test_masked_variants_of_regressed_boxes_are_refused_before_writing(images, tmp_path):
     with pytest.raises(JobError, match="box_source=proposals"):
-        run_extraction(images, tmp_path / "store", "tiny", overrides={"box_source": "regressed"},
-                       mask_variants=1, progress=False)
+        run_extraction(ExtractionConfig(images, "tiny", overrides={"box_source": "regressed"}, mask_variants=1,
+                                        progress=False), tmp_path / "store")
     assert not (tmp_path / "store").exists()
 
 
@@ -128,8 +130,8 @@ def test_given_boxes_keep_their_order(images, tmp_path):
              "image0004.png": [[30, 30, 10, 10]],  # inverted: this image fails, the others go on
              "missing.png": [[0, 0, 5, 5]]}
     (tmp_path / "boxes.json").write_text(json.dumps(boxes))
-    summary = run_extraction(images, tmp_path / "store", "tiny", boxes=tmp_path / "boxes.json", progress=False,
-                             top_k_classes=3)
+    summary = run_extraction(ExtractionConfig(images, "tiny", boxes=tmp_path / "boxes.json", progress=False,
+                                              top_k_classes=3), tmp_path / "store")
     assert (summary.written, summary.failed) == (2, 2)
     with FeatureStore(tmp_path / "store") as store:
         record = store["image0000"]
@@ -143,7 +145,7 @@ def test_given_boxes_keep_their_order(images, tmp_path):
 def test_torchrun_environment_picks_the_shard(images, tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
-    summary = run_extraction(images, tmp_path / "store", "tiny", progress=False)
+    summary = run_extraction(ExtractionConfig(images, "tiny", progress=False), tmp_path / "store")
     assert summary.shard == (1, 3) and 0 < summary.images < 12
     assert [p.name for p in (tmp_path / "store/shards").iterdir() if p.is_dir()] == ["shard-00001-of-00003"]
 
@@ -173,7 +175,8 @@ def test_boxes_file_keys_outside_the_images_folder_are_refused_per_image(images,
              "image0000.png": [[0, 0, 20, 20]], "nested/../image0001.png": [[0, 0, 5, 5]],
              "./image0001.png": [[0, 0, 20, 20]]}
     (tmp_path / "boxes.json").write_text(json.dumps(boxes))
-    summary = run_extraction(images, tmp_path / "store", "tiny", boxes=tmp_path / "boxes.json", progress=False)
+    config = ExtractionConfig(images, "tiny", boxes=tmp_path / "boxes.json", progress=False)
+    summary = run_extraction(config, tmp_path / "store")
     assert (summary.written, summary.failed) == (2, 3)
     with FeatureStore(tmp_path / "store") as store:
         assert store.keys() == ["image0000", "image0001"]
@@ -217,9 +220,9 @@ def test_an_option_is_recorded_and_a_store_from_before_it_was_resumes_with_its_d
     assert meta["detector"][option] == default
     del meta["detector"][option]  # as written before the option existed
     (out / "meta.json").write_text(json.dumps(meta))
-    assert run_extraction(images, out, "tiny", progress=False, **MASKED).skipped == 10
+    assert run_extraction(ExtractionConfig(images, "tiny", progress=False, **MASKED), out).skipped == 10
     with pytest.raises(StoreMismatchError) as refused:
-        run_extraction(images, out, "tiny", progress=False, **MASKED, **{option: other})
+        run_extraction(ExtractionConfig(images, "tiny", progress=False, **MASKED, **{option: other}), out)
     mismatches = str(refused.value).splitlines()[1:]  # under a line that says the store was written otherwise
     assert mismatches == [f"  detector.{option}: store has {default!r}, this run has {other!r} (the store is older "
                           "than this entry: taken to have had it so)"]
@@ -229,8 +232,8 @@ def test_a_polyphase_res5_is_recorded_and_stores_the_dilated_numbers_up_to_round
     (tmp_path / "three.txt").write_text("image0000.png\nimage0001.png\nnested/image0003.png\n")
     stores = {layout: tmp_path / layout for layout in ("dilated", "polyphase")}
     for layout, out in stores.items():
-        run_extraction(images, out, "tiny", res5_layout=layout, feature_dtype="float32",
-                       image_list=tmp_path / "three.txt", progress=False, **MASKED)
+        run_extraction(ExtractionConfig(images, "tiny", res5_layout=layout, feature_dtype="float32",
+                                        image_list=tmp_path / "three.txt", progress=False, **MASKED), out)
         assert json.loads((out / "meta.json").read_text())["detector"]["res5_layout"] == layout
     with FeatureStore(stores["dilated"]) as dilated, FeatureStore(stores["polyphase"]) as polyphase:
         assert len(dilated) == 3 and dilated.keys() == polyphase.keys()
@@ -257,7 +260,7 @@ def test_a_res5_layout_that_does_not_apply_is_refused_in_one_line_before_anythin
     assert len(errors) == 1 and errors[0].startswith(error), result.output
     assert not (tmp_path / "store").exists()
     with pytest.raises(JobError, match="res5_layout 'strided': expected one of dilated, polyphase"):
-        run_extraction(images, tmp_path / "store", "tiny", res5_layout="strided", progress=False)
+        run_extraction(ExtractionConfig(images, "tiny", res5_layout="strided", progress=False), tmp_path / "store")
     assert not (tmp_path / "store").exists()
 
 
@@ -268,9 +271,9 @@ def test_a_store_from_before_resnext_groups_resumes_as_one_group(images, referen
     assert meta["detector"]["config"]["num_groups"] == 1
     del meta["detector"]["config"]["num_groups"]  # as written before the config had groups
     (out / "meta.json").write_text(json.dumps(meta))
-    assert run_extraction(images, out, "tiny", progress=False, **MASKED).skipped == 10
+    assert run_extraction(ExtractionConfig(images, "tiny", progress=False, **MASKED), out).skipped == 10
     with pytest.raises(StoreMismatchError, match="detector.config.num_groups: store has 1, this run has 2"):
-        run_extraction(images, out, "tiny", overrides={"num_groups": 2}, progress=False, **MASKED)
+        run_extraction(ExtractionConfig(images, "tiny", overrides={"num_groups": 2}, progress=False, **MASKED), out)
 
 
 def test_the_cpu_kernel_families_that_wrote_a_store_are_recorded_and_a_store_from_before_gets_none(
@@ -283,12 +286,12 @@ def test_the_cpu_kernel_families_that_wrote_a_store_are_recorded_and_a_store_fro
     other = "AVX2" if native != "AVX2" else "DEFAULT"
     monkeypatch.setattr("extract.job.cpu_capability", lambda: other)  # a resume on a CPU of another family
     for _ in range(2):
-        assert run_extraction(images, out, "tiny", progress=False, **MASKED).skipped == 10
+        assert run_extraction(ExtractionConfig(images, "tiny", progress=False, **MASKED), out).skipped == 10
         assert json.loads(meta_file.read_text())["cpu_capabilities"] == [native, other]
     meta = json.loads(meta_file.read_text())
     del meta["cpu_capabilities"]  # as written before the record: its records' families are unknown
     meta_file.write_text(json.dumps(meta))
-    assert run_extraction(images, out, "tiny", progress=False, **MASKED).skipped == 10
+    assert run_extraction(ExtractionConfig(images, "tiny", progress=False, **MASKED), out).skipped == 10
     assert "cpu_capabilities" not in json.loads(meta_file.read_text())
 
 
@@ -310,7 +313,7 @@ def test_the_detectron2_backend_refuses_other_precisions_whether_or_not_it_is_in
 
 def test_stored_numbers_do_not_depend_on_the_number_of_compute_lanes(images, reference, tmp_path):
     out = tmp_path / "lanes"
-    summary = run_extraction(images, out, "tiny", batch_size=2, threads=3, progress=False, **MASKED)
+    summary = run_extraction(ExtractionConfig(images, "tiny", batch_size=2, threads=3, progress=False, **MASKED), out)
     assert summary.threads == 3
     with FeatureStore(reference[0]) as a, FeatureStore(out) as b:
         assert_same_records(a, b)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.store import FeatureStore
 from extract.store.audit import verify_store
@@ -47,7 +48,7 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
     assert f"{survived} already stored, {COUNT - survived} written, 0 failed" in rerun.stdout
 
     reference = tmp_path / "reference"
-    run_extraction(images, reference, "tiny", batch_size=BATCH, mask_variants=2, progress=False)
+    run_extraction(ExtractionConfig(images, "tiny", batch_size=BATCH, mask_variants=2, progress=False), reference)
     with FeatureStore(out) as resumed, FeatureStore(reference) as uninterrupted:
         assert len(resumed) == COUNT and resumed.duplicates == []
         assert_same_records(resumed, uninterrupted)

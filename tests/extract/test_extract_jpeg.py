@@ -13,6 +13,7 @@ import torchvision.io
 
 import extract.resources as resources
 from extract.images import ImageError, load_image
+from extract.extraction_config import ExtractionConfig
 from extract.job import JobError, run_extraction
 from extract.jpeg import DEFAULT_JPEG_DECODING, EncodedJpeg, decode_batch, jpeg_for_device
 from extract.resources import ResourceError, job_resources
@@ -79,8 +80,8 @@ def test_pixels_on_the_device_prepare_as_the_same_pixels_from_the_host(tiny_dete
 def test_a_job_decoding_jpegs_on_the_device_stores_what_pillows_stores(jpegs, tmp_path):
     notes = {}
     for decoding in ("workers", "device"):
-        summary = run_extraction(jpegs, tmp_path / decoding, "tiny", batch_size=4, jpeg_decoding=decoding,
-                                 feature_dtype="float32", progress=False)
+        summary = run_extraction(ExtractionConfig(jpegs, "tiny", batch_size=4, jpeg_decoding=decoding,
+                                                  feature_dtype="float32", progress=False), tmp_path / decoding)
         assert (summary.written, summary.failed) == (10, 1)
         assert summary.failures[0][0] == "cut.jpg" and "truncated" in summary.failures[0][1]
         notes[decoding] = summary.resources
@@ -91,7 +92,7 @@ def test_a_job_decoding_jpegs_on_the_device_stores_what_pillows_stores(jpegs, tm
 
 def test_an_unknown_jpeg_decoding_is_refused_before_anything_runs(jpegs, tmp_path):
     with pytest.raises(JobError, match=r"^jpeg_decoding 'gpu': expected one of auto, device, workers$"):
-        run_extraction(jpegs, tmp_path / "store", "tiny", jpeg_decoding="gpu", progress=False)
+        run_extraction(ExtractionConfig(jpegs, "tiny", jpeg_decoding="gpu", progress=False), tmp_path / "store")
     assert not (tmp_path / "store").exists()
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import extract.job
+from extract.extraction_config import ExtractionConfig
 from extract.job import WorkItem, _isolating_failures, run_extraction
 from extract.loader import DecodingPipeline
 from extract.store import FeatureStore
@@ -33,7 +34,8 @@ def images(tmp_path_factory):
 def in_process(images, tmp_path_factory):
     """Decoded in the job's process, one batch size: what every other run must store."""
     out = tmp_path_factory.mktemp("in-process") / "store"
-    summary = run_extraction(images, out, "tiny", batch_size=3, decode_workers=0, progress=False, **MASKED)
+    summary = run_extraction(ExtractionConfig(images, "tiny", batch_size=3, decode_workers=0, progress=False,
+                                              **MASKED), out)
     assert (summary.written, summary.failed) == (9, 1)
     return out
 
@@ -43,8 +45,8 @@ def failures(store) -> dict[str, str]:
 
 
 def test_workers_store_what_the_job_process_stores(images, in_process, tmp_path):
-    summary = run_extraction(images, tmp_path / "store", "tiny", batch_size=4, decode_workers=3, progress=False,
-                             **MASKED)
+    summary = run_extraction(ExtractionConfig(images, "tiny", batch_size=4, decode_workers=3, progress=False,
+                                              **MASKED), tmp_path / "store")
     assert (summary.written, summary.failed) == (9, 1)
     with FeatureStore(in_process) as a, FeatureStore(tmp_path / "store") as b:
         assert_same_records(a, b)
@@ -65,8 +67,8 @@ def test_a_worker_that_dies_on_a_file_fails_that_file_only(images, in_process, t
         return decode(path, max_pixels)
 
     monkeypatch.setattr(extract.job, "load_image", crashing)  # forked workers inherit it
-    summary = run_extraction(images, tmp_path / "store", "tiny", batch_size=3, decode_workers=2, progress=False,
-                             **MASKED)
+    summary = run_extraction(ExtractionConfig(images, "tiny", batch_size=3, decode_workers=2, progress=False,
+                                              **MASKED), tmp_path / "store")
     assert (summary.written, summary.failed) == (7, 3)
     errors = failures(tmp_path / "store")
     assert errors["image0002.png"] == f"worker crashed while decoding: {images / 'image0002.png'} (exit status 3)"
@@ -111,12 +113,13 @@ def test_a_failing_commit_stops_the_job_with_its_error_and_a_rerun_completes(ima
 
     monkeypatch.setattr(FeatureStoreWriter, "commit", failing)
     with pytest.raises(OSError, match="disk full"):
-        run_extraction(images, tmp_path / "store", "tiny", batch_size=3, progress=False, **MASKED)
+        run_extraction(ExtractionConfig(images, "tiny", batch_size=3, progress=False, **MASKED), tmp_path / "store")
     assert calls[0] != threading.main_thread().name  # commits run beside the computation
     with FeatureStore(tmp_path / "store") as store:
         assert len(store) == 3  # the first batch; the failed one and those after it are not there
     monkeypatch.setattr(FeatureStoreWriter, "commit", commit)
-    summary = run_extraction(images, tmp_path / "store", "tiny", batch_size=3, progress=False, **MASKED)
+    summary = run_extraction(ExtractionConfig(images, "tiny", batch_size=3, progress=False, **MASKED),
+                             tmp_path / "store")
     assert (summary.skipped, summary.written, summary.failed) == (3, 6, 1)
     with FeatureStore(in_process) as a, FeatureStore(tmp_path / "store") as b:
         assert_same_records(a, b)
@@ -171,7 +174,8 @@ def test_a_job_whose_batches_run_out_of_memory_stores_every_image(images, in_pro
         return within_memory
 
     monkeypatch.setattr(extract.job, "_region_computer", limited)
-    summary = run_extraction(images, tmp_path / "store", "tiny", batch_size=4, progress=False, **MASKED)
+    summary = run_extraction(ExtractionConfig(images, "tiny", batch_size=4, progress=False, **MASKED),
+                             tmp_path / "store")
     assert (summary.written, summary.failed) == (9, 1)
     with FeatureStore(in_process) as a, FeatureStore(tmp_path / "store") as b:
         assert_same_records(a, b)

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from extract.extraction_config import ExtractionConfig
 from extract.job import images_not_in_store, run_extraction
 from extract.shard_source import LEDGER
 from extract.store import FeatureStore
@@ -38,7 +39,7 @@ def outputs(tmp_path_factory):
 def from_files(outputs, tmp_path_factory):
     root, _ = outputs
     out = tmp_path_factory.mktemp("from-files") / "store"
-    summary = run_extraction(root / "files", out, "tiny", **RUN)
+    summary = run_extraction(ExtractionConfig(root / "files", "tiny", **RUN), out)
     assert (summary.written, summary.failed) == (7, 0)
     return out
 
@@ -84,7 +85,8 @@ def test_world_writes_what_img2dataset_writes(outputs):
 def test_shards_and_files_give_bitwise_equal_stores(outputs, from_files, tmp_path):
     root, _ = outputs
     out = tmp_path / "store"
-    summary = run_extraction(f"{root}/webdataset/{{00000..00002}}.tar", out, "tiny", **(RUN | {"decode_workers": 2}))
+    summary = run_extraction(ExtractionConfig(f"{root}/webdataset/{{00000..00002}}.tar", "tiny",
+                                              **(RUN | {"decode_workers": 2})), out)
     assert (summary.tar_shards, summary.tar_shards_done, summary.written, summary.failed, summary.damaged) == \
         (3, 0, 7, 0, 0)
     reference = records(from_files)
@@ -99,10 +101,10 @@ def test_shards_and_files_give_bitwise_equal_stores(outputs, from_files, tmp_pat
 def test_every_nth_tar_shard_per_task_and_resume_reads_nothing_again(outputs, from_files, tmp_path, monkeypatch):
     root, _ = outputs
     out = tmp_path / "store"
-    first = run_extraction(root / "webdataset", out, "tiny", shard=(0, 2), **RUN)
+    first = run_extraction(ExtractionConfig(root / "webdataset", "tiny", shard=(0, 2), **RUN), out)
     assert (first.tar_shards, first.written) == (2, 4)  # tar shards 00000 and 00002
     assert images_not_in_store(root / "webdataset", out) == ["00001.tar"]
-    second = run_extraction(root / "webdataset", out, "tiny", shard=(1, 2), **RUN)
+    second = run_extraction(ExtractionConfig(root / "webdataset", "tiny", shard=(1, 2), **RUN), out)
     assert (second.tar_shards, second.written) == (1, 3)
     assert images_not_in_store(root / "webdataset", out) == []
     assert records(out) == records(from_files)
@@ -111,16 +113,16 @@ def test_every_nth_tar_shard_per_task_and_resume_reads_nothing_again(outputs, fr
 
     import extract.shard_source
     monkeypatch.setattr(extract.shard_source, "read_shard", pytest.fail)  # a committed shard is not read
-    again = run_extraction(root / "webdataset", out, "tiny", shard=(0, 2), **RUN)
+    again = run_extraction(ExtractionConfig(root / "webdataset", "tiny", shard=(0, 2), **RUN), out)
     assert (again.tar_shards, again.tar_shards_done, again.written, again.failed) == (2, 2, 0, 0)
 
 
 def test_a_shard_killed_midway_is_read_again_and_adds_nothing_twice(outputs, from_files, tmp_path):
     root, _ = outputs
     out = tmp_path / "store"
-    run_extraction(root / "webdataset", out, "tiny", **RUN)
+    run_extraction(ExtractionConfig(root / "webdataset", "tiny", **RUN), out)
     shutil.rmtree(out / LEDGER)  # as if killed after its last commit, before the ledger line
-    again = run_extraction(root / "webdataset", out, "tiny", **RUN)
+    again = run_extraction(ExtractionConfig(root / "webdataset", "tiny", **RUN), out)
     assert (again.tar_shards_done, again.skipped, again.written, again.failed) == (0, 7, 0, 0)
     assert records(out) == records(from_files)
 
@@ -169,7 +171,7 @@ def test_damage_is_named_the_rest_extracted_and_a_rerun_adds_nothing(outputs, fr
     assert "3 complete before (skipped), 0 read" in strict.output and "0 written, 0 failed" in strict.output
     assert records(out) == expected and sorted(failures(out)) == sorted(failed)
     shutil.rmtree(out / LEDGER)
-    rerun = run_extraction(f"{shards}/*.tar", out, "tiny", **RUN)
+    rerun = run_extraction(ExtractionConfig(f"{shards}/*.tar", "tiny", **RUN), out)
     assert (rerun.skipped, rerun.written, rerun.failed, rerun.damaged) == (4, 0, 3, 1)
     assert records(out) == expected and sorted(failures(out)) == sorted(failed)
     strict = CliRunner().invoke(main, ["extract", "--images", f"{shards}/*.tar", "--out", str(tmp_path / "other"),
@@ -182,7 +184,7 @@ def test_image_list_picks_samples_of_shards(outputs, from_files, tmp_path):
     image_list = tmp_path / "images.txt"
     image_list.write_text("00000/000002.jpg\n00001/000005.jpg\n00001/000009.jpg\n00009/000001.jpg\n")
     out = tmp_path / "store"
-    summary = run_extraction(root / "webdataset", out, "tiny", image_list=image_list, **RUN)
+    summary = run_extraction(ExtractionConfig(root / "webdataset", "tiny", image_list=image_list, **RUN), out)
     assert (summary.written, summary.failed) == (2, 2)
     assert records(out) == {k: v for k, v in records(from_files).items() if k in ("00000/000002", "00001/000005")}
     failed = failures(out)

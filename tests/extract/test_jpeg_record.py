@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.store.reader import FeatureStore
 from extract.store.schema import StoreMismatchError
@@ -20,7 +21,7 @@ def jpegs(tmp_path_factory):
 
 
 def extract(images, out, decoding: str):
-    return run_extraction(images, out, "tiny", batch_size=4, jpeg_decoding=decoding, progress=False)
+    return run_extraction(ExtractionConfig(images, "tiny", batch_size=4, jpeg_decoding=decoding, progress=False), out)
 
 
 def test_a_resume_with_the_other_decoder_is_refused_naming_both(jpegs, tmp_path):

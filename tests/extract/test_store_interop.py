@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.store import FeatureStore, FeatureStoreWriter
 from extract.store.interop import MEAN_IMAGE_FEATURE, export_store, import_store, spatial_features
@@ -31,7 +32,8 @@ CARRIED = {
 def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("interop")
     write_synthetic_images(root / "images", 5)
-    run_extraction(root / "images", root / "store", "tiny", mask_variants=2, top_k_classes=3, progress=False)
+    run_extraction(ExtractionConfig(root / "images", "tiny", mask_variants=2, top_k_classes=3, progress=False),
+                   root / "store")
     return root / "store"
 
 
@@ -156,7 +158,7 @@ def test_tsv_round_trip_of_ids_with_a_newline_a_tab_and_backslashes(tmp_path):
     write_synthetic_images(images, 1, subdir_every=0)
     for name in ("new\nline", "tab\there", "back\\slash", "back\\nslash"):  # the last: a backslash, then n
         shutil.copyfile(images / "image0000.png", images / f"{name}.png")
-    run_extraction(images, tmp_path / "store", "tiny", progress=False)
+    run_extraction(ExtractionConfig(images, "tiny", progress=False), tmp_path / "store")
     runner = CliRunner()
     exported = runner.invoke(main, ["cache", "export", str(tmp_path / "store"), "--format", "tsv",
                                     "--out", str(tmp_path / "x.tsv")])

@@ -10,6 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.store import (
     DamagedRecordError, FeatureStore, FeatureStoreWriter, StoreError, StoreMismatchError, build_meta, decode_record,
@@ -185,7 +186,8 @@ def stores(tmp_path_factory):
     """The same synthetic images extracted by the tiny detector into a float16 and a q8 store."""
     root = tmp_path_factory.mktemp("q8")
     write_synthetic_images(root / "images", 4)
-    summaries = {name: run_extraction(root / "images", root / name, "tiny", feature_dtype=name, progress=False, **MASKED)
+    summaries = {name: run_extraction(ExtractionConfig(root / "images", "tiny", feature_dtype=name, progress=False,
+                                                       **MASKED), root / name)
                  for name in ("float16", "q8")}
     return root, summaries
 
@@ -248,7 +250,8 @@ def test_q8_never_mixes_with_a_store_of_another_dtype(stores, tmp_path):
     root, _ = stores
     shutil.copytree(root / "float16", tmp_path / "store")
     with pytest.raises(StoreMismatchError, match="features.dtype: store has 'float16', this run has 'q8'"):
-        run_extraction(root / "images", tmp_path / "store", "tiny", feature_dtype="q8", progress=False, **MASKED)
+        run_extraction(ExtractionConfig(root / "images", "tiny", feature_dtype="q8", progress=False, **MASKED),
+                       tmp_path / "store")
 
 
 def test_a_damaged_q8_record_fails_its_checksum(stores, tmp_path):

@@ -10,7 +10,10 @@ import yaml
 
 from pipelines.runner import PipelineError, load_pipeline, run_pipeline
 from tests.helpers.pipelines import run_pipeline_file
+from train.analysis.grounding_results import held_out_of
+from train.analysis.syntax_results import held_out_by_relation
 from train.analysis.verdicts import grounding_verdicts, syntax_verdicts, words_verdicts
+from train.analysis.word_results import WordsResult
 
 GROUNDING = Path(__file__).parents[2] / "pipelines" / "configs" / "grounding.yaml"
 TINY = {"world.images": 10}  # 2 validation images: 6 captions
@@ -60,7 +63,7 @@ def test_the_syntax_steps_count_the_parsed_arcs_and_give_accuracies_and_baseline
     assert (fresh["captions"], fresh["arcs"]) == (trained["captions"], trained["arcs"])
     assert "amod" in (ran / "syntax" / "syntax.md").read_text() and (ran / "syntax" / "relations.png").is_file()
     # The step's log line says how many relations' held-out head beats the most confident RoI.
-    verdicts = syntax_verdicts(trained)
+    verdicts = syntax_verdicts(held_out_by_relation(trained))
     assert verdicts and verdicts[0] in (ran / "syntax" / "log.txt").read_text()
 
 
@@ -70,7 +73,7 @@ def test_the_grounding_step_scores_the_entity_phrases(ran):
     assert len(result["accuracy"]) == result["layers"] == 4 and in_unit_interval(result["accuracy"])
     assert 0 <= result["random_baseline"] <= 1 and 0 <= result["confidence_baseline"] <= 1
     assert result["best"]["accuracy"] == max(max(row) for row in result["accuracy"])
-    verdicts = grounding_verdicts(result)
+    verdicts = grounding_verdicts(held_out_of(result))
     assert verdicts and verdicts[0] in (ran / "grounding" / "log.txt").read_text()
 
 
@@ -81,7 +84,7 @@ def test_the_words_step_predicts_each_caption_word_beside_two_images(ran):
     assert result["masked_words"] == sum(row["masked_words"] for row in result["by_word"])
     assert set(result["groups"]) == {"colour", "shape"} and result["groups"]["colour"]["masked_words"] > 0
     assert in_unit_interval([result["own_image"], result["another_image"]])
-    verdicts = words_verdicts(result)
+    verdicts = words_verdicts(WordsResult.from_json(result))
     assert len(verdicts) == 3 and all(line in (ran / "words" / "log.txt").read_text() for line in verdicts)
     assert "| colour |" in (ran / "words" / "words.md").read_text()
 

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.store.interop import export_store, import_store
 from extract.store.labels import Naming
@@ -87,8 +88,8 @@ def demo_store(tmp_path_factory, tiny_world):
         source = next((tiny_world / "world").glob(f"{image_id}.*"))
         (images / image_id).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(source, images / f"{image_id}.png")
-    run_extraction(images, root / "cache", str(DETECTOR), weights=str(DETECTOR.with_suffix(".safetensors")),
-                   mask_variants=1, batch_size=3, progress=False)
+    run_extraction(ExtractionConfig(images, str(DETECTOR), weights=str(DETECTOR.with_suffix(".safetensors")),
+                                    mask_variants=1, batch_size=3, progress=False), root / "cache")
     return root
 
 

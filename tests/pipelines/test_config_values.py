@@ -13,6 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from extract.config import ConfigError
+from extract.extraction_config import ExtractionConfig
 from extract.job import JobError, run_extraction
 from extract.presets import load_config
 from pipelines.cli import main
@@ -225,9 +226,9 @@ def test_a_train_step_s_max_length_is_refused_before_the_steps_before_it_run(tmp
 
 def test_run_extraction_checks_its_numbers_before_writing(tmp_path):
     with pytest.raises(JobError, match=r"^mask_seed -1: expected at least 0$"):
-        run_extraction(tmp_path / "images", tmp_path / "store", "tiny", mask_seed=-1, progress=False)
+        run_extraction(ExtractionConfig(tmp_path / "images", "tiny", mask_seed=-1, progress=False), tmp_path / "store")
     with pytest.raises(JobError, match=r"^shard \[1, 0\]: expected \[i, n\] with 0 <= i < n$"):
-        run_extraction(tmp_path / "images", tmp_path / "store", "tiny", shard=(1, 0), progress=False)
+        run_extraction(ExtractionConfig(tmp_path / "images", "tiny", shard=(1, 0), progress=False), tmp_path / "store")
     assert not (tmp_path / "store").exists()
 
 

@@ -2,8 +2,8 @@
 scheduler, the run lock tells a run killed outright from one going on, a step record that cannot be
 read stops the run without emptying a finished folder, status and cancel read the run's settings from
 its folder, input digests are taken again only when a file changed, bounds are refused before anything
-runs, a step's data workers fit in the cores it is given, another executor is one module and one
-registry entry, and the fork server warms up while a light step runs."""
+runs, a step's data workers fit in the cores it is given, and the fork server warms up while a light
+step runs (another executor: test_executor_toy.py)."""
 
 import errno
 import os
@@ -20,11 +20,8 @@ from click.testing import CliRunner
 
 from pipelines import execution
 from pipelines.cli import main
-from pipelines.execution import run_here
-from pipelines.executors import EXECUTORS, executor_named
-from pipelines.executors.base import (
-    CannotRun, Executor, Launch, RunGoingOn, State, read_state, running, updating_state,
-)
+from pipelines.executors import executor_named
+from pipelines.executors.base import CannotRun, RunGoingOn, State, running, updating_state
 from pipelines.executors.local import process_identity
 from pipelines.runner import load_pipeline, run_pipeline
 from tests.helpers.pipelines import step_record, train_step_on, write_pipeline
@@ -198,47 +195,6 @@ def test_a_step_s_data_workers_fit_in_the_cores_it_is_given(tiny_world, tmp_path
     out = run_pipeline(write_pipeline(tmp_path, [step]), log=lambda _: None, jobs=2, threads=1, gpus=[])
     assert step_record(out, "finetune")["threads"] == 1
     assert RunFolder(out / "finetune").speed()["vqa"]["workers"] == 0
-
-
-class InThisProcess(Executor):
-    """An executor of the test's own: every step in this process, one after another; `note` is its
-    one setting (section `here`)."""
-
-    name = "here"
-    section = "here"
-
-    def problems(self, pipeline, *, threads: int | None = None) -> list[str]:
-        return [f"step {step.name!r}: shards run elsewhere" for step in pipeline.steps if step.layout.shards > 1]
-
-    def run(self, pipeline, log, *, threads: int | None = None) -> None:
-        with updating_state(pipeline.out) as records:
-            records.clear()
-            records.update(executor=self.name, note=pipeline.executor_settings[self.section].get("note"), steps={})
-        for step in pipeline.steps:
-            run_here(step, log, self.name, threads, "here=1")
-
-    def launches(self, pipeline) -> tuple[dict[str, Launch], bool]:
-        return {}, False
-
-    def cancel(self, pipeline, log) -> None:
-        log("nothing runs after `run` returns")
-
-    def attempt(self) -> str | None:
-        return None
-
-
-EXECUTOR = InThisProcess()
-
-
-def test_another_executor_is_one_module_and_one_registry_entry(tmp_path, monkeypatch):
-    monkeypatch.setitem(EXECUTORS, "here", __name__)
-    path = write_pipeline(tmp_path, LIGHT_STEPS, here={"note": "from the file"})
-    out = run_pipeline(path, log=lambda _: None, settings={"here.note": "given"}, executor="here", threads=1)
-    assert read_state(out)["note"] == "given" and step_record(out, "world")["executor"] == "here"
-    shown = CliRunner().invoke(main, ["pipeline", "status", str(path)])
-    assert (shown.exit_code, shown.output) == (0, "world       done\nvocabulary  done\n")
-    with pytest.raises(CannotRun, match="jobs: not an option of the here executor"):
-        run_pipeline(path, log=lambda _: None, executor="here", jobs=2)
 
 
 def test_the_fork_server_warms_up_as_a_light_step_starts_before_the_first_heavy_one(tmp_path, monkeypatch):

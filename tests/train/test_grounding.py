@@ -20,6 +20,7 @@ from pipelines.world.tiny import TINY_MODEL
 from tests.helpers.worlds import copy_world
 from train.analysis.grounding import (GroundingTally, analyze_grounding, held_out_best,
                                      phrase_region_attention, phrase_sample)
+from train.analysis.grounding_results import Best, held_out_of
 from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS, Phrase
 from train.analysis.verdicts import grounding_verdicts
 from train.data.annotations import read_annotations
@@ -74,22 +75,22 @@ def test_the_held_out_best_head_is_chosen_on_other_phrases_than_it_is_scored_on(
     chance = (rng.random((phrases, 4, 4)) < 0.25).astype(float)
     in_sample = chance.mean(0).max()
     result = held_out_best(chance, random_share, confident)
-    assert set(result) == HELD_OUT_KEYS
-    assert in_sample > 0.28 and result["phrases"] == phrases // 2
-    assert result["difference_interval"][0] <= 0 <= result["difference_interval"][1]
-    assert result["verdict"].startswith("not distinguishable")
+    assert set(result.to_json()) == HELD_OUT_KEYS
+    assert in_sample > 0.28 and result.count == phrases // 2
+    assert result.difference_interval[0] <= 0 <= result.difference_interval[1]
+    assert result.verdict.startswith("not distinguishable")
     # One head (layer 2, head 3) that grounds 60% of phrases stands out on the held-out half.
     grounded = chance.copy()
     grounded[:, 1, 2] = rng.random(phrases) < 0.6
     result = held_out_best(grounded, random_share, confident)
-    assert (result["layer"], result["head"]) == (2, 3)
-    assert result["accuracy"] == round(grounded[1::2, 1, 2].mean(), 4)
-    assert result["interval"][0] < result["accuracy"] < result["interval"][1]
-    assert result["difference_interval"][0] > 0
-    assert result["verdict"] == "head scores above random RoI at 95%: the interval lies above 0"
+    assert (result.layer, result.head) == (2, 3)
+    assert result.accuracy == round(grounded[1::2, 1, 2].mean(), 4)
+    assert result.interval[0] < result.accuracy < result.interval[1]
+    assert result.difference_interval[0] > 0
+    assert result.verdict == "head scores above random RoI at 95%: the interval lies above 0"
     # The random RoI's comparison is the paired one over the held-out phrases, whatever the other baseline.
-    assert result["difference"] == round(float(np.mean(grounded[1::2, 1, 2] - 0.25)), 4)
-    assert held_out_best(grounded, random_share, 1 - confident)["difference_interval"] == result["difference_interval"]
+    assert result.difference == round(float(np.mean(grounded[1::2, 1, 2] - 0.25)), 4)
+    assert held_out_best(grounded, random_share, 1 - confident).difference_interval == result.difference_interval
 
 
 def _held_out(targets: np.ndarray, matching: np.ndarray) -> dict:
@@ -105,7 +106,7 @@ def _held_out(targets: np.ndarray, matching: np.ndarray) -> dict:
     iou[torch.arange(phrases), torch.from_numpy(matching)] = 0.9
     tally = GroundingTally(layers, heads)
     tally.add(attention, candidates, iou)
-    return tally.result()["held_out_best"]
+    return tally.result().figures.held_out_best
 
 
 # Half the phrases fit the most confident RoI (RoI 1), 30% RoI 2, 15% RoI 3, 5% RoI 4.
@@ -124,25 +125,25 @@ def test_the_held_out_best_head_is_compared_with_the_most_confident_roi_and_the_
     targets = np.tile(np.array([[3, 4], [3, 4]]), (len(MATCHING), 1, 1))  # fit fewer phrases than RoI 2
     targets[:, 1, 0] = {"right RoI": MATCHING, "confident RoI": 1, "RoI 2": 2}[planted]  # layer 2, head 1
     result = _held_out(targets, MATCHING)
-    assert set(result) == HELD_OUT_KEYS and (result["layer"], result["head"]) == (2, 1)
+    assert set(result.to_json()) == HELD_OUT_KEYS and (result.layer, result.head) == (2, 1)
     held_out = MATCHING[1::2]
     hits = held_out == targets[1::2, 1, 0]
-    assert result["accuracy"] == round(hits.mean(), 4)
-    assert result["confidence_baseline"] == round(float(np.mean(held_out == 1)), 4)
-    side = result["against_confidence"]
-    assert set(side) == {"difference", "difference_interval", "p_value", "outcome", "verdict"}
-    assert side["difference"] == round(float(np.mean(hits.astype(float) - (held_out == 1))), 4)
-    assert side["outcome"] == outcome
-    low, high = side["difference_interval"]
+    assert result.accuracy == round(hits.mean(), 4)
+    assert result.confidence_baseline == round(float(np.mean(held_out == 1)), 4)
+    side = result.against_confidence
+    assert set(side.to_json()) == {"difference", "difference_interval", "p_value", "outcome", "verdict"}
+    assert side.difference == round(float(np.mean(hits.astype(float) - (held_out == 1))), 4)
+    assert side.outcome == outcome
+    low, high = side.difference_interval
     assert {"beats": 0 < low, "not distinguishable": low <= 0 <= high, "worse": high < 0}[outcome]
-    assert side["verdict"].startswith(f"the best head (layer 2, head 1, chosen on half the phrases) {said}")
+    assert side.verdict.startswith(f"the best head (layer 2, head 1, chosen on half the phrases) {said}")
     # The random RoI's comparison beside it: a uniformly drawn RoI of the four fits a quarter of the phrases.
-    assert result["random_baseline"] == 0.25
-    assert result["difference"] == round(hits.mean() - 0.25, 4)
+    assert result.random_baseline == 0.25
+    assert result.difference == round(hits.mean() - 0.25, 4)
 
 
 def test_the_report_reads_an_analysis_folder_s_verdicts_and_names_a_result_that_is_no_object(tmp_path):
-    held_out = _held_out(np.ones((6, 1, 1), dtype=np.int64), np.array([1, 2, 1, 2, 1, 2]))
+    held_out = _held_out(np.ones((6, 1, 1), dtype=np.int64), np.array([1, 2, 1, 2, 1, 2])).to_json()
     (tmp_path / "grounding.json").write_text(json.dumps({"held_out_best": held_out}))
     assert analysis_verdicts(tmp_path) == [held_out["against_confidence"]["verdict"]]
     del held_out["against_confidence"]  # written before the comparison: nothing to say
@@ -175,18 +176,18 @@ def test_the_accuracy_table_and_baselines_on_a_hand_built_attention_tensor():
     grounded = tally.add(phrase_region_attention(attentions, phrase, REGIONS), candidates, iou)
     assert grounded.tolist() == [[[1, 0], [1, 0]], [[1, 1], [1, 0.5]]]
     result = tally.result()
-    assert result["accuracy"] == [[1.0, 0.5], [1.0, 0.25]]
-    assert result["phrases"] == 2 and result["mean_accuracy"] == (1 + 0.5 + 1 + 0.25) / 4
-    assert result["best"] == {"layer": 1, "head": 1, "accuracy": 1.0}
+    assert result.accuracy == [[1.0, 0.5], [1.0, 0.25]]
+    assert result.count == 2 and result.figures.mean_accuracy == (1 + 0.5 + 1 + 0.25) / 4
+    assert result.figures.best == Best(1, 1, 1.0)
     # A uniformly drawn RoI: 2 of 3 candidates match phrase 0, 1 of 2 phrase 1.
-    assert result["random_baseline"] == round((2 / 3 + 1 / 2) / 2, 4)
+    assert result.figures.random_baseline == round((2 / 3 + 1 / 2) / 2, 4)
     # The most confident RoI is the first candidate, RoI 1: IoU 0.8, then 0.2.
-    assert result["confidence_baseline"] == 0.5
+    assert result.figures.confidence_baseline == 0.5
     # Two phrases: intervals resample them; the best head hits both, so its interval is a point.
-    assert result["intervals"]["best"] == [1.0, 1.0]
-    assert result["held_out_best"]["phrases"] == 1
+    assert result.figures.intervals.best == [1.0, 1.0]
+    assert result.figures.held_out_best.count == 1
     # Attention mass on the candidates, averaged over the phrases (padding and whole image excluded).
-    assert np.allclose(result["region_attention"], [[(0.6 + 0.1) / 2, (0.5 + 0.1) / 2],
+    assert np.allclose(result.region_attention, [[(0.6 + 0.1) / 2, (0.5 + 0.1) / 2],
                                                     [(0.1 + 0.1) / 2, (0.7 + 1.0) / 2]])
 
 
@@ -205,21 +206,22 @@ def test_analyze_grounding_writes_the_table_the_heat_map_and_the_examples(world,
     result = analyze_grounding(world / "model", world / "cache", world / "world" / "val.jsonl", world / "vocab",
                                tmp_path, images=world / "world", examples=2, batch_size=4)
     refs = sum(len(annotation.refs) for annotation in read_annotations(world / "world" / "val.jsonl"))
-    assert result["phrases"] == refs > 0
-    assert (result["layers"], result["heads"]) == (TINY_MODEL["num_hidden_layers"], TINY_MODEL["num_attention_heads"])
-    accuracy = np.asarray(result["accuracy"])
+    assert result.scores.count == refs > 0
+    scores = result.scores
+    assert (scores.layers, scores.heads) == (TINY_MODEL["num_hidden_layers"], TINY_MODEL["num_attention_heads"])
+    accuracy = np.asarray(result.scores.accuracy)
     assert accuracy.shape == (2, 4) and ((0 <= accuracy) & (accuracy <= 1)).all()
-    best = result["best"]
-    assert best["accuracy"] == accuracy.max() == accuracy[best["layer"] - 1, best["head"] - 1]
-    assert 0 < result["random_baseline"] < 1 and 0 <= result["confidence_baseline"] <= 1
-    assert json.loads((tmp_path / "grounding.json").read_text()) == json.loads(json.dumps(result))
-    held_out = result["held_out_best"]
-    assert set(held_out) == HELD_OUT_KEYS and held_out["against_confidence"]["outcome"] in (
+    best = result.scores.figures.best
+    assert best.accuracy == accuracy.max() == accuracy[best.layer - 1, best.head - 1]
+    assert 0 < result.scores.figures.random_baseline < 1 and 0 <= result.scores.figures.confidence_baseline <= 1
+    assert json.loads((tmp_path / "grounding.json").read_text()) == json.loads(json.dumps(result.to_json()))
+    held_out = result.scores.figures.held_out_best
+    assert set(held_out.to_json()) == HELD_OUT_KEYS and held_out.against_confidence.outcome in (
         "beats", "not distinguishable", "worse")
-    assert held_out["against_confidence"]["verdict"].startswith(
-        f"the best head (layer {held_out['layer']}, head {held_out['head']}, chosen on half the phrases) ")
+    assert held_out.against_confidence.verdict.startswith(
+        f"the best head (layer {held_out.layer}, head {held_out.head}, chosen on half the phrases) ")
     pictures = [tmp_path / "grounding.png"] + [tmp_path / "examples" / f"{k:03d}.png" for k in range(2)]
-    assert [example["image"] for example in result["examples"]] == [str(p) for p in pictures[1:]]
+    assert [example["image"] for example in result.examples] == [str(p) for p in pictures[1:]]
     for picture in pictures:
         with Image.open(picture) as image:
             image.load()
@@ -243,7 +245,7 @@ def test_the_command_analyses_the_first_items_and_the_baselines_do_not_depend_on
     a, b = (json.loads((tmp_path / name / "grounding.json").read_text()) for name in ("a", "b"))
     assert a["phrases"] == b["phrases"] == 5 and not (tmp_path / "a" / "examples").exists()
     assert (a["random_baseline"], a["confidence_baseline"]) == (b["random_baseline"], b["confidence_baseline"])
-    assert first.output.splitlines()[1] == f"Held out: {grounding_verdicts(a)[0]}"
+    assert first.output.splitlines()[1] == f"Held out: {grounding_verdicts(held_out_of(a))[0]}"
 
 
 def test_fresh_weights_attend_to_every_roi_alike_so_every_head_scores_the_random_baseline(world, tmp_path):
@@ -478,7 +480,7 @@ def test_phrases_whose_box_is_no_box_are_left_out_and_named_not_scored_as_misses
          "problem": "a coordinate is not a finite number"},
         {"item_id": ids[1], "phrase": inverted_ref["text"], "box": "[9.0, 2.0, 3.0, 9.0]",
          "problem": "an empty or inverted box (x2 <= x1 or y2 <= y1)"}]
-    scored = analyze_grounding(world / "model", world / "cache", clean, world / "vocab", tmp_path / "clean")
+    scored = analyze_grounding(world / "model", world / "cache", clean, world / "vocab", tmp_path / "clean").to_json()
     assert scored["left_out"] == [] and left["phrases"] == scored["phrases"]
     for figure in ("accuracy", "random_baseline", "confidence_baseline", "region_attention", "intervals"):
         assert left[figure] == scored[figure]

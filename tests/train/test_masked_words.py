@@ -118,11 +118,11 @@ def test_the_tally_pairs_each_masked_word_across_the_two_images():
     tally = WordTally(["red", "a", "red", "red"], {"own image": [1.0, 1.0, 1.0, 0.0],
                                                     "another image": [0.0, 1.0, 0.0, 0.0]}, ["0", "1", "2", "3"])
     everything = tally.summary()
-    assert everything["masked_words"] == 4 and everything["own_image"] == 0.75 and everything["another_image"] == 0.25
-    assert everything["difference"] == 0.5 and everything["interval"][0] <= 0.5 <= everything["interval"][1]
+    assert everything.masked_words == 4 and everything.own_image == 0.75 and everything.another_image == 0.25
+    assert everything.difference == 0.5 and everything.interval[0] <= 0.5 <= everything.interval[1]
     red = tally.summary(np.array(["red", "a", "red", "red"]) == "red")
-    assert (red["masked_words"], red["own_image"], red["another_image"]) == (3, round(2 / 3, 4), 0.0)
-    assert tally.summary(np.zeros(4, bool)) == {"masked_words": 0}
+    assert (red.masked_words, red.own_image, red.another_image) == (3, round(2 / 3, 4), 0.0)
+    assert tally.summary(np.zeros(4, bool)).to_json() == {"masked_words": 0}
 
 
 def test_the_command_reports_all_groups_and_words(tiny_world, model, tmp_path):

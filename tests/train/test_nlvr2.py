@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import yaml
 from click.testing import CliRunner
 
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from pipelines.cli import main
 from pipelines.world.nlvr2 import write_world_nlvr2
@@ -268,8 +269,8 @@ def test_a_tiny_model_trained_on_the_demo_world_in_nlvr2s_layout_scores_above_th
     assert write_world_nlvr2(tiny_world / "world", tmp_path / "nlvr2") == {"train": 240, "dev": 48}
     summary = prepare_dataset(SOURCES["nlvr2"], tmp_path / "nlvr2", tmp_path / "prepared", log=lambda _: None)
     assert summary["splits"]["train"]["items"] == 240 and summary["splits"]["train"]["image_pairs"] == 20
-    run_extraction(tmp_path / "nlvr2", tmp_path / "cache", "tiny", image_list=tmp_path / "prepared" / "images.txt",
-                   batch_size=4, progress=False)
+    run_extraction(ExtractionConfig(tmp_path / "nlvr2", "tiny", image_list=tmp_path / "prepared" / "images.txt",
+                                    batch_size=4, progress=False), tmp_path / "cache")
     train = str(tmp_path / "prepared" / "train.jsonl")
     stage = StageConfig("nlvr2", "nlvr2", steps=150, batch_size=8, base_lr=5e-4, num_workers=0)
     # The run folder outside the read-only world (an absolute `out` stays itself under the world's root).

@@ -13,6 +13,7 @@ from torchvision.ops import box_iou
 
 import train.data.collate
 import train.tasks.refexp
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.store.reader import FeatureStore
 from extract.store.schema import VARIANT_FIELDS
@@ -35,7 +36,8 @@ BATCH = 6
 @pytest.fixture(scope="module")
 def stores(tiny_world, tmp_path_factory) -> dict:
     top = tmp_path_factory.mktemp("top-3") / "cache"
-    run_extraction(tiny_world / "world", top, "tiny", mask_variants=2, top_k_classes=3, batch_size=8, progress=False)
+    run_extraction(ExtractionConfig(tiny_world / "world", "tiny", mask_variants=2, top_k_classes=3, batch_size=8,
+                                    progress=False), top)
     return {"cache": tiny_world / "cache", "top-3": top}
 
 

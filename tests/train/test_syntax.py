@@ -7,6 +7,7 @@ end to end on the tiny world in Flickr30K Entities' layout."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from pipelines.cli import main
 from pipelines.world.entities import write_world_entities
@@ -23,7 +25,9 @@ from pipelines.world.tiny import TINY_MODEL
 from train.analysis.parses import read_conllu
 from train.analysis.phrases import PHRASE_READERS
 from train.analysis.relations import LABEL_SETS, paper_name, stanford_names, ud_names
+from train.analysis.grounding_results import Best
 from train.analysis.syntax import SyntaxTally, analyze_syntax, markdown_table, read_syntax_inputs, syntax_result
+from train.analysis.syntax_results import held_out_by_relation
 from train.analysis.verdicts import syntax_verdicts
 from train.data.files import DataError
 from train.data.regions import RegionBank
@@ -152,51 +156,51 @@ def tally_fixture(tmp_path: Path):
 def test_the_planted_head_is_the_best_for_amod_with_its_accuracy_and_the_baselines_are_the_paper_s(tmp_path):
     inputs, tally = tally_fixture(tmp_path)
     result = syntax_result(tally, inputs, None)
-    amod = next(row for row in result["relations"] if row["relation"] == "amod")
-    assert amod["arcs"] == len(AMOD) and amod["stanford"] == ["amod"] and amod["paper"]["best"] == 45.96
-    assert amod["best"] == {"layer": PLANTED[0] + 1, "head": PLANTED[1] + 1, "accuracy": 0.8}
-    accuracy = np.asarray(amod["accuracy"])
+    amod = next(row for row in result.relations if row.relation == "amod")
+    assert amod.arcs == len(AMOD) and amod.stanford == ["amod"] and amod.paper.best == 45.96
+    assert amod.figures.best == Best(PLANTED[0] + 1, PLANTED[1] + 1, 0.8)
+    accuracy = np.asarray(amod.accuracy)
     assert accuracy[PLANTED] == 0.8 and np.delete(accuracy.ravel(), 3).tolist() == [0, 0, 0]
     # The baselines, computed here from the boxes: the most confident RoI is the first candidate; a
     # random RoI hits with the share of candidates that fit w1's box.
     confident = np.mean([_iou(rois[1], box) >= 0.5 for _, _, box, rois in AMOD])
     random = np.mean([np.mean([_iou(roi, box) >= 0.5 for roi in rois[1:]]) for _, _, box, rois in AMOD])
-    assert amod["confidence_baseline"] == round(confident, 4) == 0.2
-    assert amod["random_baseline"] == round(random, 4)
-    assert amod["intervals"]["best"][0] <= 0.8 <= amod["intervals"]["best"][1]
+    assert amod.figures.confidence_baseline == round(confident, 4) == 0.2
+    assert amod.figures.random_baseline == round(random, 4)
+    assert amod.figures.intervals.best[0] <= 0.8 <= amod.figures.intervals.best[1]
     # The most common first (ties by name): amod 5, det 3, punct 2, then one each; UD's nmod and case
     # of "circle beside ... square" rebuilt as Stanford's prep and pobj.
-    assert [(row["relation"], row["arcs"]) for row in result["relations"]] == [
+    assert [(row.relation, row.arcs) for row in result.relations] == [
         ("amod", 5), ("det", 3), ("punct", 2), ("nsubj", 1), ("nummod", 1), ("pobj", 1), ("prep", 1)]
-    assert all(row["top"] for row in result["relations"])
+    assert all(row.top for row in result.relations)
     assert [(arc.relation, arc.entity_word, arc.other_word) for arc in inputs.captions[0].arcs
             if arc.relation in ("prep", "pobj")] == [("prep", "circle", "beside"), ("pobj", "square", "beside")]
-    assert {row["relation"]: row["paper"]["relation"] for row in result["relations"]
-            if row["relation"] in ("prep", "pobj")} == {"prep": "prep", "pobj": "pobj"}
+    assert {row.relation: row.paper.relation for row in result.relations
+            if row.relation in ("prep", "pobj")} == {"prep": "prep", "pobj": "pobj"}
 
 
 def test_each_relation_s_held_out_head_is_compared_with_the_most_confident_roi_in_the_json_and_the_table(tmp_path):
     inputs, tally = tally_fixture(tmp_path)
     result = syntax_result(tally, inputs, None)
-    held_out = next(row for row in result["relations"] if row["relation"] == "amod")["held_out_best"]
+    held_out = next(row for row in result.relations if row.relation == "amod").figures.held_out_best
     # Chosen on the 1st, 3rd and 5th amod arcs (the planted head fits 2 of 3), scored on the 2nd and
     # 4th: the planted head fits both, the most confident RoI (R1, the circle) neither.
-    assert (held_out["layer"], held_out["head"], held_out["arcs"]) == (2, 2, 2) and "phrases" not in held_out
-    assert (held_out["accuracy"], held_out["confidence_baseline"]) == (1.0, 0.0)
-    side = held_out["against_confidence"]
-    assert (side["difference"], side["difference_interval"], side["outcome"]) == (1.0, [1.0, 1.0], "beats")
-    assert side["verdict"] == ("the best head (layer 2, head 2, chosen on half the arcs) beats the most confident RoI "
+    written = held_out.to_json()
+    assert (held_out.layer, held_out.head, written["arcs"]) == (2, 2, 2) and "phrases" not in written
+    assert (held_out.accuracy, held_out.confidence_baseline) == (1.0, 0.0)
+    side = held_out.against_confidence
+    assert (side.difference, side.difference_interval, side.outcome) == (1.0, [1.0, 1.0], "beats")
+    assert side.verdict == ("the best head (layer 2, head 2, chosen on half the arcs) beats the most confident RoI "
                                "on the other half: +1.000 [+1.000, +1.000]")
-    compared = [row for row in result["relations"] if "held_out_best" in row]  # those with 2 arcs or more
-    outcomes = [row["held_out_best"]["against_confidence"]["outcome"] for row in compared]
-    verdicts = syntax_verdicts(result)
+    compared = [row for row in result.relations if row.figures.held_out_best]  # those with 2 arcs or more
+    outcomes = [row.figures.held_out_best.against_confidence.outcome for row in compared]
+    verdicts = syntax_verdicts(result.held_out())
     assert verdicts[0] == (f"the held-out best head beats the most confident RoI in {outcomes.count('beats')} of "
                            f"{len(compared)} relations (amod); it is worse in {outcomes.count('worse')}, not "
                            f"distinguishable in {outcomes.count('not distinguishable')}")
-    assert verdicts[1:] == [f"{row['relation']}: {row['held_out_best']['against_confidence']['verdict']}"
+    assert verdicts[1:] == [f"{row.relation}: {row.figures.held_out_best.against_confidence.verdict}"
                             for row in compared]
-    result.update(model="M", annotations="A", parses=None)
-    table = markdown_table(result)
+    table = markdown_table(replace(result, model="M", annotations="A", parses=None))
     assert "| 100.00 (2-2, 2 arcs) | +100.00 [+100.00, +100.00]: beats |" in table
     assert f"In short: {verdicts[0]}." in table and f"- {verdicts[1]}" in table
 
@@ -204,13 +208,13 @@ def test_each_relation_s_held_out_head_is_compared_with_the_most_confident_roi_i
 def test_the_region_attention_filter_leaves_out_the_planted_head_that_gives_the_rois_little(tmp_path):
     inputs, tally = tally_fixture(tmp_path)
     result = syntax_result(tally, inputs, 0.2)
-    assert result["active_heads"] == [[1, 1], [1, 2], [2, 1]]
-    share = np.asarray(result["region_attention"])
+    assert result.active_heads == [[1, 1], [1, 2], [2, 1]]
+    share = np.asarray(result.region_attention)
     assert share[PLANTED] < 0.2 < share.min(initial=1, where=np.arange(4).reshape(2, 2) != 3)
-    amod = next(row for row in result["relations"] if row["relation"] == "amod")
-    assert (amod["best"]["layer"], amod["best"]["head"]) != (2, 2) and amod["best"]["accuracy"] == 0
+    best = next(row for row in result.relations if row.relation == "amod").figures.best
+    assert (best.layer, best.head) != (2, 2) and best.accuracy == 0
     nobody = syntax_result(tally, inputs, 0.95)
-    assert nobody["active_heads"] == [] and all(row["best"] is None for row in nobody["relations"])
+    assert nobody.active_heads == [] and all(row.figures.best is None for row in nobody.relations)
 
 
 def test_sentences_whose_parse_is_not_their_caption_are_skipped_and_named(tmp_path):
@@ -286,8 +290,8 @@ def test_spacys_clearnlp_labels_keep_their_own_meanings_of_case_and_nmod(tmp_pat
     inputs = read_syntax_inputs(split, "conllu", parses, None, None, labels="clearnlp")
     tally = SyntaxTally(inputs.relations, layers=2, heads=2)
     result = syntax_result(tally, inputs, None)
-    assert result["labels"] == "clearnlp"
-    assert {row["relation"]: row["paper"] and row["paper"]["relation"] for row in result["relations"]} == {
+    assert result.labels == "clearnlp"
+    assert {row.relation: row.paper and row.paper.relation for row in result.relations} == {
         "amod": "amod", "det": "det", "nmod": None, "punct": "punct", "case": None, "nsubj": "nsubj", "nummod": "num"}
     with pytest.raises(DataError, match="labels 'stanford': expected one of ud, clearnlp"):
         read_syntax_inputs(split, "conllu", parses, None, None, labels="stanford")
@@ -332,7 +336,7 @@ def test_a_parse_that_is_no_tree_is_skipped_named_and_counted(tmp_path, parse, r
     assert [item["parse"] for item in inputs.skipped] == [f"{parses}:1 (sentence 1)", f"{parses}:19 (sentence 3)"]
     assert [item.item_id for item in inputs.captions] == ["1/1", "2/2"]
     result = syntax_result(SyntaxTally(inputs.relations, layers=2, heads=2), inputs, None)
-    assert result["captions"] == 2 and len(result["skipped"]) == 2
+    assert result.captions == 2 and len(result.skipped) == 2
 
 
 def test_conllu_comments_and_empty_nodes_carry_no_words(tmp_path):
@@ -349,7 +353,7 @@ def world(tiny_world, tmp_path_factory):
     under their Flickr30K keys, and a tiny model with fresh weights."""
     root = tmp_path_factory.mktemp("syntax")
     counts = write_world_entities(tiny_world / "world", root / "entities")
-    run_extraction(root / "entities", root / "cache", "tiny", batch_size=4, progress=False)
+    run_extraction(ExtractionConfig(root / "entities", "tiny", batch_size=4, progress=False), root / "cache")
     tokenizer = load_tokenizer(tiny_world / "vocab")
     config = VLBertConfig(**TINY_MODEL, vocab_size=len(tokenizer),
                           visual_feature_size=RegionBank(root / "cache").feature_dim)
@@ -393,7 +397,7 @@ def test_analyze_syntax_on_the_world_writes_the_json_the_table_and_the_plots(wor
     for row in table["relations"]:
         assert np.allclose(row["accuracy"], row["random_baseline"], atol=1e-4), row["relation"]
     markdown = (out / "syntax.md").read_text()
-    summary = syntax_verdicts(table)[0]
+    summary = syntax_verdicts(held_out_by_relation(table))[0]
     assert summary.startswith("the held-out best head beats the most confident RoI in ")
     assert f"Held out: {summary} (each relation's verdict in syntax.md)" in result.output
     assert f"In short: {summary}." in markdown
@@ -450,7 +454,7 @@ def test_the_spacy_parser_where_spacy_and_an_english_model_are_installed(world, 
     result = analyze_syntax(root / "model", root / "cache", root / "entities" / "val.txt", world["vocab"],
                             tmp_path / "out", parser="spacy")
     # spaCy tokenizes the captions itself: every parse aligns, and the noun phrases' adjectives are amod.
-    assert result["skipped"] == [] and any(row["relation"] == "amod" for row in result["relations"])
+    assert result.skipped == [] and any(row.relation == "amod" for row in result.relations)
 
 
 def test_world_entities_command_writes_the_same_files_again(world, tiny_world, tmp_path):

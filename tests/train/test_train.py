@@ -14,6 +14,7 @@ from train.data.regions import RegionBank
 from train.data.sources.text import TextCorpus
 from train.end2end import EndToEndVisual
 from train.engine.config import StageConfig
+from train.engine.model_building import stage_model
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from train.tasks.pretrain import CaptionPretraining, TextOnlyCorpus
@@ -284,7 +285,7 @@ def test_first_stage_starts_from_a_local_bert_checkpoint(world, tmp_path):
     run = run_config(world, "from-bert", [StageConfig("vqa", "vqa", steps=1, batch_size=2)],
                      bert=str(tmp_path / "bert"), vocabulary=str(tmp_path / "bert"), model={"geometry_frequencies": 8})
     trainer = Trainer(run)
-    model = trainer._model(run.stages[0], None)
+    model = stage_model(run, run.stages[0], trainer.data, None)
     expected = bert.bert.encoder.layer[1].attention.self.query.weight
     assert torch.equal(model.vlbert.encoder.bert.layer[1].attention.self.query.weight, expected)
     assert model.config.hidden_size == 32 and model.config.visual_feature_size == trainer.regions.feature_dim

@@ -25,7 +25,7 @@ from train.engine.batches import EpochBatches, StageStreams
 from train.engine.checkpoint import load_training_state, random_state, save_checkpoint
 from train.engine.config import RunConfigError, RunMismatchError, StageConfig, run_differences
 from train.engine.distributed import World
-from train.engine.evaluate import evaluate, shard
+from train.engine.evaluate import EvaluationSetting, evaluate, shard
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer, graph_parameters
 from train.evaluation.item_scores import ItemGroups, ItemScores
@@ -176,7 +176,7 @@ def test_the_cpu_kernel_families_that_trained_a_run_are_recorded_and_a_run_from_
     native = torch.backends.cpu.get_cpu_capability()
     assert folder.cpu_capabilities() == [native] and "cpu_capabilities" not in folder.config()
     other = "AVX2" if native != "AVX2" else "DEFAULT"
-    monkeypatch.setattr("train.engine.trainer.cpu_capability", lambda: other)  # a resume on another CPU
+    monkeypatch.setattr("train.engine.run_folder.cpu_capability", lambda: other)  # a resume on another CPU
     for _ in range(2):
         Trainer(run_config(world, "kernels", [stage])).fit(resume=True)
         assert folder.cpu_capabilities() == [native, other]
@@ -348,8 +348,9 @@ def test_evaluation_in_rank_slices_merges_into_the_single_process_result(world, 
         # One item a batch: an item's numbers then do not depend on which slice batches it with
         # whom (padding to another length rounds differently, which flips near-ties).
         evaluator = TASKS[task].evaluator(data, dataset)
-        result = evaluate(evaluator, model, None, part, 1, torch.device("cpu"), tokenizer.pad_token_id,
-                          lambda batch: None, precision, out / "predictions", out / "items.json")
+        setting = EvaluationSetting(1, torch.device("cpu"), tokenizer.pad_token_id, precision)
+        result = evaluate(evaluator, model, None, part, setting, lambda batch: None,
+                          predictions=out / "predictions", items=out / "items.json")
         return evaluator, result
 
     whole, expected = evaluated(dataset, tmp_path / "whole")

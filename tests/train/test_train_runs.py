@@ -23,6 +23,7 @@ from tensorboard.summary.writer import event_file_writer
 
 import train.engine.checkpoint
 from extract.images import ImageError
+from extract.extraction_config import ExtractionConfig
 from extract.job import run_extraction
 from extract.store.interop import export_store, import_store
 from extract.store.reader import FeatureStore
@@ -352,7 +353,7 @@ def test_a_batch_of_only_damaged_records_is_an_error():
 @pytest.fixture(scope="module")
 def plain_store(world):
     """A store of the same world without masked-pixel variants."""
-    run_extraction(world / "world", world / "plain", "tiny", batch_size=4, progress=False)
+    run_extraction(ExtractionConfig(world / "world", "tiny", batch_size=4, progress=False), world / "plain")
     return world / "plain"
 
 

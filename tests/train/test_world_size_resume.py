@@ -21,7 +21,7 @@ from tests.helpers.worlds import copy_world, run_config
 from tests.train.test_run_lock import hold_lock
 from train.engine.batches import EpochBatches
 from train.engine.distributed import World
-from train.engine.evaluate import evaluate
+from train.engine.evaluate import EvaluationSetting, evaluate
 from train.engine.run_folder import RunFolder
 from train.engine.trainer import Trainer
 from train.tasks import TASKS
@@ -62,8 +62,9 @@ def single_process_evaluation(world: Path, final: Path) -> tuple[dict, dict]:
     trainer = Trainer(run_config(world, "evaluation", [STAGE]))  # its data, tokenizer and split
     dataset = TASKS["retrieval"].dataset(trainer.data, STAGE.options, trainer.eval_annotations, 0, False)
     evaluator = TASKS["retrieval"].evaluator(trainer.data, dataset)
-    result = evaluate(evaluator, VLBertForImageTextMatching.from_pretrained(final).eval(), None, dataset, 1,
-                      torch.device("cpu"), trainer.tokenizer.pad_token_id, lambda batch: None, PRECISIONS["fp32"])
+    setting = EvaluationSetting(1, torch.device("cpu"), trainer.tokenizer.pad_token_id, PRECISIONS["fp32"])
+    result = evaluate(evaluator, VLBertForImageTextMatching.from_pretrained(final).eval(), None, dataset, setting,
+                      lambda batch: None)
     return result, evaluator.item_scores()
 
 

@@ -211,7 +211,7 @@ def test_a_trained_run_s_folders_carry_the_tokenizer_and_answers_and_run_json_th
 
     # Versions are records: a run of other versions goes on, adding the environment that continues it.
     other = {**environment_versions(), "torch": "0.0.1"}
-    monkeypatch.setattr("train.engine.trainer.environment_versions", lambda: other)
+    monkeypatch.setattr("train.engine.run_folder.environment_versions", lambda: other)
     Trainer(run, log=lambda _: None).fit()
     assert folder.versions() == [environment_versions(), other]
     assert "versions" not in folder.config()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
@@ -16,6 +15,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from extract.images import DEFAULT_MAX_PIXELS, ImageError, load_image  # noqa: E402
+from train.analysis.grounding_results import HeadScores  # noqa: E402
 from train.analysis.phrases import Phrase  # noqa: E402
 from vlbert.utils.atomic import file_written_whole, made_folder  # noqa: E402
 
@@ -30,13 +30,14 @@ class Example:
     attention: np.ndarray  # (layers, heads, N)
 
 
-def draw_heat_map(accuracy: np.ndarray, result: dict[str, Any], path: Path) -> Path:
+def draw_heat_map(accuracy: np.ndarray, scores: HeadScores, path: Path) -> Path:
     """Accuracy per layer (rows, from 1) and head (columns, from 1), each cell labelled, the
     baselines in the title."""
     layers, heads = accuracy.shape
+    figures = scores.figures
     return draw_table(accuracy, [str(layer + 1) for layer in range(layers)], [str(h + 1) for h in range(heads)],
-                      ("head", "layer"), f"grounding accuracy, {result['phrases']} phrases\nrandom RoI "
-                      f"{result['random_baseline']:.2f}, most confident RoI {result['confidence_baseline']:.2f}", path)
+                      ("head", "layer"), f"grounding accuracy, {scores.count} phrases\nrandom RoI "
+                      f"{figures.random_baseline:.2f}, most confident RoI {figures.confidence_baseline:.2f}", path)
 
 
 def draw_relation_heat_map(accuracy: np.ndarray, relations: list[str], path: Path, title: str) -> Path:

@@ -29,6 +29,7 @@ from transformers import PreTrainedTokenizerFast
 from train.analysis.common import (batch_text_attention, box_problem, caption_sample, could_not_start, left_out,
                                    open_model, piece_masks, pieces_mean, span_pieces, text_region_attention)
 from train.analysis.figures import Example, draw_example, draw_heat_map
+from train.analysis.grounding_results import Best, GroundingResult, HeadFigures, HeadScores, HeldOutBest, Intervals
 from train.analysis.phrases import PHRASE_READERS, Phrase
 from train.analysis.verdicts import against, rounded_interval
 from train.data.collate import collate
@@ -110,7 +111,7 @@ class GroundingTally:
         grounded = self.scores()[0]
         return grounded.mean(0) if len(grounded) else np.zeros((self.layers, self.heads))
 
-    def result(self, allowed: np.ndarray | None = None, unit: str = "phrases") -> dict[str, Any]:
+    def result(self, allowed: np.ndarray | None = None, unit: str = "phrases") -> HeadScores:
         """Layers and heads are numbered from 1 in `best` (row i of the tables is layer i + 1); the
         best head is chosen among the `allowed` ones ((layers, heads) bool; default all).
 
@@ -121,31 +122,19 @@ class GroundingTally:
         grounded, random, confident = self.scores()
         accuracy = self.accuracy()
         chosen = best_head(accuracy, allowed)
-        count = max(self.count, 1)
-        result = {
-            "phrases": self.count,
-            "layers": self.layers,
-            "heads": self.heads,
-            "iou_threshold": IOU_THRESHOLD,
-            "accuracy": np.round(accuracy, 4).tolist(),
-            "region_attention": np.round(self.region_share / count, 4).tolist(),
-            "best": None if chosen is None else {"layer": chosen[0] + 1, "head": chosen[1] + 1,
-                                                 "accuracy": round(float(accuracy[chosen]), 4)},
-            "mean_accuracy": round(float(accuracy.mean()), 4),
-            "random_baseline": round(float(random.mean()) if len(random) else 0.0, 4),
-            "confidence_baseline": round(float(confident.mean()) if len(confident) else 0.0, 4),
-        }
+        intervals, held_out = None, None
         if self.count >= 2:
-            result["intervals"] = {
-                "level": LEVEL,
-                **({} if chosen is None else
-                   {"best": rounded_interval(bootstrap_interval(grounded[:, chosen[0], chosen[1]]))}),
-                "random_baseline": rounded_interval(bootstrap_interval(random)),
-                "confidence_baseline": rounded_interval(bootstrap_interval(confident)),
-            }
+            best = None if chosen is None else rounded_interval(bootstrap_interval(grounded[:, chosen[0], chosen[1]]))
+            intervals = Intervals(LEVEL, best, rounded_interval(bootstrap_interval(random)),
+                                  rounded_interval(bootstrap_interval(confident)))
             if chosen is not None:
-                result["held_out_best"] = held_out_best(grounded, random, confident, allowed, unit)
-        return result
+                held_out = held_out_best(grounded, random, confident, allowed, unit)
+        figures = HeadFigures(
+            None if chosen is None else Best(chosen[0] + 1, chosen[1] + 1, round(float(accuracy[chosen]), 4)),
+            round(float(accuracy.mean()), 4), round(float(random.mean()) if len(random) else 0.0, 4),
+            round(float(confident.mean()) if len(confident) else 0.0, 4), intervals, held_out)
+        return HeadScores(unit, self.count, self.layers, self.heads, IOU_THRESHOLD, np.round(accuracy, 4).tolist(),
+                          np.round(self.region_share / max(self.count, 1), 4).tolist(), figures)
 
 
 def best_head(accuracy: np.ndarray, allowed: np.ndarray | None = None) -> tuple[int, int] | None:
@@ -160,7 +149,7 @@ def best_head(accuracy: np.ndarray, allowed: np.ndarray | None = None) -> tuple[
 
 
 def held_out_best(grounded: np.ndarray, random: np.ndarray, confident: np.ndarray, allowed: np.ndarray | None = None,
-                  unit: str = "phrases") -> dict[str, Any]:
+                  unit: str = "phrases") -> HeldOutBest:
     """The best (`allowed`) head on the even-numbered `unit` (phrases or arcs), scored on the
     odd-numbered ones, with its 95% interval and paired comparisons with the random RoI and (under
     `against_confidence`, with a verdict in words) the most confident RoI on those items."""
@@ -171,13 +160,11 @@ def held_out_best(grounded: np.ndarray, random: np.ndarray, confident: np.ndarra
     by_id = dict(zip(ids, hits))
     comparison = paired_comparison(dict(zip(ids, random[1::2])), by_id, ("random RoI", "head"))
     against_confidence = paired_comparison(dict(zip(ids, confident[1::2])), by_id, ("most confident RoI", "head"))
-    return {"layer": int(layer) + 1, "head": int(head) + 1, unit: len(hits),
-            "accuracy": round(float(hits.mean()), 4), "interval": rounded_interval(bootstrap_interval(hits)),
-            "random_baseline": round(float(random[1::2].mean()), 4),
-            "difference": round(comparison.difference, 4), "difference_interval": rounded_interval(comparison.interval),
-            "p_value": comparison.p_value, "verdict": comparison.verdict(),
-            "confidence_baseline": round(float(confident[1::2].mean()), 4),
-            "against_confidence": against(against_confidence, int(layer) + 1, int(head) + 1, unit)}
+    return HeldOutBest(int(layer) + 1, int(head) + 1, unit, len(hits), round(float(hits.mean()), 4),
+                       rounded_interval(bootstrap_interval(hits)), round(float(random[1::2].mean()), 4),
+                       round(comparison.difference, 4), rounded_interval(comparison.interval), comparison.p_value,
+                       comparison.verdict(), round(float(confident[1::2].mean()), 4),
+                       against(against_confidence, int(layer) + 1, int(head) + 1, unit))
 
 
 def phrase_sample(phrase: Phrase, regions: RegionBank, tokenizer, max_length: int) -> tuple[Sample, np.ndarray]:
@@ -235,9 +222,9 @@ def open_inputs(model_dir: Path, store: Path, annotations: Path, vocabulary: Pat
 def analyze_grounding(model_dir: str | Path, store: str | Path, annotations: str | Path, vocabulary: str | Path,
                       out: str | Path, phrase_format: str = "refs", images: str | Path | None = None,
                       examples: int = 0, max_items: int | None = None, batch_size: int = 16, device: str = "cpu",
-                      max_length: int | None = None, fresh_weights: bool = False) -> dict[str, Any]:
+                      max_length: int | None = None, fresh_weights: bool = False) -> GroundingResult:
     """Grounding accuracy of every layer and head over the phrases of `annotations` (a format of
-    `PHRASE_READERS`; the first `max_items`): writes OUT/grounding.json (the returned table),
+    `PHRASE_READERS`; the first `max_items`): writes OUT/grounding.json (the returned result),
     OUT/grounding.png (the heat map) and, for the first `examples` phrases, OUT/examples/*.png (the
     best head's attention over the image's boxes, drawn on the image from `images` when given).
     Phrases whose box is no box are left out of every figure and listed under `left_out`.
@@ -267,14 +254,14 @@ def analyze_grounding(model_dir: str | Path, store: str | Path, annotations: str
                                                            candidates))[:max(examples - len(kept), 0)]:
             kept.append(Example(phrase, sample.regions.image_size, boxes[chosen].numpy(), row[..., chosen].numpy()))
 
-    result = {"model": str(model_dir), "annotations": str(annotations), "format": phrase_format, **tally.result(),
-              "left_out": inputs.left_out}
-    draw_heat_map(tally.accuracy(), result, out / "grounding.png")
-    best = (result["best"]["layer"] - 1, result["best"]["head"] - 1)
-    result["examples"] = [
+    scores = tally.result()
+    draw_heat_map(tally.accuracy(), scores, out / "grounding.png")
+    best = (scores.figures.best.layer - 1, scores.figures.best.head - 1)
+    examples = [
         {"item_id": example.phrase.item_id, "phrase": example.phrase.phrase, "text": example.phrase.text,
          "file": example.phrase.file, "layer": best[0] + 1, "head": best[1] + 1,
          "image": str(draw_example(example, best, images, out / "examples" / f"{k:03d}.png"))}
         for k, example in enumerate(kept)]
-    write_atomically(out / "grounding.json", json.dumps(result, indent=2))
+    result = GroundingResult(str(model_dir), str(annotations), phrase_format, scores, inputs.left_out, examples)
+    write_atomically(out / "grounding.json", json.dumps(result.to_json(), indent=2))
     return result

@@ -17,13 +17,13 @@ import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from train.analysis.common import could_not_start, load_model, open_model
 from train.analysis.verdicts import rounded_interval
+from train.analysis.word_results import WordFigures, WordGroup, WordsResult
 from train.analysis.word_groups import check_groups
 from train.data.annotations import AnnotationFile
 from train.data.collate import collate, model_inputs, to_device
@@ -132,24 +132,22 @@ class WordTally:
     right: dict[str, list[float]]  # condition → 1.0 / 0.0 per masked word
     ids: list[str]
 
-    def summary(self, keep: np.ndarray | None = None) -> dict[str, Any]:
+    def summary(self, keep: np.ndarray | None = None) -> WordFigures:
         """Accuracy in each condition and the paired difference own − another, over the masked words
         `keep` selects (default all)."""
         keep = np.ones(len(self.ids), bool) if keep is None else keep
         ids = [item for item, kept in zip(self.ids, keep) if kept]
         if not ids:
-            return {"masked_words": 0}
+            return WordFigures(0)
         scores = {condition: dict(zip(ids, np.asarray(values)[keep])) for condition, values in self.right.items()}
         own, other = (scores[condition] for condition in CONDITIONS)
-        summary = {"masked_words": len(ids),
-                   **{condition.replace(" ", "_"): round(float(np.mean(list(scores[condition].values()))), 4)
-                      for condition in CONDITIONS}}
-        if len(ids) >= 2:
-            comparison = paired_comparison(other, own, ("another image", "own image"))
-            summary.update(difference=round(comparison.difference, 4) + 0.0,
-                           interval=rounded_interval(comparison.interval), p_value=comparison.p_value,
-                           verdict=comparison.verdict())
-        return summary
+        own_image, another_image = (round(float(np.mean(list(scores[condition].values()))), 4)
+                                    for condition in CONDITIONS)
+        if len(ids) < 2:
+            return WordFigures(len(ids), own_image, another_image)
+        comparison = paired_comparison(other, own, ("another image", "own image"))
+        return WordFigures(len(ids), own_image, another_image, round(comparison.difference, 4) + 0.0,
+                           rounded_interval(comparison.interval), comparison.p_value, comparison.verdict())
 
 
 @torch.no_grad()
@@ -172,7 +170,7 @@ def predict_words(model: VLBertForPreTraining, words: list[MaskedWord], batch_si
 def analyze_masked_words(model_dir: str | Path, store: str | Path, annotations: str | Path, vocabulary: str | Path,
                          out: str | Path, groups: dict[str, list[str]] | None = None, max_items: int | None = None,
                          batch_size: int = 16, device: str = "cpu", max_length: int | None = None,
-                         fresh_weights: bool = False) -> dict[str, Any]:
+                         fresh_weights: bool = False) -> WordsResult:
     """Masked-word accuracy with each caption's own image and with another image's regions over the
     captions of `annotations` (the first `max_items`), in all, per group of `groups` (name → words)
     and for each of the `BY_WORD` most frequent words: writes OUT/words.json (the returned result) and
@@ -198,31 +196,29 @@ def analyze_masked_words(model_dir: str | Path, store: str | Path, annotations: 
                       [word.item_id for word in words])
     texts = np.array(tally.words)
     frequent = sorted(Counter(tally.words).items(), key=lambda item: (-item[1], item[0]))[:BY_WORD]
-    by_word = [{"word": word, **tally.summary(texts == word)} for word, _ in frequent]
-    result = {"model": str(model_dir), "annotations": str(annotations), "captions": len(captions),
-              "conditions": list(CONDITIONS), **tally.summary(),
-              "groups": {name: {"words": members, **tally.summary(np.isin(texts, members))}
-                         for name, members in groups.items()},
-              "by_word": by_word}
-    write_atomically(out / "words.json", json.dumps(result, indent=2))
+    result = WordsResult(str(model_dir), str(annotations), len(captions), list(CONDITIONS), tally.summary(),
+                         {name: WordGroup(members, tally.summary(np.isin(texts, members)))
+                          for name, members in groups.items()},
+                         {word: tally.summary(texts == word) for word, _ in frequent})
+    write_atomically(out / "words.json", json.dumps(result.to_json(), indent=2))
     write_atomically(out / "words.md", words_table(result))
     return result
 
 
-def _row(name: str, figures: dict[str, Any]) -> str:
-    if not figures["masked_words"]:
+def _row(name: str, figures: WordFigures) -> str:
+    if not figures.masked_words:
         return markdown_row([name, 0, "", "", ""])
-    interval = figures.get("interval")
-    difference = "" if interval is None else f"{figures['difference']:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
-    return markdown_row([name, figures["masked_words"], f"{figures['own_image']:.3f}",
-                         f"{figures['another_image']:.3f}", difference])
+    interval = figures.interval
+    difference = "" if interval is None else f"{figures.difference:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
+    return markdown_row([name, figures.masked_words, f"{figures.own_image:.3f}", f"{figures.another_image:.3f}",
+                         difference])
 
 
-def words_table(result: dict[str, Any]) -> str:
+def words_table(result: WordsResult) -> str:
     header = ["| words | masked | own image | another image | own − another [95%] |", "|---|---|---|---|---|"]
     lines = ["# Masked words with their own image and with another image", "",
-             f"{result['model']} on {result['captions']} captions of {result['annotations']}.", "", *header,
-             _row("all", result)]
-    lines += [_row(name, figures) for name, figures in result["groups"].items()]
-    lines += ["", "## By word", "", *header, *(_row(row["word"], row) for row in result["by_word"])]
+             f"{result.model} on {result.captions} captions of {result.annotations}.", "", *header,
+             _row("all", result.figures)]
+    lines += [_row(name, group.figures) for name, group in result.groups.items()]
+    lines += ["", "## By word", "", *header, *(_row(word, figures) for word, figures in result.by_word.items())]
     return "\n".join(lines) + "\n"

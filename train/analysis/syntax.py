@@ -23,9 +23,9 @@ is averaged over every arc's w2, of every relation.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Container
+from typing import Container
 
 import numpy as np
 import torch
@@ -34,9 +34,11 @@ from train.analysis.common import (batch_text_attention, box_problem, caption_sa
                                    open_model, piece_masks, pieces_mean, span_pieces)
 from train.analysis.figures import draw_layer_plot, draw_relation_heat_map
 from train.analysis.grounding import IOU_THRESHOLD, GroundingTally
+from train.analysis.grounding_results import AgainstConfidence
 from train.analysis.parses import PARSERS, ParsedSentence, Word, align
 from train.analysis.phrases import Caption, Phrase, flickr30k_entities_captions
 from train.analysis.relations import LABEL_SETS, PAPER_FIGURE_4, PAPER_TABLE_2, paper_name, stanford_names
+from train.analysis.syntax_results import PaperFigures, RelationScores, SyntaxResult
 from train.analysis.verdicts import syntax_verdicts
 from train.data.collate import collate
 from train.data.files import DataError
@@ -215,7 +217,7 @@ def analyze_syntax(model_dir: str | Path, store: str | Path, annotations: str | 
                    plot: list[str] | None = None, min_region_attention: float | None = None,
                    max_items: int | None = None, batch_size: int = 16, device: str = "cpu",
                    max_length: int | None = None, fresh_weights: bool = False,
-                   labels: str | None = None) -> dict[str, Any]:
+                   labels: str | None = None) -> SyntaxResult:
     """Syntactic grounding accuracy of every layer and head, per dependency relation, over the
     captions of a Flickr30K Entities split file (`annotations`; the first `max_items` captions on
     the store's images), parsed by `parser` (`parses`: its CoNLL-U file). Writes OUT/syntax.json
@@ -249,52 +251,42 @@ def analyze_syntax(model_dir: str | Path, store: str | Path, annotations: str | 
                   [sample.regions.boxes for sample in samples], list(offsets))
 
     result = syntax_result(tally, inputs, min_region_attention)
-    result.update(model=str(model_dir), annotations=str(annotations), parses=None if parses is None else str(parses))
     accuracy = np.stack([tally.tallies[relation].accuracy() for relation in inputs.relations])
-    result["figures"] = {"relations": str(draw_relation_heat_map(
+    drawn = {"relations": str(draw_relation_heat_map(
         accuracy, inputs.relations, out / "relations.png",
-        f"syntactic grounding accuracy per relation (most common on top), {result['arcs']} arcs"))}
+        f"syntactic grounding accuracy per relation (most common on top), {result.arcs} arcs"))}
     for relation, path in figures.items():
-        row = next(row for row in result["relations"] if row["relation"] == relation)
-        paper = f" (the paper's {row['paper']['relation']})" if row["paper"] else ""
-        result["figures"][relation] = str(draw_layer_plot(
+        row = next(row for row in result.relations if row.relation == relation)
+        paper = f" (the paper's {row.paper.relation})" if row.paper else ""
+        drawn[relation] = str(draw_layer_plot(
             accuracy[inputs.relations.index(relation)],
-            {"most confident RoI": row["confidence_baseline"], "random RoI": row["random_baseline"]},
-            f"{relation}{paper}: each head's accuracy by layer, {row['arcs']} arcs", path))
+            {"most confident RoI": row.figures.confidence_baseline, "random RoI": row.figures.random_baseline},
+            f"{relation}{paper}: each head's accuracy by layer, {row.arcs} arcs", path))
+    result = replace(result, model=str(model_dir), annotations=str(annotations),
+                     parses=None if parses is None else str(parses), figures=drawn)
     write_atomically(out / "syntax.md", markdown_table(result))
-    write_atomically(out / "syntax.json", json.dumps(result, indent=2))
+    write_atomically(out / "syntax.json", json.dumps(result.to_json(), indent=2))
     return result
 
 
-def syntax_result(tally: SyntaxTally, inputs: SyntaxInputs, min_region_attention: float | None) -> dict[str, Any]:
-    """The figures of every relation (the most common first) with the paper's beside them."""
+def syntax_result(tally: SyntaxTally, inputs: SyntaxInputs, min_region_attention: float | None) -> SyntaxResult:
+    """The figures of every relation (the most common first) with the paper's beside them (no inputs or
+    figures drawn yet)."""
     share = tally.region_share()
     active = None if min_region_attention is None else share > min_region_attention
     relations = []
     for rank, relation in enumerate(inputs.relations):
-        figures = tally.tallies[relation].result(active, unit="arcs")
-        for shared in ("layers", "heads", "iou_threshold", "region_attention"):
-            del figures[shared]  # the same for every relation: given once
+        scores = tally.tallies[relation].result(active, unit="arcs")  # layers, heads, ...: given once for all
         paper = paper_name(relation, inputs.labels)
-        relations.append({"relation": relation, "stanford": list(stanford_names(relation, inputs.labels)), "top": rank < TOP_RELATIONS,
-                          "arcs": figures.pop("phrases"), **figures,
-                          "paper": None if paper is None else {"relation": paper, **asdict(PAPER_TABLE_2[paper])}})
+        relations.append(RelationScores(relation, list(stanford_names(relation, inputs.labels)), rank < TOP_RELATIONS,
+                                        scores.count, scores.accuracy, scores.figures,
+                                        None if paper is None else PaperFigures(paper, **asdict(PAPER_TABLE_2[paper]))))
     layers, heads = share.shape
-    return {
-        "parser": inputs.parser,
-        "labels": inputs.labels,
-        "captions": len(inputs.captions),
-        "arcs": sum(row["arcs"] for row in relations),
-        "layers": layers,
-        "heads": heads,
-        "iou_threshold": IOU_THRESHOLD,
-        "region_attention": np.round(share, 4).tolist(),
-        "min_region_attention": min_region_attention,
-        "active_heads": None if active is None else [[int(l) + 1, int(h) + 1] for l, h in np.argwhere(active)],
-        "relations": relations,
-        "skipped": inputs.skipped,
-        "left_out": inputs.left_out,
-    }
+    return SyntaxResult(
+        inputs.parser, inputs.labels, len(inputs.captions), sum(row.arcs for row in relations), layers, heads,
+        IOU_THRESHOLD, np.round(share, 4).tolist(), min_region_attention,
+        None if active is None else [[int(l) + 1, int(h) + 1] for l, h in np.argwhere(active)],
+        relations, inputs.skipped, inputs.left_out)
 
 
 def _percent(value: float | None) -> str:
@@ -305,26 +297,26 @@ def _interval(values: list[float] | None) -> str:
     return "" if values is None else f" [{_percent(values[0])}, {_percent(values[1])}]"
 
 
-def _row(row: dict[str, Any]) -> str:
-    intervals = row.get("intervals", {})
-    best, held_out, paper = row["best"], row.get("held_out_best"), row["paper"]
+def _row(row: RelationScores) -> str:
+    figures, paper = row.figures, row.paper
+    intervals, best, held_out = figures.intervals, figures.best, figures.held_out_best
     cells = [
-        row["relation"], ", ".join(row["stanford"]) or "–", str(row["arcs"]), _percent(row["random_baseline"]),
-        _percent(row["confidence_baseline"]) + _interval(intervals.get("confidence_baseline")),
-        "–" if best is None else f"{best['layer']}-{best['head']}",
-        "–" if best is None else _percent(best["accuracy"]) + _interval(intervals.get("best")),
-        "–" if held_out is None else f"{_percent(held_out['accuracy'])} ({held_out['layer']}-{held_out['head']}, "
-                                     f"{held_out['arcs']} arcs)",
-        "–" if held_out is None else _against(held_out["against_confidence"]),
-        "–" if paper is None else f"{paper['relation']}: {paper['baseline']:.2f} → {paper['best']:.2f} "
-                                  f"({paper['layer']}-{paper['head']})",
+        row.relation, ", ".join(row.stanford) or "–", str(row.arcs), _percent(figures.random_baseline),
+        _percent(figures.confidence_baseline) + _interval(intervals and intervals.confidence_baseline),
+        "–" if best is None else f"{best.layer}-{best.head}",
+        "–" if best is None else _percent(best.accuracy) + _interval(intervals and intervals.best),
+        "–" if held_out is None else f"{_percent(held_out.accuracy)} ({held_out.layer}-{held_out.head}, "
+                                     f"{held_out.count} arcs)",
+        "–" if held_out is None else _against(held_out.against_confidence),
+        "–" if paper is None else f"{paper.relation}: {paper.baseline:.2f} → {paper.best:.2f} "
+                                  f"({paper.layer}-{paper.head})",
     ]
     return markdown_row(cells)
 
 
-def _against(side: dict[str, Any]) -> str:
-    low, high = side["difference_interval"]
-    return f"{100 * side['difference']:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}]: {side['outcome']}"
+def _against(side: AgainstConfidence) -> str:
+    low, high = side.difference_interval
+    return f"{100 * side.difference:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}]: {side.outcome}"
 
 
 HEADER = ("| relation | Stanford name | arcs | random RoI | most confident RoI [95%] | best head | accuracy [95%] "
@@ -333,27 +325,27 @@ HEADER = ("| relation | Stanford name | arcs | random RoI | most confident RoI [
           "|---|---|---|---|---|---|---|---|---|---|\n")
 
 
-def markdown_table(result: dict[str, Any]) -> str:
+def markdown_table(result: SyntaxResult) -> str:
     """A table like VisualBERT's Table 2 (accuracies in %), the paper's figures beside ours."""
-    rows = result["relations"]
-    heads = ("every head" if result["min_region_attention"] is None else
-             f"the heads giving more than {result['min_region_attention']:.0%} of their attention to the RoIs "
-             f"({len(result['active_heads'])} of {result['layers'] * result['heads']})")
+    rows = result.relations
+    heads = ("every head" if result.min_region_attention is None else
+             f"the heads giving more than {result.min_region_attention:.0%} of their attention to the RoIs "
+             f"({len(result.active_heads)} of {result.layers * result.heads})")
     lines = [
         "# Syntactic grounding (VisualBERT §3.1, Table 2)", "",
-        f"Model `{result['model']}`, captions `{result['annotations']}`, parses: "
-        f"{result['parses'] or result['parser']}. {result['captions']} captions, {result['arcs']} arcs; "
-        f"{len(result['skipped'])} captions skipped (their parse is not a tree, or not their text: `skipped` in "
+        f"Model `{result.model}`, captions `{result.annotations}`, parses: "
+        f"{result.parses or result.parser}. {result.captions} captions, {result.arcs} arcs; "
+        f"{len(result.skipped)} captions skipped (their parse is not a tree, or not their text: `skipped` in "
         "syntax.json). "
         f"Best head (layer-head, from 1) among {heads}; accuracy: the share of arcs whose w2 attends most to a "
-        f"RoI with IoU ≥ {result['iou_threshold']} with w1's box. The held-out best head is chosen on half the "
+        f"RoI with IoU ≥ {result.iou_threshold} with w1's box. The held-out best head is chosen on half the "
         "arcs and scored on the other half.", "",
         f"## The {min(TOP_RELATIONS, len(rows))} most common relations", "",
-        HEADER + "\n".join(_row(row) for row in rows if row["top"]),
+        HEADER + "\n".join(_row(row) for row in rows if row.top),
     ]
-    if any(not row["top"] for row in rows):
-        lines += ["", "## The other relations", "", HEADER + "\n".join(_row(row) for row in rows if not row["top"])]
-    verdicts = syntax_verdicts(result)
+    if any(not row.top for row in rows):
+        lines += ["", "## The other relations", "", HEADER + "\n".join(_row(row) for row in rows if not row.top)]
+    verdicts = syntax_verdicts(result.held_out())
     if verdicts:
         lines += ["", "## Does any head beat the most confident RoI?", "",
                   "Each relation's best head is chosen on half its arcs and compared with the most confident RoI, "
@@ -363,6 +355,6 @@ def markdown_table(result: dict[str, Any]) -> str:
     lines += ["", "The last column is the paper's, not measured here: VisualBERT (Li et al., 2019) Table 2, "
               "Flickr30K validation captions parsed by AllenNLP (Stanford dependencies), the best of the heads "
               "giving more than 20% of their attention to regions; a parser's label is read as the Stanford "
-              f"relation joining the same words, through the map of its label set ({result['labels']}; "
+              f"relation joining the same words, through the map of its label set ({result.labels}; "
               "train/analysis/relations.py), UD's prepositional phrases rebuilt as Stanford's prep and pobj arcs."]
     return "\n".join(lines) + "\n"

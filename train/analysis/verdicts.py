@@ -8,8 +8,8 @@ masked words (`words`)?"""
 
 from __future__ import annotations
 
-from typing import Any
-
+from train.analysis.grounding_results import AgainstConfidence, HeldOutBest
+from train.analysis.word_results import WordsResult
 from train.evaluation.statistics import Comparison, Interval
 
 CONFIDENT = "the most confident RoI"
@@ -43,52 +43,50 @@ def rounded_interval(interval: Interval) -> list[float]:
     return [round(value, 4) + 0.0 for value in interval.to_list()]  # + 0.0: no "-0.0" in the tables
 
 
-def against(comparison: Comparison, layer: int, head: int, unit: str) -> dict[str, Any]:
-    """The held-out head's paired comparison with the most confident RoI (layers and heads from 1),
-    for the json."""
-    return {"difference": round(comparison.difference, 4) + 0.0,
-            "difference_interval": rounded_interval(comparison.interval),
-            "p_value": comparison.p_value, "outcome": outcome(comparison),
-            "verdict": held_out_sentence(layer, head, unit, comparison)}
+def against(comparison: Comparison, layer: int, head: int, unit: str) -> AgainstConfidence:
+    """The held-out head's paired comparison with the most confident RoI (layers and heads from 1)."""
+    return AgainstConfidence(round(comparison.difference, 4) + 0.0, rounded_interval(comparison.interval),
+                             comparison.p_value, outcome(comparison), held_out_sentence(layer, head, unit, comparison))
 
 
-def grounding_verdicts(result: dict[str, Any]) -> list[str]:
-    """The entity analysis's verdict (grounding.json), or none where it has no held-out head (or was
-    written before the comparison with the most confident RoI)."""
-    side = (result.get("held_out_best") or {}).get("against_confidence")
-    return [side["verdict"]] if side else []
+def grounding_verdicts(held_out: HeldOutBest | None) -> list[str]:
+    """The entity analysis's verdict (grounding.json's held-out best head), or none where it has no
+    held-out head (or was written before the comparison with the most confident RoI)."""
+    side = held_out and held_out.against_confidence
+    return [side.verdict] if side else []
 
 
-def syntax_verdicts(result: dict[str, Any]) -> list[str]:
-    """The syntactic analysis's verdicts (syntax.json): how many relations' held-out head beats the
-    most confident RoI, then each relation's sentence, the most common relation first."""
-    compared = [(row["relation"], side) for row in result.get("relations", [])
-                if (side := (row.get("held_out_best") or {}).get("against_confidence"))]
+def syntax_verdicts(held_out: dict[str, HeldOutBest | None]) -> list[str]:
+    """The syntactic analysis's verdicts (syntax.json, each relation's held-out best head, the most
+    common relation first): how many relations' held-out head beats the most confident RoI, then each
+    relation's sentence."""
+    compared = [(relation, side) for relation, head in held_out.items() if (side := head and head.against_confidence)]
     if not compared:
         return []
-    counts = {found: sum(side["outcome"] == found for _, side in compared) for found in (BEATS, WORSE)}
-    winners = [relation for relation, side in compared if side["outcome"] == BEATS]
+    counts = {found: sum(side.outcome == found for _, side in compared) for found in (BEATS, WORSE)}
+    winners = [relation for relation, side in compared if side.outcome == BEATS]
     summary = (f"the held-out best head beats {CONFIDENT} in {counts[BEATS]} of {len(compared)} relations"
                + (f" ({', '.join(winners)})" if winners else "")
                + f"; it is worse in {counts[WORSE]}, not distinguishable in "
                  f"{len(compared) - counts[BEATS] - counts[WORSE]}")
-    return [summary] + [f"{relation}: {side['verdict']}" for relation, side in compared]
+    return [summary] + [f"{relation}: {side.verdict}" for relation, side in compared]
 
 
-def words_verdicts(result: dict[str, Any]) -> list[str]:
+def words_verdicts(result: WordsResult) -> list[str]:
     """The masked-word analysis (words.json): a line for all the masked words, then one per group, the
     accuracy beside the own image and beside another, and their difference in words either way."""
     lines = []
-    for name, figures in [("all words", result), *result["groups"].items()]:
-        if not figures["masked_words"]:
+    named = [("all words", result.figures), *((name, group.figures) for name, group in result.groups.items())]
+    for name, figures in named:
+        if not figures.masked_words:
             lines.append(f"{name}: no masked word")
             continue
-        line = (f"{name}: {figures['masked_words']} masked, right beside the own image {figures['own_image']:.3f}, "
-                f"beside another image {figures['another_image']:.3f}")
-        if "interval" in figures:
-            low, high = figures["interval"]
+        line = (f"{name}: {figures.masked_words} masked, right beside the own image {figures.own_image:.3f}, "
+                f"beside another image {figures.another_image:.3f}")
+        if figures.interval is not None:
+            low, high = figures.interval
             said = "the image helps" if low > 0 else "the image hurts" if high < 0 else \
                 "no difference distinguishable from zero"
-            line += f"; own − another {figures['difference']:+.3f} [{low:+.3f}, {high:+.3f}]: {said}"
+            line += f"; own − another {figures.difference:+.3f} [{low:+.3f}, {high:+.3f}]: {said}"
         lines.append(line)
     return lines

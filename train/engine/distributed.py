@@ -33,11 +33,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from vlbert.utils import step_environment
 from vlbert.utils.atomic import write_atomically
 from vlbert.utils.device import launcher_variable
 from vlbert.utils.errors import FAILED, UserError
 
-RENDEZVOUS_VARIABLE = "VLBERT_RENDEZVOUS"  # the file in which rank 0 says where the ranks meet
+RENDEZVOUS_VARIABLE = step_environment.RENDEZVOUS  # the file in which rank 0 says where the ranks meet
 NODE_VARIABLE = "SLURMD_NODENAME"  # the Slurm node a process runs on, as Slurm names it
 RENDEZVOUS_TIMEOUT_S = 300
 # Longer than Slurm's default SlurmdTimeout (300 s): a node that stops answering is found lost by

@@ -8,6 +8,7 @@ single process's; no rank waits idle on another's whole evaluation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -25,22 +26,36 @@ from vlbert.utils.precision import Precision
 from vlbert.utils.progress import progress_bar
 
 
+@dataclass(frozen=True)
+class EvaluationSetting:
+    """How a stage evaluates, the same on each of its splits: `batch_size` items a batch, on `device` in
+    `precision`, text padded with `pad_token_id`, `workers` DataLoader processes, sliced over `world`."""
+
+    batch_size: int
+    device: torch.device
+    pad_token_id: int
+    precision: Precision
+    workers: int = 0
+    world: World = field(default_factory=World)
+
+
 @torch.no_grad()
-def evaluate(evaluator: Evaluator, model, visual, dataset: Dataset, batch_size: int, device: torch.device,
-             pad_token_id: int, check_damaged: Callable[[Batch], None], precision: Precision,
-             predictions: Path | None = None, items: Path | None = None, workers: int = 0,
-             world: World = World(), desc: str = "evaluation") -> dict | None:
+def evaluate(evaluator: Evaluator, model, visual, dataset: Dataset, setting: EvaluationSetting,
+             check_damaged: Callable[[Batch], None], *, predictions: Path | None = None, items: Path | None = None,
+             desc: str = "evaluation") -> dict | None:
     """{"metric", "value", "chance", "samples", "precision", ...} of `evaluator` over `dataset` on
     rank 0 (None on the others); the predictions are written to `predictions` and each item's
     score to `items` (train/evaluation/item_scores.py; with its group where the task has groups) when
     given. `check_damaged` applies the damaged-record policy to each batch. With the end-to-end
-    `visual` side, `workers` DataLoader processes decode the images. Rank 0 shows its items' progress
-    as `desc` (the console, and `vlbert pipeline status` through the step's progress file)."""
+    `visual` side, the setting's workers decode the images. Rank 0 shows its items' progress as
+    `desc` (the console, and `vlbert pipeline status` through the step's progress file)."""
+    device, precision, world = setting.device, setting.precision, setting.world
     if visual is not None:
         dataset = visual.with_images(dataset)
     part = shard(dataset, world)
     with progress_bar(len(part), desc, "item", enabled=world.rank == 0) as bar:
-        for batch in evaluation_batches(part, batch_size, workers, pad_token_id, device.type == "cuda"):
+        for batch in evaluation_batches(part, setting.batch_size, setting.workers, setting.pad_token_id,
+                                        device.type == "cuda"):
             check_damaged(batch)
             if batch.inputs is not None:
                 inputs = to_device(batch.inputs, device)

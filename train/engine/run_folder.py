@@ -25,22 +25,31 @@ writes it and for the reports, pipeline steps, benches and tests that read it.
 
 Every file is written whole or not at all (`vlbert.utils.atomic.write_atomically`); model folders are
 written beside their name and renamed into it. What a killed writer left of them (`temporaries`)
-the next holder of the lock sweeps.
+the next holder of the lock sweeps. A training run claims its folder here: `RunFolder.locked` holds
+the lock, `RunFolder.claim` refuses another run's folder and records this one's.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
-from train.engine.errors import RunConfigError
-from vlbert.utils.atomic import made_folder, temporaries, write_atomically
-from vlbert.utils.kernels import CPU_CAPABILITIES
+import torch
+
+from train.engine.config import RunConfig, run_differences
+from train.engine.distributed import World, barrier, from_rank_zero, gathered, placement
+from train.engine.errors import RunConfigError, RunMismatchError
+from vlbert.utils.atomic import made_folder, remove, temporaries, write_atomically
+from vlbert.utils.errors import UserError
+from vlbert.utils.kernels import CPU_CAPABILITIES, cpu_capability, with_capabilities
+from vlbert.utils.locks import lock_holder, take_lock
 from vlbert.utils.records import read_record
-from vlbert.utils.versions import VERSIONS
+from vlbert.utils.versions import VERSIONS, environment_versions, with_environment
 
 _RUN_FILE = "run.json"
 _WORLD = "world"  # run.json's record of the processes, beside the config's fields
@@ -54,6 +63,10 @@ _TRACKING = "tracking.json"
 _STAGES = "stages"
 _SEED_RUN = re.compile(r"seed-(\d+)")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+
+
+class RunFolderBusyError(UserError):
+    """Another live process trains the run in this folder (it holds the folder's lock)."""
 
 
 @dataclass(frozen=True)
@@ -227,6 +240,81 @@ class RunFolder:
         """What a run wrote and a restart removes; anything else here (a pipeline's step.json) stays."""
         return [path for path in (self.root / name for name in (_STAGES, _METRICS, _TENSORBOARD, _TRACKING, _RUN_FILE))
                 if path.exists()]
+
+    @contextmanager
+    def locked(self, world: World) -> Iterator[None]:
+        """Rank 0 holds the folder's lock for the block; every rank stops when another process holds it
+        (RunFolderBusyError). The kernel releases it when rank 0 dies, so a requeued run takes it again."""
+        lock = None
+        if world.rank == 0:
+            made_folder(self.root)
+            lock = take_lock(self.lock_file)
+        busy = lock_holder(self.lock_file) if world.rank == 0 and lock is None else None
+        busy = from_rank_zero(busy, world)
+        if busy:
+            raise RunFolderBusyError(f"{self.root}: another process is training this run ({busy}); it must "
+                                     "end (or be stopped) before another can train here")
+        try:
+            yield
+        finally:
+            if lock is not None:
+                lock.close()
+
+    def claim(self, run: RunConfig, world: World, restart: bool, log: Callable[[str], None], *,
+              precisions: dict[str, str], device: torch.device, mixture: list[dict[str, Any]] | None,
+              speed: dict[str, dict[str, Any]]) -> None:
+        """Refuses a folder holding a run with another config (or another precision of a stage:
+        `precisions`, each stage's on `device`) unless `restart`, which removes that run's outputs; then
+        records this config and this world's size (its result-neutral fields may have changed), with
+        `mixture` and `speed` (see `write_config`), and removes what writes killed here left. Under
+        the folder's lock (`locked`), on every rank of `world`."""
+        differences = self._differences(run, precisions, device) if self.is_run else []
+        if differences and not restart:
+            raise RunMismatchError(f"{self.root} holds a run with another config; pass restart=True (--restart) to "
+                                   "discard it, or use another output folder:\n"
+                                   + "\n".join(f"  {difference}" for difference in differences))
+        barrier(world)  # every process has read the recorded config before rank 0 replaces it
+        capabilities = gathered(cpu_capability(), world)
+        ranks = gathered(placement(), world)  # where each rank runs: its host, its Slurm node
+        if world.rank == 0:
+            previous = self.cpu_capabilities() if self.is_run and not restart else []
+            versions = self.versions() if self.is_run and not restart else []
+            if restart:
+                self._remove_outputs(log)
+            changes = self.world().get("changes", []) if self.is_run else []
+            processes = {"size": world.size, "ranks": ranks, "changes": changes}
+            self.write_config(run.to_dict(), processes, precisions, mixture, speed,
+                              with_capabilities(previous, capabilities),
+                              with_environment(versions, environment_versions()))
+            self._sweep_temporaries(log)
+        barrier(world)
+
+    def _differences(self, run: RunConfig, precisions: dict[str, str], device: torch.device) -> list[str]:
+        """How `run`, its stages in `precisions` on `device`, differs from the run recorded here."""
+        recorded = self.precisions()
+        return run_differences(self.config(), run) + [
+            f"stages[{index}].precision: the run folder's stage {stage.name!r} ran in {recorded[stage.name]}, "
+            f"{stage.precision} is {precisions[stage.name]} on {device}"
+            for index, stage in enumerate(run.stages)
+            if recorded.get(stage.name, precisions[stage.name]) != precisions[stage.name]]
+
+    def _remove_outputs(self, log: Callable[[str], None]) -> None:
+        previous = self.outputs()
+        for path in previous:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        if previous:
+            log(f"restart: removed the previous run's {', '.join(p.name for p in previous)} from {self.root}")
+
+    def _sweep_temporaries(self, log: Callable[[str], None]) -> None:
+        """Under the folder's lock no other process writes here: every temporary is a dead one's."""
+        left = self.temporaries()
+        remove(left)
+        if left:
+            log(f"removed what an interrupted write left in {self.root}: "
+                + ", ".join(str(path.relative_to(self.root)) for path in left))
 
     def stage(self, index: int, name: str) -> StageFolder:
         return StageFolder(self.root / _STAGES / f"{index}-{name}")

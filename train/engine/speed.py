@@ -2,13 +2,14 @@
 trainer applies through its methods and run.json records under "speed" as it is: its DataLoader
 workers (from the cores when `num_workers` is not given), the optimiser's kernel, whether prefetching
 and length-aware batches are on, torch.compile's mode (false: eager), and what the features travel to
-the device as."""
+the device as. Each is a speed path, one record of SPEED_PATHS: its name, its setting, how it applies."""
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -18,6 +19,7 @@ from train.engine.config import StageConfig
 from train.engine.distributed import World
 from train.engine.errors import RunConfigError
 from train.engine.optimization import optimizer_kernel
+from vlbert.utils import step_environment
 
 if TYPE_CHECKING:
     from vlbert.modeling import VLBertPreTrainedModel
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 
 # The cores an executor gives a step's processes, all ranks together, where it leaves their affinity
 # alone: pipelines' local executor shares a machine's cores among the steps it runs side by side.
-CORES_VARIABLE = "VLBERT_CORES"
+CORES_VARIABLE = step_environment.CORES
 
 
 def available_cores() -> int:
@@ -59,40 +61,78 @@ def feature_transfer(stage: StageConfig, feature_dtype: str) -> str:
     return f"{feature_dtype} codes" if stage.decode_on_device else encoding.dtype
 
 
+Losses = Callable[[dict], dict[str, torch.Tensor]]  # a batch's inputs → its loss tensors
+
+
+@dataclass(frozen=True)
+class SpeedPath:
+    """One speed setting of a stage, as SPEED_PATHS registers it: its key under run.json's "speed", its
+    value there for a stage on a device (`setting`: a false one leaves the path off), and where it is
+    on, how it applies (parts of the trainer read the others' values: its DataLoaders the workers,
+    its optimiser the kernel)."""
+
+    name: str
+    setting: Callable[[StageConfig, torch.device, World, str], Any]  # (stage, device, world, feature dtype)
+    sequence_multiple: int = 1  # the model pads its sequences to a multiple of this many elements
+    batch_length_multiple: int = 1  # the batches pad their text and region counts to a multiple of this
+    step: Callable[[Any, Losses], Losses] | None = None  # (its value, the step's losses) → the losses it runs
+
+
+# Every speed path, by name, in run.json's order: a new one is its module plus one entry here.
+SPEED_PATHS: dict[str, SpeedPath] = {path.name: path for path in (
+    SpeedPath("workers", lambda stage, device, world, _: worker_count(stage.num_workers, world, device.type == "cuda")),
+    SpeedPath("optimizer_kernel", lambda stage, device, *_: optimizer_kernel(stage.fused_optimizer, device)),
+    # On a GPU only: the next batch copied while the device computes this one.
+    SpeedPath("prefetch", lambda stage, device, *_: stage.prefetch and device.type == "cuda"),
+    # torch.compile's mode; False: eager.
+    SpeedPath("compile", lambda stage, *_: stage.compile_mode if stage.compile else False,
+              sequence_multiple=LENGTH_MULTIPLE, batch_length_multiple=BATCH_LENGTH_MULTIPLE,
+              step=lambda mode, losses: compiled_step(losses, mode)),
+    SpeedPath("length_buckets", lambda stage, *_: stage.length_buckets, sequence_multiple=LENGTH_MULTIPLE),
+    SpeedPath("log_every", lambda stage, *_: stage.log_every),
+    SpeedPath("features_sent_as", lambda stage, device, world, feature_dtype: feature_transfer(stage, feature_dtype)),
+)}
+
+
 @dataclass(frozen=True)
 class StageSpeed:
-    workers: int
-    optimizer_kernel: str
-    prefetch: bool  # on a GPU only: the next batch copied while the device computes this one
-    compile: str | bool  # torch.compile's mode; False: eager
-    length_buckets: bool
-    log_every: int
-    features_sent_as: str
+    settings: dict[str, Any]  # each speed path's setting (SPEED_PATHS), by name, in its order
 
     @classmethod
     def on(cls, stage: StageConfig, device: torch.device, world: World, feature_dtype: str) -> StageSpeed:
         """`stage`'s speed settings on `device`, for a rank of `world`, from a store of `feature_dtype`."""
-        return cls(workers=worker_count(stage.num_workers, world, device.type == "cuda"),
-                   optimizer_kernel=optimizer_kernel(stage.fused_optimizer, device),
-                   prefetch=stage.prefetch and device.type == "cuda",
-                   compile=stage.compile_mode if stage.compile else False,
-                   length_buckets=stage.length_buckets, log_every=stage.log_every,
-                   features_sent_as=feature_transfer(stage, feature_dtype))
+        return cls({name: path.setting(stage, device, world, feature_dtype) for name, path in SPEED_PATHS.items()})
 
     def record(self) -> dict:
         """What run.json keeps of it."""
-        return asdict(self)
+        return dict(self.settings)
+
+    @property
+    def workers(self) -> int:
+        return self.settings["workers"]
+
+    @property
+    def optimizer_kernel(self) -> str:
+        return self.settings["optimizer_kernel"]
+
+    def _on(self) -> list[SpeedPath]:
+        return [SPEED_PATHS[name] for name, value in self.settings.items() if value]
 
     @property
     def batch_length_multiple(self) -> int:
         """What the stage's batches pad their text and region counts to a multiple of."""
-        return BATCH_LENGTH_MULTIPLE if self.compile else 1
+        return math.lcm(1, *(path.batch_length_multiple for path in self._on()))
 
     def shape(self, model: VLBertPreTrainedModel) -> None:
         """A compiled stage's or length-aware batches' model pads its sequences to few shapes."""
-        if self.compile or self.length_buckets:
-            model.pad_sequences_to(LENGTH_MULTIPLE)
+        multiple = math.lcm(1, *(path.sequence_multiple for path in self._on()))
+        if multiple > 1:
+            model.pad_sequences_to(multiple)
 
-    def step(self, losses: Callable[[dict], dict[str, torch.Tensor]]) -> Callable[[dict], dict[str, torch.Tensor]]:
-        """The stage's losses as each optimiser step computes them: compiled in its mode, or eager."""
-        return compiled_step(losses, self.compile) if self.compile else losses
+    def step(self, losses: Losses) -> Losses:
+        """The stage's losses as each optimiser step computes them: through the paths that change them
+        (compiled in its mode), or eager."""
+        for path in self._on():
+            if path.step is not None:
+                losses = path.step(self.settings[path.name], losses)
+        return losses

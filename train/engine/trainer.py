@@ -14,8 +14,7 @@ of each split, and saves its random state into rank 0's checkpoints.
 from __future__ import annotations
 
 import os
-import shutil
-from contextlib import closing, contextmanager, nullcontext
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -33,10 +32,10 @@ from train.end2end import EndToEndVisual, with_appearance
 from train.engine.batches import Batch, EpochBatches, LengthBuckets, StageStreams
 from train.engine.checkpoint import CheckpointSchedule, load_training_state, prune_checkpoints, random_state, save_checkpoint
 from train.engine.compiled import compile_problem
-from train.engine.config import RunConfig, RunConfigError, RunMismatchError, StageConfig, run_differences
-from train.engine.distributed import (NO_BUFFER_BROADCASTS, World, any_rank, barrier, from_rank_zero, gathered,
-                                      placement, process_group)
-from train.engine.evaluate import evaluate
+from train.engine.config import RunConfig, RunConfigError, StageConfig
+from train.engine.distributed import NO_BUFFER_BROADCASTS, World, any_rank, barrier, gathered, process_group
+from train.engine.evaluate import EvaluationSetting, evaluate
+from train.engine.model_building import stage_model
 from train.engine.optimization import OPTIMIZERS, learning_rate_factor, parameter_groups
 from train.engine.run_folder import RunFolder, StageFolder
 from train.engine.speed import StageSpeed
@@ -47,22 +46,14 @@ from train.engine.stopping import StopSignals
 from train.engine.tracking import check_installed
 from train.tasks import TASKS
 from train.tasks.base import TaskData
-from vlbert import VLBertConfig
 from vlbert.model_folder import architecture_of
 from vlbert.modeling import CONFIG_NAME, DETECTOR_WEIGHTS, WEIGHTS_NAME
 from vlbert.tokenization import check_vocabulary_size, load_tokenizer
-from vlbert.utils.atomic import folder_written_whole, made_folder, remove
+from vlbert.utils.atomic import folder_written_whole
 from vlbert.utils.device import check_device, rank_device, use_device
 from vlbert.utils.errors import FAILED, UserError
-from vlbert.utils.kernels import cpu_capability, with_capabilities
-from vlbert.utils.locks import lock_holder, take_lock
 from vlbert.utils.precision import TRAINING_PRECISIONS, Precision, precision, resolved_precision
 from vlbert.utils.progress import progress_bar
-from vlbert.utils.versions import environment_versions, with_environment
-
-
-class RunFolderBusyError(UserError):
-    """Another live process trains the run in this folder (it holds the folder's lock)."""
 
 
 class NonFiniteLossError(UserError):
@@ -123,7 +114,8 @@ class Trainer:
         self.speed = {stage.name: StageSpeed.on(stage, self.device, self.world, feature_dtype) for stage in run.stages}
         self.tokenizer = load_tokenizer(run.vocabulary)
         self._check_tokenizer_fits_model()
-        self.data = TaskData(self.regions, self.tokenizer, run.max_length, self._train_annotations())
+        train_annotations, self.mixture = self._train_annotations()
+        self.data = TaskData(self.regions, self.tokenizer, run.max_length, train_annotations)
         for stage in run.stages:
             TASKS[stage.task].read_inputs(self.data, stage.options)
         self.eval_annotations = self._annotations(run.eval_annotations, required=True)
@@ -158,18 +150,17 @@ class Trainer:
         if config is not None and isinstance(config.get("vocab_size"), int):
             check_vocabulary_size(self.tokenizer, config["vocab_size"], self.run.vocabulary)
 
-    def _train_annotations(self) -> AnnotationFile | MixedAnnotations:
-        """The training annotations: one file, or several mixed by their numbers of items (their
-        `mixture`, logged here and recorded in run.json)."""
-        self.mixture: list[dict[str, Any]] | None = None
+    def _train_annotations(self) -> tuple[AnnotationFile | MixedAnnotations, list[dict[str, Any]] | None]:
+        """The training annotations: one file, or several mixed by their numbers of items; and their
+        `mixture` (None for one file), logged here and recorded in run.json."""
         if isinstance(self.run.train_annotations, str):
-            return self._annotations(self.run.train_annotations)
+            return self._annotations(self.run.train_annotations), None
         mixed = MixedAnnotations([self._annotations(path) for path in self.run.train_annotations])
-        self.mixture = mixed.mixture()
-        for part in self.mixture:
+        mixture = mixed.mixture()
+        for part in mixture:
             self.log(f"training mixture: {part['file']}: {part['images']} images, "
                      + ", ".join(f"{n} {kind} ({part['share'][kind]:.1%})" for kind, n in part["items"].items()))
-        return mixed
+        return mixed, mixture
 
     def _annotations(self, path: str, required: bool = False) -> AnnotationFile:
         """The annotations of `path` whose images the store holds (says how many it lacks);
@@ -192,30 +183,14 @@ class Trainer:
         One process at a time trains in `out`: another is refused (RunFolderBusyError). SIGTERM or
         SIGUSR2 stops training after the optimiser step in progress, with a checkpoint of it
         (TrainingInterrupted; train.engine.stopping)."""
-        with process_group(self.world, self.device), self._run_folder_lock(), StopSignals() as self.stop:
+        with process_group(self.world, self.device), self.folder.locked(self.world), StopSignals() as self.stop:
             return self._fit(resume, restart)
 
-    @contextmanager
-    def _run_folder_lock(self) -> Iterator[None]:
-        """Rank 0 holds the run folder's lock for the block; every rank stops when another process
-        holds it. The kernel releases it when rank 0 dies, so a requeued run takes it again."""
-        lock = None
-        if self.world.rank == 0:
-            made_folder(self.folder.root)
-            lock = take_lock(self.folder.lock_file)
-        busy = lock_holder(self.folder.lock_file) if self.world.rank == 0 and lock is None else None
-        busy = from_rank_zero(busy, self.world)
-        if busy:
-            raise RunFolderBusyError(f"{self.folder.root}: another process is training this run ({busy}); it must "
-                                     "end (or be stopped) before another can train here")
-        try:
-            yield
-        finally:
-            if lock is not None:
-                lock.close()
-
     def _fit(self, resume: bool, restart: bool) -> list[dict]:
-        self._claim_run_folder(restart)
+        self.folder.claim(self.run, self.world, restart, self.log,
+                          precisions={name: chosen.name for name, chosen in self.precisions.items()},
+                          device=self.device, mixture=self.mixture,
+                          speed={name: speed.record() for name, speed in self.speed.items()})
         results = []
         previous: Path | None = Path(self.run.init_from) if self.run.init_from else None
         for index, stage in enumerate(self.run.stages):
@@ -233,56 +208,6 @@ class Trainer:
             results.append(stage_dir.evaluation())
             previous = stage_dir.final
         return results
-
-    def _claim_run_folder(self, restart: bool) -> None:
-        """Refuses a run folder holding a run with another config unless `restart`, then records this
-        config and this world's size in the run folder (its result-neutral fields may have changed),
-        and removes what writes killed in it left."""
-        differences = run_differences(self.folder.config(), self.run) if self.folder.is_run else []
-        recorded = self.folder.precisions() if self.folder.is_run else {}
-        differences += [f"stages[{index}].precision: the run folder's stage {stage.name!r} ran in {recorded[stage.name]}, "
-                        f"{stage.precision} is {self.precisions[stage.name].name} on {self.device}"
-                        for index, stage in enumerate(self.run.stages)
-                        if recorded.get(stage.name, self.precisions[stage.name].name) != self.precisions[stage.name].name]
-        if differences and not restart:
-            raise RunMismatchError(f"{self.folder.root} holds a run with another config; pass restart=True (--restart) to "
-                                   "discard it, or use another output folder:\n"
-                                   + "\n".join(f"  {difference}" for difference in differences))
-        barrier(self.world)  # every process has read the recorded config before rank 0 replaces it
-        capabilities = gathered(cpu_capability(), self.world)
-        ranks = gathered(placement(), self.world)  # where each rank runs: its host, its Slurm node
-        if self.world.rank == 0:
-            previous = self.folder.cpu_capabilities() if self.folder.is_run and not restart else []
-            versions = self.folder.versions() if self.folder.is_run and not restart else []
-            if restart:
-                self._remove_outputs()
-            changes = self.folder.world().get("changes", []) if self.folder.is_run else []
-            processes = {"size": self.world.size, "ranks": ranks, "changes": changes}
-            self.folder.write_config(self.run.to_dict(), processes,
-                                     {name: chosen.name for name, chosen in self.precisions.items()}, self.mixture,
-                                     {name: speed.record() for name, speed in self.speed.items()},
-                                     with_capabilities(previous, capabilities),
-                                     with_environment(versions, environment_versions()))
-            self._sweep_temporaries()
-        barrier(self.world)
-
-    def _remove_outputs(self) -> None:
-        previous = self.folder.outputs()
-        for path in previous:
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-        if previous:
-            self.log(f"restart: removed the previous run's {', '.join(p.name for p in previous)} from {self.folder.root}")
-
-    def _sweep_temporaries(self) -> None:
-        """Under the run folder's lock no other process writes here: every temporary is a dead one's."""
-        left = self.folder.temporaries()
-        remove(left)
-        if left:
-            self.log(f"removed what an interrupted write left in {self.folder.root}: "
-                     + ", ".join(str(path.relative_to(self.folder.root)) for path in left))
 
     def _model_origin(self) -> str:
         if self.run.init_from:
@@ -325,7 +250,7 @@ class Trainer:
 
     def _parts(self, stage: StageConfig, previous: Path | None) -> StageParts:
         """The stage's model (and end-to-end detector) on the device, and its optimiser."""
-        model = self._model(stage, previous).to(self.device).train()
+        model = stage_model(self.run, stage, self.data, previous).to(self.device).train()
         model.tokenizer_source = Path(self.run.vocabulary)  # its folders carry the tokenizer (vlbert.model_folder)
         visual = self._visual(stage, previous)
         if visual is not None:
@@ -338,46 +263,6 @@ class Trainer:
         stage_precision = self.precisions[stage.name]
         scaler = torch.amp.GradScaler(self.device.type, enabled=stage_precision.loss_scaling)
         return StageParts(model, visual, optimizer, scheduler, parameters, stage_precision, scaler)
-
-    def _model(self, stage: StageConfig, previous: Path | None):
-        task = TASKS[stage.task]
-        heads = task.model_overrides(self.data, stage.options)
-        overrides = {k: v for k, v in self.run.model.items() if k != "size"}
-        overrides.update(vocab_size=len(self.tokenizer), visual_feature_size=self.regions.feature_dim,
-                         num_detector_classes=self.regions.num_classes or 1, **heads)
-        cls = task.model
-        self._check_start_weights(stage, previous)
-        if previous is not None:
-            model = cls.from_pretrained(previous, **heads)
-            self._check_fresh_weights(stage, previous, model.fresh_weights)
-            return model
-        if self.run.bert:
-            bert_sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                          "max_position_embeddings")
-            return cls.from_bert(self.run.bert, **{k: v for k, v in overrides.items() if k not in bert_sizes})
-        return cls(VLBertConfig.sized(self.run.model.get("size", "base"), **overrides))
-
-    def _check_start_weights(self, stage: StageConfig, previous: Path | None) -> None:
-        """A stage whose task needs pre-trained heads (`Task.pretrained_heads`) cannot start from BERT or
-        random weights (an evaluation-only stage never does: RunConfig refuses it)."""
-        needed = TASKS[stage.task].pretrained_heads(stage.options)
-        if previous is None and needed:
-            start = "BERT" if self.run.bert else "random weights"
-            raise RunConfigError(f"stage {stage.name!r}: {next(iter(needed.values()))}; the run starts from {start}: "
-                                 "give init_from (a VL-BERT checkpoint that has it)")
-
-    def _check_fresh_weights(self, stage: StageConfig, previous: Path, fresh: tuple[str, ...]) -> None:
-        """RunConfigError when the checkpoint lacks weights the stage cannot start without: any, for an
-        evaluation-only stage (they would be random); its task's pre-trained heads, for any stage."""
-        needed = TASKS[stage.task].pretrained_heads(stage.options)
-        for prefix, why in needed.items():
-            if any(name.startswith(prefix) for name in fresh):
-                raise RunConfigError(f"stage {stage.name!r}: {why}; {previous} has no {prefix.rstrip('.')}")
-        if stage.steps == 0 and fresh:
-            modules = ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in fresh))
-            raise RunConfigError(f"stage {stage.name!r}: steps: 0 evaluates the model as {previous} has it, but it has "
-                                 f"no weights for {modules} (they would be random): train the stage (steps ≥ 1) or "
-                                 "start from a checkpoint of this task's model")
 
     def _visual(self, stage: StageConfig, previous: Path | None) -> EndToEndVisual | None:
         if stage.visual != "end2end":
@@ -440,12 +325,12 @@ class Trainer:
         predictions = None
         if task.prediction_suffix is not None:
             predictions = run.folder.predictions(split, task.prediction_suffix)
-        return evaluate(task.evaluator(self.data, dataset), run.parts.model, run.parts.visual, dataset,
-                        self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id,
+        setting = EvaluationSetting(self.run.eval_batch_size, self.device, self.tokenizer.pad_token_id,
+                                    run.parts.precision, self.speed[run.stage.name].workers, self.world)
+        return evaluate(task.evaluator(self.data, dataset), run.parts.model, run.parts.visual, dataset, setting,
                         lambda batch: run.progress.damaged.check(batch.damaged, batch.with_images),
-                        run.parts.precision, predictions, run.folder.item_scores(split),
-                        self.speed[run.stage.name].workers, self.world,
-                        f"{run.stage.name} on {split}")
+                        predictions=predictions, items=run.folder.item_scores(split),
+                        desc=f"{run.stage.name} on {split}")
 
     def _save_final(self, stage_dir: StageFolder, parts: StageParts, result: dict) -> None:
         with folder_written_whole(stage_dir.final, stage_dir.final_staging) as tmp:

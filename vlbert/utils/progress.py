@@ -20,10 +20,11 @@ from typing import Any, Iterable, TextIO
 
 from tqdm import tqdm
 
+from vlbert.utils import step_environment
 from vlbert.utils.atomic import file_written_whole
 
 LOG_EVERY_S = 60.0
-PROGRESS_VARIABLE = "VLBERT_PROGRESS_FILE"
+PROGRESS_VARIABLE = step_environment.PROGRESS_FILE
 SNAPSHOT_EVERY_S = 2.0
 
 
