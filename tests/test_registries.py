@@ -189,6 +189,13 @@ print(" ".join(sorted(name for name in sys.modules if name.split(".")[0] in ("tr
                                             "pipelines.own_packages"]
 
 
+def test_the_light_report_step_reads_run_folders_without_torch():
+    """The report step is light (it counts for no core and starts as a plain command): what it imports to
+    write the report, run folders included, loads no torch."""
+    out = python("import sys\nfrom pipelines.report.summary import write_report\nprint('torch' in sys.modules)")
+    assert out.split() == ["False"]
+
+
 def test_the_attention_command_offers_every_text_kind_the_analysis_reads():
     from pipelines.commands.analyze import TEXT_KINDS
     from train.analysis.attention import TEXT_KINDS as READ

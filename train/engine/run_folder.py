@@ -37,12 +37,8 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import torch
-
-from train.engine.config import RunConfig, run_differences
-from train.engine.distributed import World, barrier, from_rank_zero, gathered, placement
 from train.engine.errors import RunConfigError, RunMismatchError
 from vlbert.utils.atomic import made_folder, remove, temporaries, write_atomically
 from vlbert.utils.errors import UserError
@@ -50,6 +46,12 @@ from vlbert.utils.kernels import CPU_CAPABILITIES, cpu_capability, with_capabili
 from vlbert.utils.locks import lock_holder, take_lock
 from vlbert.utils.records import read_record
 from vlbert.utils.versions import VERSIONS, environment_versions, with_environment
+
+if TYPE_CHECKING:  # the reports and the light report step read run folders without torch
+    import torch
+
+    from train.engine.config import RunConfig
+    from train.engine.distributed import World
 
 _RUN_FILE = "run.json"
 _WORLD = "world"  # run.json's record of the processes, beside the config's fields
@@ -245,6 +247,8 @@ class RunFolder:
     def locked(self, world: World) -> Iterator[None]:
         """Rank 0 holds the folder's lock for the block; every rank stops when another process holds it
         (RunFolderBusyError). The kernel releases it when rank 0 dies, so a requeued run takes it again."""
+        from train.engine.distributed import from_rank_zero  # torch: only a training run claims its folder
+
         lock = None
         if world.rank == 0:
             made_folder(self.root)
@@ -268,6 +272,8 @@ class RunFolder:
         records this config and this world's size (its result-neutral fields may have changed), with
         `mixture` and `speed` (see `write_config`), and removes what writes killed here left. Under
         the folder's lock (`locked`), on every rank of `world`."""
+        from train.engine.distributed import barrier, gathered, placement  # torch: as in `locked`
+
         differences = self._differences(run, precisions, device) if self.is_run else []
         if differences and not restart:
             raise RunMismatchError(f"{self.root} holds a run with another config; pass restart=True (--restart) to "
@@ -291,6 +297,8 @@ class RunFolder:
 
     def _differences(self, run: RunConfig, precisions: dict[str, str], device: torch.device) -> list[str]:
         """How `run`, its stages in `precisions` on `device`, differs from the run recorded here."""
+        from train.engine.config import run_differences  # torch: as in `locked`
+
         recorded = self.precisions()
         return run_differences(self.config(), run) + [
             f"stages[{index}].precision: the run folder's stage {stage.name!r} ran in {recorded[stage.name]}, "
