@@ -38,6 +38,7 @@ def slurm_cluster():
         yield cluster
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks into the test ids
 def pytest_collection_modifyitems(config, items):
     """`cuda` tests are skipped where torch sees no CUDA device, so they can sit in every run. Under
     pytest-xdist (`make test` runs two workers), every test of a Slurm cluster runs in one worker, which
@@ -48,3 +49,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
         if "slurm_cluster" in getattr(item, "fixturenames", ()) or item.path.name == "test_slurm_cluster.py":
             item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under `--dist loadgroup` a group reaches the scheduler as its tests' ids ending in `@GROUP`. Where
+    they do not (pytest 9.2 with pytest-xdist 3.8: pytest-xdist#1386), each worker would start a Slurm
+    cluster of its own, both on the same 2 cores: the run stops before any test runs."""
+    slurm = [test for test in ids if test.startswith("tests/pipelines/test_slurm_cluster.py::")]
+    if node.config.getoption("dist") == "loadgroup" and slurm and not all(t.endswith("@slurm") for t in slurm):
+        import xdist
+
+        raise pytest.UsageError(f"--dist loadgroup: the Slurm tests lost their group ({slurm[0]}): pytest-xdist "
+                                f"{xdist.__version__} cannot group on pytest {pytest.__version__}; install the "
+                                "versions of constraints.txt")

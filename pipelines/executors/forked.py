@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 from pathlib import Path
 from typing import Callable
 
-from pipelines.executors.processes import end_with_scheduler
+from pipelines.executors.processes import append_output_to, end_with_scheduler
 
 # What a heavy step's process imports anyway; the server imports them once.
 PRELOAD = ["torch", "pipelines.cli", "pipelines.execution", "train.engine.trainer", "extract.job"]
@@ -99,12 +98,7 @@ def _step_process(arguments: list[str], env: dict[str, str], log_file: str,
     os.environ.clear()
     os.environ.update(env)
     end_with_scheduler()  # the scheduler is not this process's parent: the server is
-    sys.stdout.flush()
-    sys.stderr.flush()
-    log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    append_output_to(log_file)
     command(arguments)
 
 

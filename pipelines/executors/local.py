@@ -335,7 +335,8 @@ class Scheduler:
                 continue
             if decision == "resume":
                 self.resumed_threads[step.name] = resumed_threads(step)
-            tasks = [Task(step, shard) for shard in range(step.layout.shards)] if step.layout.shards > 1 else [Task(step)]
+            shards = range(step.layout.shards) if step.layout.shards > 1 else [None]
+            tasks = [Task(step, shard) for shard in shards]
             self.tasks_left[step.name] = len(tasks)
             self.attempts[step.name] = new_attempt()
             self.ready += tasks

@@ -1,7 +1,7 @@
 """The processes of a local run: what tells a process from a later one given the same pid
 (`process_identity`), a pid read back from the run's state file, which anyone may have written
 (`recorded_pid`), and a step's process that ends with the scheduler that started it, however the
-scheduler ends (`end_with_scheduler`).
+scheduler ends (`end_with_scheduler`), and a step's output appended to its log (`append_output_to`).
 
 A step runs in a session of its own (the scheduler stops it by its process group), forked from a
 server or started by torch's launcher, so its parent is often not the scheduler and a parent-death
@@ -121,3 +121,14 @@ def wait_for_end(pid: int, identity: str, timeout_s: float | None = None) -> boo
     finally:
         if ended is not None:
             os.close(ended)
+
+
+def append_output_to(log_file: Path) -> None:
+    """From now on this process's stdout and stderr are appended to `log_file`: the file descriptors,
+    so that the output of the processes it starts goes there too."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)

@@ -52,8 +52,9 @@ from pipelines.executors.base import (
     LIVE, Executor, Launch, State, StepsFailed, damaged_state, last_error, launched_steps, record_run,
 )
 from pipelines.executors.board import StatusBoard
-from pipelines.executors.records import LaunchRecord, RunRecord
 from pipelines.executors.environment import slurm_variables
+from pipelines.executors.processes import append_output_to
+from pipelines.executors.records import LaunchRecord, RunRecord
 from pipelines.executors.shard_limits import array_tasks, too_many_shards
 from vlbert.utils.atomic import made_folder
 from vlbert.utils.errors import UserError, error_line, exit_status
@@ -409,14 +410,9 @@ class _appended_to:
         self.path = path
 
     def __enter__(self) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.saved = os.dup(1), os.dup(2)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(descriptor, 1)
-        os.dup2(descriptor, 2)
-        os.close(descriptor)
+        self.saved = os.dup(1), os.dup(2)
+        append_output_to(self.path)
 
     def __exit__(self, *exc: Any) -> None:
         sys.stdout.flush()

@@ -62,7 +62,9 @@ def test_steps_side_by_side_give_bitwise_the_results_of_steps_one_after_another(
         p.read_bytes() for p in sorted(RunFolder(both / "vqa").last_stage().predictions_folder.iterdir())]
 
 
-@pytest.mark.parametrize("threads, side_by_side", [(1, True), (2, False)])
+# Two threads each on 2 cores, one step after the other: allocation's table tests decide it
+# (tests/pipelines/test_allocation.py); the run itself is behind -m slow.
+@pytest.mark.parametrize("threads, side_by_side", [(1, True), pytest.param(2, False, marks=pytest.mark.slow)])
 def test_steps_given_threads_claim_a_core_for_each(tiny_world, tmp_path, monkeypatch, threads, side_by_side):
     """On 2 cores two independent steps run side by side with one thread each, one after another with two
     each: side by side, their 4 threads would spin-wait on each other's cores."""

@@ -18,8 +18,8 @@ from pipelines.cli import main
 from pipelines.steps.analyze import analysis_verdicts
 from pipelines.world.tiny import TINY_MODEL
 from tests.helpers.worlds import copy_world
-from train.analysis.grounding import (GroundingTally, analyze_grounding, held_out_best,
-                                     phrase_region_attention, phrase_sample)
+from train.analysis.common import pieces_mean, text_region_attention
+from train.analysis.grounding import GroundingTally, analyze_grounding, held_out_best, phrase_sample
 from train.analysis.grounding_results import Best, held_out_of
 from train.analysis.phrases import MIN_LENGTH, PHRASE_READERS, Phrase
 from train.analysis.verdicts import grounding_verdicts
@@ -162,9 +162,14 @@ def test_the_report_reads_an_analysis_folder_s_verdicts_and_names_a_result_that_
         analysis_verdicts(tmp_path)
 
 
+def phrase_region_attention(attentions: tuple[torch.Tensor, ...], phrase: torch.Tensor) -> torch.Tensor:
+    """(B, layers, heads, N): what the analysis takes of a phrase, its pieces' attention to the regions."""
+    return pieces_mean(text_region_attention(attentions, phrase.shape[1], REGIONS), phrase)
+
+
 def test_phrase_attention_is_the_mean_over_the_phrase_pieces_of_attention_to_the_regions():
     attentions, phrase, _, _ = _hand_built()
-    region_attention = phrase_region_attention(attentions, phrase, REGIONS)
+    region_attention = phrase_region_attention(attentions, phrase)
     assert region_attention.shape == (2, 2, 2, REGIONS)  # phrase, layer, head, region
     assert region_attention[0, 1, 1].tolist() == pytest.approx([0.0, 0.3, 0.4, 0.0])
     assert region_attention[1, 0, 0].tolist() == pytest.approx([0.0, 0.0, 0.1, 0.9])
@@ -173,7 +178,7 @@ def test_phrase_attention_is_the_mean_over_the_phrase_pieces_of_attention_to_the
 def test_the_accuracy_table_and_baselines_on_a_hand_built_attention_tensor():
     attentions, phrase, candidates, iou = _hand_built()
     tally = GroundingTally(layers=2, heads=2)
-    grounded = tally.add(phrase_region_attention(attentions, phrase, REGIONS), candidates, iou)
+    grounded = tally.add(phrase_region_attention(attentions, phrase), candidates, iou)
     assert grounded.tolist() == [[[1, 0], [1, 0]], [[1, 1], [1, 0.5]]]
     result = tally.result()
     assert result.accuracy == [[1.0, 0.5], [1.0, 0.25]]

@@ -24,7 +24,7 @@ from pipelines.world.generate import load_split
 from pipelines.world.tiny import TINY_MODEL
 from train.analysis.parses import read_conllu
 from train.analysis.phrases import PHRASE_READERS
-from train.analysis.relations import LABEL_SETS, paper_name, stanford_names, ud_names
+from train.analysis.relations import LABEL_MAP, LABEL_SETS, paper_name, stanford_names
 from train.analysis.grounding_results import Best
 from train.analysis.syntax import SyntaxTally, analyze_syntax, markdown_table, read_syntax_inputs, syntax_result
 from train.analysis.syntax_results import held_out_by_relation
@@ -230,6 +230,9 @@ def test_sentences_whose_parse_is_not_their_caption_are_skipped_and_named(tmp_pa
 
 
 def test_the_stanford_and_ud_names_map_both_ways():
+    def ud_names(stanford: str) -> tuple[str, ...]:
+        return next((mapping.ud for mapping in LABEL_MAP if mapping.stanford == stanford), ())
+
     assert {label: paper_name(label) for label in ("compound", "flat", "flat:name", "nummod", "acl", "obj", "det",
                                                     "amod", "nsubj", "punct", "pobj", "prep", "dobj", "nn")} == {
         "compound": "nn", "flat": "nn", "flat:name": "nn", "nummod": "num", "acl": "partmod", "obj": "dobj",

@@ -1,4 +1,4 @@
-"""A run resumed by another number of processes (DDP with gloo on the CPU, 1 → 2 and 2 → 1): the
+"""A run resumed by another number of processes (DDP with gloo on the CPU, 1 → 2, and 2 → 1 behind -m slow): the
 learning rate follows the new total batch (base_lr × total batch), which the log and run.json say;
 the samples continue in the same order; and the evaluation that 2 ranks share equals one process's.
 Under torchrun, rank 0 holds the run folder's lock and every rank stops when another process holds it."""
@@ -97,6 +97,7 @@ def test_one_to_two_processes_doubles_the_learning_rate_says_so_and_evaluates_as
     assert json.loads(stage.item_scores("val").read_text())["items"] == items
 
 
+@pytest.mark.slow  # the rule of 1 → 2 the other way; 1 → 2 runs in every suite
 def test_two_to_one_process_halves_the_learning_rate_and_says_so(world, uninterrupted):
     folder = RunFolder(world / "shrink")
     assert launch(world, "shrink", 2, stop=3).returncode != 0

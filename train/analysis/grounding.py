@@ -27,7 +27,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from train.analysis.common import (batch_text_attention, box_problem, caption_sample, could_not_start, left_out,
-                                   open_model, piece_masks, pieces_mean, span_pieces, text_region_attention)
+                                   open_model, piece_masks, pieces_mean, span_pieces)
 from train.analysis.figures import Example, draw_example, draw_heat_map
 from train.analysis.grounding_results import Best, GroundingResult, HeadFigures, HeadScores, HeldOutBest, Intervals
 from train.analysis.phrases import PHRASE_READERS, Phrase
@@ -44,13 +44,6 @@ from vlbert.utils.device import check_device
 
 IOU_THRESHOLD = 0.5
 TIE_TOLERANCE = 1e-6  # relative
-
-
-def phrase_region_attention(attentions: tuple[torch.Tensor, ...], phrase_mask: torch.Tensor,
-                            num_regions: int) -> torch.Tensor:
-    """(B, layers, heads, N): the attention from the phrase's pieces (`phrase_mask`, (B, T) over the
-    text positions) to the N regions, averaged over the pieces."""
-    return pieces_mean(text_region_attention(attentions, phrase_mask.shape[1], num_regions), phrase_mask)
 
 
 def most_attended(region_attention: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

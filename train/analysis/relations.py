@@ -69,12 +69,6 @@ LABEL_MAP = (
 STANFORD_NAMES = {mapping.stanford for mapping in LABEL_MAP}
 
 
-def ud_names(stanford: str) -> tuple[str, ...]:
-    """The UD names of a Stanford relation (empty for a name the map does not hold, or one rebuilt
-    from UD's structure)."""
-    return next((mapping.ud for mapping in LABEL_MAP if mapping.stanford == stanford), ())
-
-
 def _ud_stanford_names(label: str) -> tuple[str, ...]:
     """Those whose UD names hold `label` (a subtype such as acl:x falls back to its base, acl, where
     the map lacks it)."""
