@@ -279,7 +279,8 @@ def run_spec(work: Path, out: str, args, config: dict) -> dict:
     # Fields that code from before them lacks are given only where they are not their default.
     mode = config["compile"]  # torch.compile's mode, or False
     stage.update({k: v for k, v in (("log_every", args.warmup), ("length_buckets", config["buckets"]),
-                                    ("compile", bool(mode)), ("compile_mode", mode != "default" and mode)) if v})
+                                    ("compile", bool(mode)), ("compile_mode", mode != "default" and mode),
+                                    ("skip_unread_pooler", config["skip_pooler"])) if v})
     if args.prefetch == "off":
         stage["prefetch"] = False
     return dict(out=str(work / out), store=str(work / config["store"]), vocabulary=str(work / "vocab"),
@@ -380,21 +381,23 @@ def profile_summary(profiler, steps: int, cuda: bool) -> str:
 def configurations(args) -> list[dict]:
     """In the order they run (a time limit cuts the last): the first configuration (the first of each
     list), it compiled in each of --compile-modes (--compile first), its runs on the store of 10-100
-    regions, the end-to-end stage, the other configurations, then the other tasks at the first
-    configuration's settings. A configuration's `compile` is torch.compile's mode, or False."""
+    regions, the end-to-end stage, the other configurations, the other tasks at the first
+    configuration's settings, then the first with its unread pooler skipped (--skip-unread-pooler
+    first). A configuration's `compile` is torch.compile's mode, or False."""
     workers = [None if w == "auto" else int(w) for w in args.workers.split(",")]
     stores = {"float16": "store", "q8": "store-q8"}
     modes = args.compile_modes.split(",")
     fixed = [dict(store=stores[d], batch_size=b, precision=p, workers=w, buckets=False,
-                  compile=args.compile == "on" and modes[0], task="vqa")
+                  compile=args.compile == "on" and modes[0], task="vqa", skip_pooler=args.skip_unread_pooler == "on")
              for b in map(int, args.batch_sizes.split(",")) for d in args.feature_dtypes.split(",")
              for p in args.precisions.split(",") for w in workers]
     compiled = [dict(fixed[0], compile=mode) for mode in modes] if args.compile == "first" else []
     variable = [dict(fixed[0], store="store-variable", buckets=buckets) for buckets in (False, True)]
     end2end = dict(fixed[0], store="store-e2e", batch_size=args.end2end_batch_size, compile=False)
     tasks = [dict(fixed[0], task=task) for task in args.tasks.split(",") if task != "vqa"]
+    skipped = [dict(fixed[0], skip_pooler=True)] if args.skip_unread_pooler == "first" else []
     return [fixed[0], *compiled, *(variable if args.variable_regions else []), *([end2end] if args.end2end else []),
-            *fixed[1:], *tasks]
+            *fixed[1:], *tasks, *skipped]
 
 
 def label(config: dict) -> str:
@@ -403,7 +406,8 @@ def label(config: dict) -> str:
     return (f"{config['task']:8s} {store:14s} {config['precision']:5s} batch {config['batch_size']:3d}, "
             f"{'auto' if config['workers'] is None else config['workers']} workers"
             + (", buckets" if config["buckets"] else "")
-            + (f", compiled ({config['compile']})" if config["compile"] else ""))
+            + (f", compiled ({config['compile']})" if config["compile"] else "")
+            + (", unread pooler skipped" if config["skip_pooler"] else ""))
 
 
 def show(code: str, config: dict, result: dict) -> str:
@@ -448,6 +452,8 @@ def main() -> None:
                         help="comma-separated torch.compile modes (the stage's compile_mode): default, "
                         "reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs")
     parser.add_argument("--prefetch", default="on", choices=("off", "on"), help="batches copied to CUDA a step ahead")
+    parser.add_argument("--skip-unread-pooler", default="off", choices=("off", "on", "first"),
+                        help="the stages' skip_unread_pooler in every configuration, or also the first one with it")
     parser.add_argument("--variable-regions", action="store_true",
                         help="also a store of 10-100 RoIs per image, length-aware batches off and on")
     parser.add_argument("--end2end", action="store_true", help="also the end-to-end stage (the butd-vg trunk and res5, "

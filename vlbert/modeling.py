@@ -339,6 +339,18 @@ class VLBertPreTrainedModel(nn.Module):
         for encoder in (module for module in self.modules() if isinstance(module, VLBertEncoder)):
             encoder.pad_sequences_to(multiple)
 
+    def reads_pooled_output(self) -> bool:
+        """Whether a head of the model reads the backbone's pooled [CLS] (`VLBertModel.pooler`)."""
+        return True
+
+    def skip_unread_pooler(self) -> None:
+        """Where no head of the model reads the pooled [CLS], its backbone stops computing it: a dense
+        layer and a tanh less each forward, the same losses bit for bit. The pooler's weights stay, and
+        are saved, as they were."""
+        if not self.reads_pooled_output():
+            for backbone in (module for module in self.modules() if isinstance(module, VLBertModel)):
+                backbone.pools = False
+
     def init_weights(self) -> None:
         std = self.config.initializer_range
         for module in self.modules():
@@ -542,6 +554,7 @@ class VLBertModel(VLBertPreTrainedModel):
         self.embeddings = VLBertEmbeddings(config)
         self.encoder = VLBertEncoder(config)
         self.pooler = Pooler(config) if config.with_pooler else None
+        self.pools = True  # False: pooled_output is None (`skip_unread_pooler`)
         self.init_weights()
 
     def forward(
@@ -590,7 +603,7 @@ class VLBertModel(VLBertPreTrainedModel):
             attention_mask=attention_mask,
             text_length=input_ids.shape[1],
             num_regions=embeddings.shape[1] - input_ids.shape[1] - 1,
-            pooled_output=self.pooler(hidden) if self.pooler is not None else None,
+            pooled_output=self.pooler(hidden) if self.pooler is not None and self.pools else None,
             attentions=attentions,
         )
 
@@ -700,6 +713,9 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
         found = {name: tensor for name, tensor in state_dict.items() if name in own}
         self.load_state_dict(found, strict=False)
 
+    def reads_pooled_output(self) -> bool:
+        return self.relationship_head is not None
+
     def forward(
         self,
         *,
@@ -760,6 +776,9 @@ class VLBertForQuestionAnswering(VLBertPreTrainedModel):
 
     def _init_heads_from(self, state_dict: dict[str, torch.Tensor]) -> None:
         _copy_transform(self.answer_head.transform, state_dict, "mlm_head.transform.")
+
+    def reads_pooled_output(self) -> bool:
+        return False
 
     def forward(self, *, answer_positions: torch.Tensor, labels: torch.Tensor | None = None, **inputs) -> TaskOutput:
         """answer_positions: (B,) index of [MASK] in the text; labels: (B, answers) soft VQA scores."""
@@ -828,6 +847,9 @@ class VLBertForReferringExpressions(VLBertPreTrainedModel):
 
     def _init_heads_from(self, state_dict: dict[str, torch.Tensor]) -> None:
         _copy_transform(self.region_score_head.transform, state_dict, "region_head.transform.")
+
+    def reads_pooled_output(self) -> bool:
+        return False
 
     def forward(self, *, labels: torch.Tensor | None = None, **inputs) -> TaskOutput:
         """labels: (B, N) 1 for the RoIs the expression refers to; scored only where box_mask."""

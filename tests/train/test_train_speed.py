@@ -70,7 +70,20 @@ def test_the_optimised_step_trains_the_weights_of_the_plain_one(world):
     assert 0 <= result["steady_data_wait_share"] < 1 and result["steady_tokens_per_s"] > result["steady_samples_per_s"]
     assert RunFolder(world / "fast").speed()["vqa"] == {
         "workers": 0, "optimizer_kernel": "foreach", "prefetch": False, "compile": False, "length_buckets": False,
-        "log_every": 10, "features_sent_as": "float16"}
+        "log_every": 10, "features_sent_as": "float16", "skip_unread_pooler": False}
+
+
+def test_skipping_the_unread_pooler_trains_the_weights_of_the_stage_that_computes_it(world):
+    """VQA's heads never read the pooled [CLS]: with `skip_unread_pooler` its losses, final weights (the
+    pooler's included, as they were) and evaluation are those of the stage that computes it, bit for bit."""
+    pooled_losses, pooled, pooled_result = trained(world, "pooled", replace(VQA, steps=20, log_every=1))
+    skipped_losses, skipped, skipped_result = trained(
+        world, "pooler-skipped", replace(VQA, steps=20, log_every=1, skip_unread_pooler=True))
+    assert skipped_losses == pooled_losses and skipped.keys() == pooled.keys()
+    assert any(name.startswith("vlbert.pooler.") for name in skipped)
+    assert all(torch.equal(skipped[name], pooled[name]) for name in pooled)
+    assert skipped_result["metric"] == "vqa_accuracy" and skipped_result["value"] == pooled_result["value"]
+    assert RunFolder(world / "pooler-skipped").speed()["vqa"]["skip_unread_pooler"] is True
 
 
 def test_default_workers_fit_in_the_cores_the_process_is_given(monkeypatch):

@@ -443,3 +443,39 @@ def test_a_pooler_absent_from_the_checkpoint_starts_fresh(tmp_path):
     assert 0.005 < vcr.vlbert.pooler.dense.weight.std().item() < 0.05
     words = pretrained.vlbert.embeddings.word_embeddings.weight
     assert torch.equal(vcr.vlbert.embeddings.word_embeddings.weight, words)
+
+
+@pytest.mark.parametrize("model_class, config, reads", [
+    (VLBertForQuestionAnswering, {}, False), (VLBertForReferringExpressions, {}, False),
+    (VLBertForPreTraining, {}, False), (VLBertForPreTraining, {"with_relationship_head": True}, True),
+    (VLBertForImageTextMatching, {}, True)], ids=["vqa", "refexp", "pretrain", "pretrain-relationship", "matching"])
+def test_skip_unread_pooler_drops_the_pooled_output_only_where_no_head_reads_it(model_class, config, reads):
+    """Skipped, the pooled [CLS] is None and every loss and gradient is the one computed beside it, bit
+    for bit; a model whose head reads it keeps it."""
+    torch.manual_seed(0)
+    model = model_class(tiny(**config))
+    batch = make_batch(model.config)
+    labels = {VLBertForQuestionAnswering: {"answer_positions": batch["text_mask"].sum(1) - 2,
+                                           "labels": torch.rand(4, model.config.num_answers)},
+              VLBertForReferringExpressions: {"labels": (torch.rand(batch["box_mask"].shape) > 0.5).float()},
+              VLBertForImageTextMatching: {"labels": torch.tensor([1.0, 0.0, 0.0, 1.0])}}.get(model_class)
+    if model_class is VLBertForPreTraining:
+        _, mlm_labels, region_labels = _pretraining_batch(model.config)
+        labels = {"mlm_labels": mlm_labels, "region_labels": region_labels}
+        if reads:
+            labels["relationship_labels"] = torch.tensor([1, 0, 1, 0])
+
+    def forward_and_gradients():
+        model.zero_grad()
+        output = model(**batch, **labels)
+        output.loss.backward()
+        return output, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    computed, computed_gradients = forward_and_gradients()
+    model.skip_unread_pooler()
+    skipped, skipped_gradients = forward_and_gradients()
+    assert model.reads_pooled_output() == reads
+    assert (skipped.vlbert.pooled_output is None) == (not reads) and computed.vlbert.pooled_output is not None
+    assert torch.equal(skipped.loss, computed.loss) and skipped_gradients.keys() == computed_gradients.keys()
+    assert all(torch.equal(skipped_gradients[name], computed_gradients[name]) for name in computed_gradients)
+    assert any(name.startswith("vlbert.pooler.") for name, _ in model.named_parameters())

@@ -34,14 +34,15 @@ SHORTEST_SEQUENCE = 8
 # Fields that do not change what a run computes: a rerun in the same run folder may change them
 # (and the run folder's recorded config then takes the new values), any other difference is refused. They say where
 # outputs go, evaluation batching, data-loading workers, prefetching, where q8 features are decoded (the
-# same bits either way), checkpointing, logging intervals, and whether damaged records are skipped
-# (switching to "skip" after a failure is the point of the option), and where the curves are tracked.
+# same bits either way), whether an unread pooler is skipped (the same bits too), checkpointing, logging
+# intervals, and whether damaged records are skipped (switching to "skip" after a failure is the point of
+# the option), and where the curves are tracked.
 # `stages[]` stands for every stage, and a field's own fields are as neutral as it is. The device counts
 # by its type only (`COMPARED_AS`): another GPU computes the same, a CPU does not.
 RESULT_NEUTRAL_FIELDS = frozenset({
     "out", "eval_batch_size", "damaged_records", "stages[].num_workers", "stages[].checkpoint_every",
     "stages[].checkpoint_minutes", "stages[].keep_checkpoints", "stages[].log_every", "stages[].prefetch",
-    "stages[].decode_on_device", "tracking",
+    "stages[].decode_on_device", "stages[].skip_unread_pooler", "tracking",
 })
 COMPARED_AS: dict[str, Callable[[Any], Any]] = {"device": lambda name: str(name).split(":")[0]}
 
@@ -98,6 +99,9 @@ class StageConfig:
     # decoded there, to the host's values bitwise; false: the training batches' decoded by the DataLoader's
     # workers (float32)
     decode_on_device: bool = True
+    # the pooled [CLS] (a dense layer and a tanh) not computed where no head of the task reads it (VQA,
+    # referring expressions, pre-training without the relationship head): the same losses bit for bit
+    skip_unread_pooler: bool = False
     # fp32 (TF32 off on CUDA: the reference numbers), tf32 (CUDA), bf16, or fp16 (CUDA, loss scaled).
     # auto: bf16 where the device computes it natively (CUDA, Ampere or later), else fp32; run.json records
     # what it resolved to

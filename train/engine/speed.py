@@ -1,8 +1,9 @@
 """What a stage's speed settings come to on this machine, one frozen record (`StageSpeed`) that the
 trainer applies through its methods and run.json records under "speed" as it is: its DataLoader
 workers (from the cores when `num_workers` is not given), the optimiser's kernel, whether prefetching
-and length-aware batches are on, torch.compile's mode (false: eager), and what the features travel to
-the device as. Each is a speed path, one record of SPEED_PATHS: its name, its setting, how it applies."""
+and length-aware batches are on, torch.compile's mode (false: eager), what the features travel to
+the device as, and whether a pooled [CLS] that no head reads is skipped. Each is a speed path, one
+record of SPEED_PATHS: its name, its setting, how it applies."""
 
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ class SpeedPath:
     sequence_multiple: int = 1  # the model pads its sequences to a multiple of this many elements
     batch_length_multiple: int = 1  # the batches pad their text and region counts to a multiple of this
     step: Callable[[Any, Losses], Losses] | None = None  # (its value, the step's losses) → the losses it runs
+    model: Callable[[VLBertPreTrainedModel], None] | None = None  # what it changes in the stage's model
 
 
 # Every speed path, by name, in run.json's order: a new one is its module plus one entry here.
@@ -91,6 +93,8 @@ SPEED_PATHS: dict[str, SpeedPath] = {path.name: path for path in (
     SpeedPath("length_buckets", lambda stage, *_: stage.length_buckets, sequence_multiple=LENGTH_MULTIPLE),
     SpeedPath("log_every", lambda stage, *_: stage.log_every),
     SpeedPath("features_sent_as", lambda stage, device, world, feature_dtype: feature_transfer(stage, feature_dtype)),
+    SpeedPath("skip_unread_pooler", lambda stage, *_: stage.skip_unread_pooler,
+              model=lambda model: model.skip_unread_pooler()),
 )}
 
 
@@ -124,10 +128,14 @@ class StageSpeed:
         return math.lcm(1, *(path.batch_length_multiple for path in self._on()))
 
     def shape(self, model: VLBertPreTrainedModel) -> None:
-        """A compiled stage's or length-aware batches' model pads its sequences to few shapes."""
+        """A compiled stage's or length-aware batches' model pads its sequences to few shapes; the paths
+        that change the model change it."""
         multiple = math.lcm(1, *(path.sequence_multiple for path in self._on()))
         if multiple > 1:
             model.pad_sequences_to(multiple)
+        for path in self._on():
+            if path.model is not None:
+                path.model(model)
 
     def step(self, losses: Losses) -> Losses:
         """The stage's losses as each optimiser step computes them: through the paths that change them
