@@ -17,8 +17,10 @@ timed against the straightforward one-NMS-per-class loop it replaced (the test's
 
 `--parts res5`: the RoI head's res5 alone on --res5-rois pooled RoIs (random, the pooler's output
 at the preset's width: 300 x 1024 x 14 x 14 for butd-vg), run in its two layouts side by side
-(extract/modeling/res5_layouts.py: dilated, polyphase), per precision: ms per call, the ratio
-polyphase / dilated and how far their features are apart.
+(extract/modeling/res5_layouts.py: dilated, polyphase) and with each speed path that acts on res5
+(extract/modeling/speed_paths.py: folded-res5-norms, cudnn-benchmark, bf16-roi-pooling under bf16
+only), each on the dilated layout, per precision: ms per call, the ratio to dilated and how far the
+features are from dilated's.
 """
 
 from __future__ import annotations
@@ -38,8 +40,12 @@ from extract import Detector, select_boxes  # noqa: E402
 from extract.config import parse_override  # noqa: E402
 from extract.fidelity import compare_to_fp32  # noqa: E402
 from extract.modeling.res5_layouts import RES5_LAYOUTS  # noqa: E402
+from extract.modeling.speed_paths import (BF16_ROI_POOLING, CUDNN_BENCHMARK, FOLDED_RES5_NORMS,  # noqa: E402
+                                          SpeedPathError, speed_paths)
 from extract.selection import per_class_nms_selection  # noqa: E402
 from vlbert.utils.precision import precision as find_precision  # noqa: E402
+
+RES5_SPEED_PATHS = (FOLDED_RES5_NORMS, CUDNN_BENCHMARK, BF16_ROI_POOLING)  # the speed paths that act on res5
 
 
 def synthetic_images(count: int, height: int = 480, width: int = 640) -> list[np.ndarray]:
@@ -174,7 +180,8 @@ def bench_selection(detector: Detector, image, device: str, repeat: int) -> None
 
 def bench_res5_layouts(preset: str, device: str, rois: int, repeat: int, precisions: list[str],
                        overrides: dict[str, str]) -> None:
-    """res5 over `rois` pooled RoIs in each layout, side by side (module doc)."""
+    """res5 over `rois` pooled RoIs in each layout and with each res5 speed path (on the dilated layout),
+    side by side (module doc)."""
     detector = Detector.build(preset, device=device, **overrides)
     heads, cfg = detector.roi_heads, detector.cfg
     size = (rois, detector.backbone.output_shape.channels, cfg.pooler_resolution, cfg.pooler_resolution)
@@ -185,22 +192,33 @@ def bench_res5_layouts(preset: str, device: str, rois: int, repeat: int, precisi
     if unfit:
         print("  " + "; ".join(f"{name} does not apply: {why}" for name, why in unfit.items()))
         return
-    layouts = list(RES5_LAYOUTS)  # dilated, then polyphase
+    # (label, layout, speed paths): dilated first, the reference of the ratios and differences
+    ways = [(name, name, ()) for name in RES5_LAYOUTS] + [(path, "dilated", (path,)) for path in RES5_SPEED_PATHS]
 
     @torch.no_grad()
-    def run(layout: str, precision: str) -> torch.Tensor:
-        heads.res5_layout = layout
+    def run(layout: str, paths: tuple[str, ...], precision: str) -> torch.Tensor:
+        heads.res5_layout, heads.speed_paths = layout, frozenset(paths)
         with find_precision(precision).applied(torch.device(device)):
-            return heads.res5_features(pooled)
+            # the cast that `box_features` makes as the RoIs leave the pooler
+            return heads.res5_features(pooled.bfloat16() if BF16_ROI_POOLING in paths else pooled)
 
     for precision in precisions:
-        seconds = timed_side_by_side([lambda name=name: run(name, precision) for name in layouts], device, repeat)
-        features = [run(name, precision) for name in layouts]
-        relative = ((features[1] - features[0]).norm(dim=1) / features[0].norm(dim=1).clamp_min(1e-12)).max()
-        times = "  ".join(f"{name} {1000 * s:9.2f} ms" for name, s in zip(layouts, seconds))
-        print(f"  res5 {precision:5s} {times}   polyphase/dilated {seconds[1] / seconds[0]:5.2f}   "
-              f"features: relative L2 difference max {relative:.2e}")
-    heads.res5_layout = "dilated"
+        here = [way for way in ways if find_speed_paths(way[2], precision) is not None]
+        seconds = timed_side_by_side([lambda way=way: run(*way[1:], precision) for way in here], device, repeat)
+        features = [run(*way[1:], precision) for way in here]
+        for (label, _, _), s, f in zip(here, seconds, features):
+            relative = ((f - features[0]).norm(dim=1) / features[0].norm(dim=1).clamp_min(1e-12)).max()
+            print(f"  res5 {precision:5s} {label:17s} {1000 * s:9.2f} ms   /dilated {s / seconds[0]:5.2f}   "
+                  f"features: relative L2 difference from dilated max {relative:.2e}")
+    heads.res5_layout, heads.speed_paths = "dilated", frozenset()
+
+
+def find_speed_paths(names: tuple[str, ...], precision: str) -> tuple[str, ...] | None:
+    """`names` checked for `precision`; None where one does not apply to it (bf16-roi-pooling under fp32)."""
+    try:
+        return speed_paths(names, precision)
+    except SpeedPathError:
+        return None
 
 
 PARTS = ("images", "res5")

@@ -7,11 +7,15 @@ committed LMDB records (decoding workers, detector, commit thread), not just the
         --variants 0,3 --images 272 --batch-size 16 --warmup 3 --profile prof   # on a GPU: 224 images measured each
     python3 bench/bench_extract.py --device cuda --detectors butd-vg --precisions bf16 --modes detect --variants 0 \
         --res5-layouts dilated,polyphase --images 272 --batch-size 16 --warmup 3   # res5's layouts side by side
+    python3 bench/bench_extract.py --device cuda --detectors butd-vg --precisions bf16 --modes detect --variants 0 \
+        --speed-paths none,all --images 272 --batch-size 16 --warmup 3   # today's path beside every speed path
 
 Writes `--images` synthetic 480x640 JPEGs (noise with flat rectangles, quality 90) and a boxes
 file (10 boxes per image) into a temporary folder. For each detector (random weights) x precision
 x mode (detection, given boxes) x K (0 and 3 masked-pixel variants) x res5 layout (`--res5-layouts`,
-default dilated; extract/modeling/res5_layouts.py) the job runs into a fresh store
+default dilated; extract/modeling/res5_layouts.py) x set of speed paths (`--speed-paths`: sets of
+names joined by `+`, `none` or `all`, those that apply to the precision; default none;
+extract/modeling/speed_paths.py) the job runs into a fresh store
 (with the job's defaults, or `--workers`, `--streams`, `--jpeg-decoding`; the job's choice is printed
 under the table) and prints:
   measured      images in the steady window: every batch after the `--warmup` first ones (default 1)
@@ -22,7 +26,8 @@ under the table) and prints:
   run img/s     every image / the whole call
   wait %        the share of the steady window in which the job waited for decoded images
   K3/K0         the steady time per image with K=3 over that with K=0 (same detector, precision, mode, layout)
-  res5 ratio    with several layouts, each later layout's steady img/s over the first's (same setting otherwise)
+  res5 ratio    with several layouts or sets of speed paths, each later one's steady img/s over the first's (same
+                setting otherwise); the res5 column names the layout, and the speed paths after a +
 On CUDA also the GPU utilisation (torch.cuda.utilization(), i.e. NVML, sampled every 50 ms over
 the steady window; "n/a" when pynvml is missing) and the fraction of the FLOP floor:
   floor         FLOPs of one image's job (detection or given-box pass plus its K masked passes),
@@ -121,6 +126,7 @@ class Job:
     streams: int | None = None
     jpeg_decoding: str | None = None
     res5_layout: str | None = None
+    speed_paths: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -319,7 +325,7 @@ def measure(job: Job) -> tuple[Measured, str | None]:
 
 
 def run_job(job: Job, image_list: Path | None = None):
-    newer = {name: getattr(job, name) for name in ("streams", "jpeg_decoding", "res5_layout")
+    newer = {name: getattr(job, name) for name in ("streams", "jpeg_decoding", "res5_layout", "speed_paths")
              if getattr(job, name) is not None}
     return run_extraction(ExtractionConfig(job.images, job.detector, boxes=job.boxes, image_list=image_list,
                                            batch_size=job.batch_size, device=job.device, precision=job.precision,
@@ -404,6 +410,7 @@ def peak_tflops(args, precision: str) -> float | None:
 
 def main() -> None:
     from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, RES5_LAYOUTS  # here: a --baseline child may lack it
+    from extract.modeling.speed_paths import SPEED_PATHS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=16)
@@ -414,6 +421,9 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(map(str, VARIANTS)), help="comma-separated K values")
     parser.add_argument("--res5-layouts", default=DEFAULT_RES5_LAYOUT,
                         help=f"comma-separated: {', '.join(RES5_LAYOUTS)} (extract/modeling/res5_layouts.py)")
+    parser.add_argument("--speed-paths", default="none",
+                        help=f"comma-separated sets of speed paths, each none, all or names joined by +: "
+                             f"{', '.join(SPEED_PATHS)} (extract/modeling/speed_paths.py)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--workers", type=int, default=None, help="decoding processes of the job (default: the job's)")
     parser.add_argument("--streams", type=int, default=None, help="CUDA streams of the job (default: the job's)")
@@ -439,6 +449,14 @@ def main() -> None:
     on_cuda = args.device.startswith("cuda")
     modes, variants = args.modes.split(","), [int(k) for k in args.variants.split(",")]
     layouts = args.res5_layouts.split(",")
+
+    def ways(precision: str) -> list[tuple[str, tuple[str, ...]]]:
+        """(res5 layout, speed paths) of each job of a setting: every layout with every set of paths."""
+        applying = tuple(name for name, path in SPEED_PATHS.items() if path.precisions in (None, (precision,)))
+        sets = [() if text == "none" else applying if text == "all" else tuple(text.split("+"))
+                for text in args.speed_paths.split(",")]
+        return [(layout, paths) for layout in layouts for paths in sets]
+
     overrides = dict(parse_override(o) for o in args.overrides)
     with tempfile.TemporaryDirectory() as tmp:
         images = Path(tmp) / "images"
@@ -451,52 +469,57 @@ def main() -> None:
               + f", torch threads {torch.get_num_threads()}" + (f", overrides {overrides}" if overrides else ""))
         runs = 0
 
-        def job(detector: str, precision: str, mode: str, k: int, layout: str, workers: int = args.workers) -> Job:
+        def job(detector: str, precision: str, mode: str, k: int, way: tuple[str, tuple[str, ...]],
+                workers: int = args.workers) -> Job:
             nonlocal runs
             runs += 1
             return Job(str(images), str(boxes_file) if mode == "given" else None, detector, args.device, precision,
                        k, workers, args.batch_size, overrides, str(Path(tmp) / f"run{runs}"), args.warmup,
                        args.streams, args.jpeg_decoding,
-                       None if layout == DEFAULT_RES5_LAYOUT else layout)  # None: code from before layouts runs too
+                       # None: code from before layouts and speed paths runs too
+                       None if way[0] == DEFAULT_RES5_LAYOUT else way[0], way[1] or None)
 
         for detector in args.detectors.split(","):
             for precision in args.precisions.split(","):
                 if args.baseline is not None:
-                    for layout in layouts:
-                        settings = [(mode, k, lambda m=mode, k=k, layout=layout: job(detector, precision, m, k, layout))
+                    for way in ways(precision):
+                        settings = [(mode, k, lambda m=mode, k=k, way=way: job(detector, precision, m, k, way))
                                     for mode in modes for k in variants]
-                        baseline_comparison(args, settings, f"{detector} {precision} res5 {layout}")
+                        baseline_comparison(args, settings, f"{detector} {precision} res5 {way_label(way)}")
                     continue
                 print("\n" + header(on_cuda))
                 said = ""
                 for mode in modes:
                     rates = {}
                     for k in variants:
-                        for layout in layouts:
-                            measured, no_utilisation = measure(job(detector, precision, mode, k, layout))
-                            rates[layout, k] = measured.steady_rate
-                            line = row(detector, precision, layout, mode, k, measured)
+                        for way in ways(precision):
+                            measured, no_utilisation = measure(job(detector, precision, mode, k, way))
+                            rates[way, k] = measured.steady_rate
+                            line = row(detector, precision, way_label(way), mode, k, measured)
                             if on_cuda:
-                                line += gpu_columns(args, detector, precision, layout, first_image,
+                                line += gpu_columns(args, detector, precision, way[0], first_image,
                                                     first_boxes if mode == "given" else None, k, measured,
                                                     no_utilisation)
                             print(line, flush=True)
                             if measured.resources != said:
                                 said = measured.resources
                                 print(f"{'':9s} the job: {said}", flush=True)
-                        for layout in layouts[1:]:
-                            print(f"{'':9s} {precision:5s} {mode:7s} K={k} res5 {layout}/{layouts[0]} steady "
-                                  f"img/s: {rates[layout, k] / rates[layouts[0], k]:.2f}x")
-                    for layout in layouts:
-                        if (layout, 0) in rates and (layout, 3) in rates:
-                            print(f"{'':9s} {precision:5s} {mode:7s} {layout} K3/K0 time per image: "
-                                  f"{rates[layout, 0] / rates[layout, 3]:.2f}x")
+                        first_way, *later = ways(precision)
+                        for way in later:
+                            print(f"{'':9s} {precision:5s} {mode:7s} K={k} res5 {way_label(way)}/"
+                                  f"{way_label(first_way)} steady img/s: {rates[way, k] / rates[first_way, k]:.2f}x")
+                    for way in ways(precision):
+                        if (way, 0) in rates and (way, 3) in rates:
+                            print(f"{'':9s} {precision:5s} {mode:7s} {way_label(way)} K3/K0 time per image: "
+                                  f"{rates[way, 0] / rates[way, 3]:.2f}x")
             if args.baseline is None and not on_cuda and detector == args.detectors.split(",")[0]:
+                first_precision = args.precisions.split(",")[0]
                 old_style_comparison(modes, variants, lambda mode, k, workers: job(
-                    detector, args.precisions.split(",")[0], mode, k, layouts[0], workers), args.workers)
+                    detector, first_precision, mode, k, ways(first_precision)[0], workers), args.workers)
         if args.profile is not None:
-            first = (args.detectors.split(",")[0], args.precisions.split(",")[0], modes[0], variants[0], layouts[0])
-            print(f"\nprofile of {' '.join(map(str, first[:3]))} K={first[3]} res5 {first[4]}, batches "
+            precision = args.precisions.split(",")[0]
+            first = (args.detectors.split(",")[0], precision, modes[0], variants[0], ways(precision)[0])
+            print(f"\nprofile of {' '.join(map(str, first[:3]))} K={first[3]} res5 {way_label(first[4])}, batches "
                   f"{args.warmup + 2} to {args.warmup + 1 + args.profile_batches} "
                   f"(trace: {args.profile / TRACE_NAME}):")
             lines = profile_job(job(*first), args.profile, args.profile_batches)
@@ -508,6 +531,11 @@ def header(on_cuda: bool) -> str:
     line = (f"{'detector':9s} {'prec':5s} {'res5':9s} {'mode':7s} {'K':>2s} {'measured':>8s} {'steady img/s':>12s} "
             f"{'passes/s':>8s} {'run img/s':>10s} {'wait %':>6s}")
     return line + f" {'sel ms/img':>10s}" + (f" {'GPU %':>6s} {'floor TFLOP':>11s} {'of peak':>8s}" if on_cuda else "")
+
+
+def way_label(way: tuple[str, tuple[str, ...]]) -> str:
+    """The res5 layout, and the speed paths after a +."""
+    return "+".join((way[0], *way[1]))
 
 
 def row(detector: str, precision: str, layout: str, mode: str, k: int, measured: Measured) -> str:

@@ -266,6 +266,11 @@ def measure_loader(args, codes: dict[str, Path]) -> None:
                 print(f"  {loader_label(result)}: baseline / this tree {ratio:.2f}x the CPU time")
 
 
+# Stage switches of the model's speed paths (train/engine/speed.py), each an option off, on or "first",
+# and how a configuration's label shows it on.
+MODEL_SWITCHES = {"skip_unread_pooler": "unread pooler skipped", "fused_encoder_layers": "fused encoder layers"}
+
+
 def run_spec(work: Path, out: str, args, config: dict) -> dict:
     end2end = config["store"] == "store-e2e"
     steps = args.warmup + (args.end2end_steps if end2end else args.steps)
@@ -280,7 +285,7 @@ def run_spec(work: Path, out: str, args, config: dict) -> dict:
     mode = config["compile"]  # torch.compile's mode, or False
     stage.update({k: v for k, v in (("log_every", args.warmup), ("length_buckets", config["buckets"]),
                                     ("compile", bool(mode)), ("compile_mode", mode != "default" and mode),
-                                    ("skip_unread_pooler", config["skip_pooler"])) if v})
+                                    *((name, config[name]) for name in MODEL_SWITCHES)) if v})
     if args.prefetch == "off":
         stage["prefetch"] = False
     return dict(out=str(work / out), store=str(work / config["store"]), vocabulary=str(work / "vocab"),
@@ -382,22 +387,23 @@ def configurations(args) -> list[dict]:
     """In the order they run (a time limit cuts the last): the first configuration (the first of each
     list), it compiled in each of --compile-modes (--compile first), its runs on the store of 10-100
     regions, the end-to-end stage, the other configurations, the other tasks at the first
-    configuration's settings, then the first with its unread pooler skipped (--skip-unread-pooler
-    first). A configuration's `compile` is torch.compile's mode, or False."""
+    configuration's settings, then the first with each of MODEL_SWITCHES on whose option says "first"
+    (--skip-unread-pooler first, ...). A configuration's `compile` is torch.compile's mode, or False."""
     workers = [None if w == "auto" else int(w) for w in args.workers.split(",")]
     stores = {"float16": "store", "q8": "store-q8"}
     modes = args.compile_modes.split(",")
     fixed = [dict(store=stores[d], batch_size=b, precision=p, workers=w, buckets=False,
-                  compile=args.compile == "on" and modes[0], task="vqa", skip_pooler=args.skip_unread_pooler == "on")
+                  compile=args.compile == "on" and modes[0], task="vqa",
+                  **{name: getattr(args, name) == "on" for name in MODEL_SWITCHES})
              for b in map(int, args.batch_sizes.split(",")) for d in args.feature_dtypes.split(",")
              for p in args.precisions.split(",") for w in workers]
     compiled = [dict(fixed[0], compile=mode) for mode in modes] if args.compile == "first" else []
     variable = [dict(fixed[0], store="store-variable", buckets=buckets) for buckets in (False, True)]
     end2end = dict(fixed[0], store="store-e2e", batch_size=args.end2end_batch_size, compile=False)
     tasks = [dict(fixed[0], task=task) for task in args.tasks.split(",") if task != "vqa"]
-    skipped = [dict(fixed[0], skip_pooler=True)] if args.skip_unread_pooler == "first" else []
+    switched = [dict(fixed[0], **{name: True}) for name in MODEL_SWITCHES if getattr(args, name) == "first"]
     return [fixed[0], *compiled, *(variable if args.variable_regions else []), *([end2end] if args.end2end else []),
-            *fixed[1:], *tasks, *skipped]
+            *fixed[1:], *tasks, *switched]
 
 
 def label(config: dict) -> str:
@@ -407,7 +413,7 @@ def label(config: dict) -> str:
             f"{'auto' if config['workers'] is None else config['workers']} workers"
             + (", buckets" if config["buckets"] else "")
             + (f", compiled ({config['compile']})" if config["compile"] else "")
-            + (", unread pooler skipped" if config["skip_pooler"] else ""))
+            + "".join(f", {shown}" for name, shown in MODEL_SWITCHES.items() if config[name]))
 
 
 def show(code: str, config: dict, result: dict) -> str:
@@ -452,8 +458,9 @@ def main() -> None:
                         help="comma-separated torch.compile modes (the stage's compile_mode): default, "
                         "reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs")
     parser.add_argument("--prefetch", default="on", choices=("off", "on"), help="batches copied to CUDA a step ahead")
-    parser.add_argument("--skip-unread-pooler", default="off", choices=("off", "on", "first"),
-                        help="the stages' skip_unread_pooler in every configuration, or also the first one with it")
+    for name in MODEL_SWITCHES:
+        parser.add_argument(f"--{name.replace('_', '-')}", default="off", choices=("off", "on", "first"),
+                            help=f"the stages' {name} in every configuration, or also the first one with it")
     parser.add_argument("--variable-regions", action="store_true",
                         help="also a store of 10-100 RoIs per image, length-aware batches off and on")
     parser.add_argument("--end2end", action="store_true", help="also the end-to-end stage (the butd-vg trunk and res5, "

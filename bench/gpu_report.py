@@ -56,34 +56,43 @@ def parts(tiny: bool = False) -> list[Part]:
     training = [sys.executable, "bench/bench_train.py", *(TINY_TRAINING if tiny else TRAINING)]
     return [
         Part("the cuda tests", [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider"],
-             105, gpu_only=True),
+             90, gpu_only=True),
         Part("extraction: BUTD-size detector, bf16, detection and given boxes with K = 0 and 3 masked variants, steady "
              "images/s over at least 200 images and given-box passes/s, GPU utilisation, share of the FLOP floor, "
              "selection ms per image",
              [sys.executable, "bench/bench_extract.py", "--device", "cuda", "--detectors", "butd-vg", "--precisions",
               "bf16", "--modes", "detect,given", "--variants", "0,3", "--images", "272", "--batch-size", "16",
-              "--warmup", "3"], 170, gpu_only=True),
+              "--warmup", "3"], 150, gpu_only=True),
         # The end-to-end stage runs the butd-vg detector at 600 pixels: seconds a sample on a CPU.
         Part("training: VL-BERT-base bf16, steady samples/s, the share of time waiting for data and of the bf16 peak, "
              "batch 64 and 256, 10-100 RoIs with length-aware batches off and on, cached / end-to-end",
-             [*training, "--variable-regions", *([] if tiny else ["--end2end"])], 150),
-        # The skipped pooler runs last, so that the time limit cuts it before the others.
+             [*training, "--variable-regions", *([] if tiny else ["--end2end"])], 120),
+        # The model's switches run last, so that the time limit cuts them before the others.
         Part("training's speed paths: a q8 store (8-bit codes to the device, decoded there) at batch 64 and 256 "
              "beside the float16 rows above, the bytes a batch copies from each store, the steady rates of "
              "pre-training and referring expressions (steps without host syncs), and VQA with its unread pooler "
-             "skipped beside the first row",
-             [*training, "--feature-dtypes", "q8", "--tasks", "pretrain,refexp", "--skip-unread-pooler", "first"], 90),
+             "skipped and with the fused encoder layers (one GEMM for query, key and value), each beside the "
+             "first row",
+             [*training, "--feature-dtypes", "q8", "--tasks", "pretrain,refexp", "--skip-unread-pooler", "first",
+              "--fused-encoder-layers", "first"], 100),
         # After the others, so that their numbers (--skip, docs) stay; 25 s of the cuda tests' 130 (they took
-        # 68 s on the H200).
+        # 68 s on the H200), 5 more of part 2's.
         Part("extraction: res5 alone on 300 pooled BUTD-size RoIs, dilated and polyphase layouts side by side, "
              "fp32 and bf16 ms per call and the ratio",
              [sys.executable, "bench/bench_detector.py", "--parts", "res5", "--presets", "butd-vg", "--devices", "cuda",
-              "--precisions", "fp32,bf16", "--res5-rois", "300", "--repeat", "5"], 25, gpu_only=True),
+              "--precisions", "fp32,bf16", "--res5-rois", "300", "--repeat", "5"], 30, gpu_only=True),
         # Compilation (again where a later batch's padded shapes differ) takes minutes: a slot of its own.
         Part("training compiled: VL-BERT-base bf16 at batch 64, eager beside the step compiled by torch.compile in "
              "its default mode and in reduce-overhead mode (forward and backward replayed as CUDA graphs), steady "
              "samples/s, and where the reduce-overhead step's time goes",
              [*training, "--batch-sizes", "4" if tiny else "64", *COMPILED_TRAINING], 540, default=False),
+        # A default part, after the compiled one so that the parts' numbers stay.
+        Part("extraction's speed paths: whole detection jobs, butd-vg bf16 with polyphase res5, without and with "
+             "every speed path (folded res5 norms, cuDNN's algorithm search, RoI pooling into bf16, the batched "
+             "RPN), steady images/s and the ratio",
+             [sys.executable, "bench/bench_extract.py", "--device", "cuda", "--detectors", "butd-vg", "--precisions",
+              "bf16", "--modes", "detect", "--variants", "0", "--res5-layouts", "polyphase", "--speed-paths",
+              "none,all", "--images", "160", "--batch-size", "16", "--warmup", "3"], 50, gpu_only=True),
     ]
 
 
@@ -160,11 +169,11 @@ def _stop_group(part: subprocess.Popen) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="",
-                        help="comma-separated part numbers to run (default: 1 to 5, about 9 minutes; 6, the compiled "
-                        "training step, up to 9 minutes, runs only when named)")
+                        help="comma-separated part numbers to run (default: 1 to 5 and 7, about 9 minutes; 6, the "
+                        "compiled training step, up to 9 minutes, runs only when named)")
     parser.add_argument("--skip", default="",
                         help="comma-separated part numbers (1 tests, 2 extraction, 3 training, 4 its speed paths, "
-                        "5 res5 layouts, 6 compiled training)")
+                        "5 res5 layouts, 6 compiled training, 7 extraction's speed paths)")
     parser.add_argument("--tiny", action="store_true", help="the training parts on the CPU, a tiny model and a few "
                         "steps: that they run, not figures")
     args = parser.parse_args()

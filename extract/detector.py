@@ -25,6 +25,7 @@ from extract.modeling.parts import build_part
 from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT
 from extract.modeling.resnet import ConvNorm
 from extract.modeling.roi_heads import BoxPredictions
+from extract.modeling.speed_paths import speed_paths as checked_speed_paths
 from extract.preprocess import PreparedImage, masked_images, prepare_image, transferred
 from extract.presets import load_config
 from extract.selection import select_boxes_batch
@@ -93,8 +94,8 @@ def regions_numpy(regions: Sequence[RegionFeatures],
 
 
 class Detector(nn.Module):
-    def __init__(self, cfg: DetectorConfig, precision: str = "fp32",
-                 res5_layout: str = DEFAULT_RES5_LAYOUT) -> None:
+    def __init__(self, cfg: DetectorConfig, precision: str = "fp32", res5_layout: str = DEFAULT_RES5_LAYOUT,
+                 speed_paths: Collection[str] = ()) -> None:
         super().__init__()
         self.cfg = cfg
         self.backbone = build_part("backbone", cfg)
@@ -102,24 +103,27 @@ class Detector(nn.Module):
         self.roi_heads = build_part("roi_heads", cfg, self.backbone.output_shape)
         self.precision = precision
         self.res5_layout = res5_layout
+        self.speed_paths = speed_paths
         self.init_weights(cfg.init_seed)
         self.eval()
 
     @classmethod
     def build(cls, detector: str | DetectorConfig = "butd-vg", weights: str | Path | None = None,
               device: str | torch.device = "cpu", precision: str = "fp32", res5_layout: str = DEFAULT_RES5_LAYOUT,
-              **overrides) -> "Detector":
+              speed_paths: Collection[str] = (), **overrides) -> "Detector":
         """A preset name, YAML file or config; detectron2-named weights if given, else seeded random ones.
 
         `precision` (`vlbert.utils.precision.PRECISIONS`): fp32 (the reference numbers), tf32
         (CUDA only) or bf16, for `detect` and `describe`. `res5_layout`
         (`extract.modeling.res5_layouts.RES5_LAYOUTS`): how the RoI head runs res5, for every path
         (`detect`, `describe`, `box_features`): dilated (the reference numbers) or polyphase.
+        `speed_paths` (`extract.modeling.speed_paths.SPEED_PATHS`): the ways of running faster it takes;
+        none by default (the reference numbers).
         """
         device = check_device(device)
         find_precision(precision).check(torch.device(device))
         cfg = detector.replace(**overrides) if isinstance(detector, DetectorConfig) else load_config(detector, overrides)
-        model = cls(cfg, precision, res5_layout)
+        model = cls(cfg, precision, res5_layout, speed_paths)
         if weights is not None:
             model.load_checkpoint(weights)
         return model.to(device)
@@ -139,6 +143,17 @@ class Detector(nn.Module):
     @res5_layout.setter
     def res5_layout(self, name: str) -> None:
         self.roi_heads.res5_layout = name
+
+    @property
+    def speed_paths(self) -> tuple[str, ...]:
+        """The speed paths taken, sorted (extract/modeling/speed_paths.py); the parts act on their names."""
+        return self._speed_paths
+
+    @speed_paths.setter
+    def speed_paths(self, names: Collection[str]) -> None:
+        """SpeedPathError where one does not exist or does not apply to the detector's precision."""
+        self._speed_paths = checked_speed_paths(names, self.precision)
+        self.proposal_generator.speed_paths = self.roi_heads.speed_paths = frozenset(self._speed_paths)
 
     def load_checkpoint(self, path: str | Path, trunk_only: bool = False) -> None:
         """Weights from .pkl, .pth or .safetensors under detectron2's names or a known scheme

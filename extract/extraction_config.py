@@ -14,6 +14,7 @@ from PIL import Image
 from extract.images import DEFAULT_MAX_PIXELS
 from extract.jpeg import DEFAULT_JPEG_DECODING, JPEG_DECODING
 from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, RES5_LAYOUTS
+from extract.modeling.speed_paths import SPEED_PATHS
 from extract.store.schema import FEATURE_ENCODINGS
 from extract.store.writer import DEFAULT_MAP_SIZE
 from vlbert.utils.errors import UserError
@@ -38,7 +39,7 @@ class Bounds:
 
 def _setting(default: Any, meaning: str, bounds: Bounds | None = None, choices: tuple[str, ...] = ()) -> Any:
     """A field of ExtractionConfig: its default, what it means, and the numbers (`bounds`; None is a
-    value of its own where the default is None) or names (`choices`) it takes."""
+    value of its own where the default is None) or names (`choices`; of a tuple, each item) it takes."""
     return field(default=default, metadata={"help": meaning, "bounds": bounds, "choices": choices})
 
 
@@ -62,6 +63,9 @@ class ExtractionConfig:
     precision: str = _setting("fp32", "the detector's arithmetic (fp32, tf32, bf16), recorded in meta.json")
     res5_layout: str = _setting(DEFAULT_RES5_LAYOUT, "how the detector runs res5 (extract/modeling/res5_layouts.py), "
                                 "recorded in meta.json", choices=RES5_LAYOUTS)
+    speed_paths: tuple[str, ...] = _setting((), "ways of running the detector faster "
+                                            "(extract/modeling/speed_paths.py), recorded in meta.json; none: the "
+                                            "reference numbers", choices=SPEED_PATHS)
     feature_dtype: str = _setting("float16", "the stored features' encoding", choices=FEATURE_ENCODINGS)
     top_k_classes: int | None = _setting(10, "class probabilities kept per box; None: the full distributions",
                                          Bounds(1))
@@ -104,8 +108,9 @@ def _check(config: ExtractionConfig) -> None:
         raise JobError(f"shard {list(shard)}: expected [i, n] with 0 <= i < n")
     for spec in specs:
         value, choices = getattr(config, spec.name), spec.metadata.get("choices")
-        if choices and value not in choices:
-            raise JobError(f"{spec.name} {value!r}: expected one of {', '.join(choices)}")
+        for name in value if isinstance(value, tuple) else (value,):
+            if choices and name not in choices:
+                raise JobError(f"{spec.name} {name!r}: expected one of {', '.join(choices)}")
 
 
 def default_of(name: str) -> Any:

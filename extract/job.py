@@ -227,8 +227,10 @@ def run_extraction(config: ExtractionConfig, out: str | Path) -> ExtractionSumma
                         ("--list", config.image_list)))
     items, refused, source = _job_images(config, out, root, shard, tar_shards)
     model = build_extractor(config.detector, weights=config.weights, device=device, overrides=config.overrides,
-                            precision=config.precision,
-                            res5_layout=config.res5_layout)  # Res5LayoutError where the detector's res5 cannot run so
+                            precision=config.precision, res5_layout=config.res5_layout,
+                            # Res5LayoutError where the detector's res5 cannot run so, SpeedPathError where a path
+                            # does not apply
+                            speed_paths=config.speed_paths)
     if config.mask_variants and config.boxes is None and model.cfg.box_source == "regressed":
         # Variants re-pool the stored boxes; with regressed boxes those are not the pooled proposals,
         # so masked and unmasked features would describe different regions.
@@ -327,7 +329,7 @@ def _store_meta(config: ExtractionConfig, model: Detector, resources, root: Path
                   "checkpoint": None if weights is None else str(Path(weights).resolve()),
                   "checkpoint_sha256": None if weights is None else file_sha256(weights),
                   "precision": config.precision, "res5_layout": config.res5_layout,
-                  "jpeg_decoding": decoded_where(resources)},
+                  "speed_paths": sorted(set(config.speed_paths)), "jpeg_decoding": decoded_where(resources)},
         top_k_classes=config.top_k_classes, num_classes=model.cfg.num_classes + 1,
         class_names=model.cfg.class_names, attribute_names=model.cfg.attribute_names,
         has_attributes=model.cfg.num_attributes > 0, mask_variants=config.mask_variants, mask_prob=config.mask_prob,

@@ -226,13 +226,184 @@ def bert_config(config: VLBertConfig) -> BertConfig:
     )
 
 
-class VLBertEncoder(nn.Module):
-    """`transformers`' BERT encoder (SDPA attention); eager attention only when probabilities are asked for."""
+class TransformersBertLayers(BertEncoder):
+    """`transformers`' BERT layers (SDPA attention); eager attention only when probabilities are asked for."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__(bert_config(config))
+
+    def encode(self, hidden: torch.Tensor, additive_mask: torch.Tensor,
+               output_attentions: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        if not output_attentions:
+            return self(hidden, attention_mask=additive_mask).last_hidden_state, None
+        with self._recording_attention() as attentions:
+            # output_attentions: transformers 4.x's SDPA attention then runs eagerly and returns its
+            # probabilities; 5.x's reads the config's implementation and takes the argument as a no-op
+            hidden = self(hidden, attention_mask=additive_mask, output_attentions=True).last_hidden_state
+        return hidden, tuple(attentions)
+
+    @contextlib.contextmanager
+    def _recording_attention(self):
+        previous = self.config._attn_implementation
+        self.config._attn_implementation = "eager"  # SDPA does not expose its probabilities (transformers 5.x)
+        attentions: list[torch.Tensor] = []
+        hooks = [
+            layer.attention.self.register_forward_hook(lambda _module, _inputs, output: attentions.append(output[1]))
+            for layer in self.layer
+        ]
+        try:
+            yield attentions
+        finally:
+            for hook in hooks:
+                hook.remove()
+            self.config._attn_implementation = previous
+
+
+# The three projections of BERT's attention, in the order of the fused layer's rows.
+PROJECTIONS = ("query", "key", "value")
+
+
+class FusedSelfAttention(nn.Module):
+    """BERT's self-attention with its query, key and value projections as one linear layer: one GEMM
+    instead of three. Its state dict holds them apart, under BERT's names (`query.weight`, ...), so that
+    every checkpoint loads into it and it saves what `transformers`' layers save."""
 
     def __init__(self, config: VLBertConfig):
         super().__init__()
-        self.bert = BertEncoder(bert_config(config))
+        self.num_heads = config.num_attention_heads
+        self.scale = (config.hidden_size // config.num_attention_heads) ** -0.5  # as transformers' BERT computes it
+        self.dropout = config.attention_probs_dropout_prob
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.register_state_dict_post_hook(_split_projections)
+        self.register_load_state_dict_pre_hook(_join_projections)
+
+    def forward(self, hidden: torch.Tensor, additive_mask: torch.Tensor,
+                attentions: list[torch.Tensor] | None) -> torch.Tensor:
+        """`attentions`: a list the attention probabilities (B, heads, L, L) are appended to; None: SDPA."""
+        batch, length, width = hidden.shape
+        query, key, value = self.qkv(hidden).view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        dropout = self.dropout if self.training else 0.0
+        if attentions is None:
+            context = F.scaled_dot_product_attention(query, key, value, attn_mask=additive_mask, dropout_p=dropout,
+                                                     scale=self.scale)
+        else:
+            probabilities = F.dropout((query @ key.transpose(2, 3) * self.scale + additive_mask).softmax(-1), dropout)
+            attentions.append(probabilities)
+            context = probabilities @ value
+        return context.transpose(1, 2).reshape(batch, length, width)
+
+
+def _split_projections(_module: FusedSelfAttention, state: dict, prefix: str, _metadata) -> None:
+    fused = {kind: state.pop(f"{prefix}qkv.{kind}").chunk(3) for kind in ("weight", "bias")}
+    for index, name in enumerate(PROJECTIONS):  # in transformers' order
+        for kind, parts in fused.items():
+            state[f"{prefix}{name}.{kind}"] = parts[index].clone()  # apart: safetensors refuses shared storage
+
+
+def _join_projections(_module: FusedSelfAttention, state: dict, prefix: str, *_) -> None:
+    for kind in ("weight", "bias"):
+        names = [f"{prefix}{name}.{kind}" for name in PROJECTIONS]
+        if all(name in state for name in names):
+            state[f"{prefix}qkv.{kind}"] = torch.cat([state.pop(name) for name in names])
+
+
+class ResidualNorm(nn.Module):
+    """Dense, dropout, then LayerNorm of the sum with the block's input: the end of each BERT sub-layer."""
+
+    def __init__(self, config: VLBertConfig, in_features: int):
+        super().__init__()
+        self.dense = nn.Linear(in_features, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # BERT's checkpoint name
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden: torch.Tensor, block_input: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + block_input)
+
+
+class FusedAttention(nn.Module):
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.self = FusedSelfAttention(config)
+        self.output = ResidualNorm(config, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor, additive_mask: torch.Tensor,
+                attentions: list[torch.Tensor] | None) -> torch.Tensor:
+        return self.output(self.self(hidden, additive_mask, attentions), hidden)
+
+
+class Intermediate(nn.Module):
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.activation = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(hidden))
+
+
+class FusedLayer(nn.Module):
+    """One post-LayerNorm BERT layer, its modules named as BERT's checkpoints name them."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.attention = FusedAttention(config)
+        self.intermediate = Intermediate(config)
+        self.output = ResidualNorm(config, config.intermediate_size)
+
+    def forward(self, hidden: torch.Tensor, additive_mask: torch.Tensor,
+                attentions: list[torch.Tensor] | None) -> torch.Tensor:
+        attended = self.attention(hidden, additive_mask, attentions)
+        return self.output(self.intermediate(attended), attended)
+
+
+class FusedBertLayers(nn.Module):
+    """BERT's layers as this library writes them: the query, key and value projections one GEMM
+    (`FusedSelfAttention`), SDPA attention, the same state dict as `TransformersBertLayers`."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(FusedLayer(config) for _ in range(config.num_hidden_layers))
+
+    def encode(self, hidden: torch.Tensor, additive_mask: torch.Tensor,
+               output_attentions: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        attentions: list[torch.Tensor] | None = [] if output_attentions else None
+        for layer in self.layer:
+            hidden = layer(hidden, additive_mask, attentions)
+        return hidden, None if attentions is None else tuple(attentions)
+
+
+# The implementations of the encoder's layers, by name: each takes a VLBertConfig, encodes with
+# `encode(hidden, additive_mask, output_attentions)`, and holds the same state dict.
+ENCODER_LAYERS: dict[str, type[nn.Module]] = {"transformers": TransformersBertLayers, "fused": FusedBertLayers}
+DEFAULT_ENCODER_LAYERS = "transformers"
+
+
+class VLBertEncoder(nn.Module):
+    """BERT's layers over the embedded sequence, in one of ENCODER_LAYERS' implementations (`use_layers`)."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = ENCODER_LAYERS[DEFAULT_ENCODER_LAYERS](config)
         self.length_multiple = 1  # `pad_sequences_to`
+
+    @property
+    def layers(self) -> str:
+        """The name of the implementation its layers run in (ENCODER_LAYERS)."""
+        return next(name for name, kind in ENCODER_LAYERS.items() if type(self.bert) is kind)
+
+    def use_layers(self, name: str) -> None:
+        """Runs the layers in implementation `name` (ENCODER_LAYERS), with the same weights (the fused
+        projections a copy of the three, the rest the same tensors) and the same training mode; draws
+        no random numbers. Call it before an optimiser is given the model's parameters."""
+        if name not in ENCODER_LAYERS:
+            raise ValueError(f"encoder layers {name!r}: expected one of {', '.join(ENCODER_LAYERS)}")
+        if name == self.layers:
+            return
+        with torch.device("meta"):
+            layers = ENCODER_LAYERS[name](self.config)
+        layers.load_state_dict(self.bert.state_dict(), assign=True)
+        self.bert = layers.train(self.training)
 
     def pad_sequences_to(self, multiple: int) -> None:
         """Pads every sequence to a multiple of `multiple` elements, so that a few shapes cover every batch
@@ -251,31 +422,8 @@ class VLBertEncoder(nn.Module):
             attention_mask = F.pad(attention_mask, (0, padding), value=False)
         additive_mask = torch.zeros(attention_mask.shape, dtype=embeddings.dtype, device=embeddings.device)
         additive_mask = additive_mask.masked_fill(~attention_mask, torch.finfo(embeddings.dtype).min)
-        additive_mask = additive_mask[:, None, None, :]
-        if not output_attentions:
-            return self.bert(embeddings, attention_mask=additive_mask).last_hidden_state[:, :length], None
-        with self._recording_attention() as attentions:
-            # output_attentions: transformers 4.x's SDPA attention then runs eagerly and returns its
-            # probabilities; 5.x's reads the config's implementation and takes the argument as a no-op
-            hidden = self.bert(embeddings, attention_mask=additive_mask, output_attentions=True).last_hidden_state
-        return hidden, tuple(attentions)
-
-    @contextlib.contextmanager
-    def _recording_attention(self):
-        shared_config = self.bert.config
-        previous = shared_config._attn_implementation
-        shared_config._attn_implementation = "eager"  # SDPA does not expose its probabilities (transformers 5.x)
-        attentions: list[torch.Tensor] = []
-        hooks = [
-            layer.attention.self.register_forward_hook(lambda _module, _inputs, output: attentions.append(output[1]))
-            for layer in self.bert.layer
-        ]
-        try:
-            yield attentions
-        finally:
-            for hook in hooks:
-                hook.remove()
-            shared_config._attn_implementation = previous
+        hidden, attentions = self.bert.encode(embeddings, additive_mask[:, None, None, :], output_attentions)
+        return hidden[:, :length], attentions
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,6 +486,14 @@ class VLBertPreTrainedModel(nn.Module):
         """Every encoder of the model pads its sequences to a multiple of `multiple` (`VLBertEncoder`)."""
         for encoder in (module for module in self.modules() if isinstance(module, VLBertEncoder)):
             encoder.pad_sequences_to(multiple)
+
+    def use_encoder_layers(self, name: str) -> None:
+        """Every encoder of the model runs its layers in implementation `name` (`ENCODER_LAYERS`: "fused"
+        computes the query, key and value projections in one GEMM), with the same weights and state dict
+        (`VLBertEncoder.use_layers`). Before an optimiser is given the model's parameters: the fused
+        projections are new ones."""
+        for encoder in (module for module in self.modules() if isinstance(module, VLBertEncoder)):
+            encoder.use_layers(name)
 
     def reads_pooled_output(self) -> bool:
         """Whether a head of the model reads the backbone's pooled [CLS] (`VLBertModel.pooler`)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Collection, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ import torch
 from extract.config import ConfigError
 from extract.detector import Detector, RegionFeatures
 from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, Res5LayoutError
+from extract.modeling.speed_paths import SpeedPathError
 from extract.preprocess import PreparedImage
 from vlbert.utils.precision import PrecisionError, precision as find_precision
 
@@ -68,24 +69,28 @@ class RegionExtractor(Protocol):
 @dataclass(frozen=True)
 class Backend:
     prefix: str  # of the --detector value; "" matches anything
-    # (the --detector value without the prefix, weights, device, overrides, precision, res5 layout) → the model
-    build: Callable[[str, str | Path | None, str, Mapping[str, Any], str, str], RegionExtractor]
+    # (the --detector value without the prefix, weights, device, overrides, precision, res5 layout, speed paths)
+    # → the model
+    build: Callable[[str, str | Path | None, str, Mapping[str, Any], str, str, Collection[str]], RegionExtractor]
 
 
 def _build_native(spec: str, weights: str | Path | None, device: str, overrides: Mapping[str, Any],
-                  precision: str, res5_layout: str) -> Detector:
+                  precision: str, res5_layout: str, speed_paths: Collection[str]) -> Detector:
     return Detector.build(spec, weights=weights, device=device, precision=precision, res5_layout=res5_layout,
-                          **overrides)
+                          speed_paths=speed_paths, **overrides)
 
 
 def _build_detectron2(spec: str, weights: str | Path | None, device: str, overrides: Mapping[str, Any],
-                      precision: str, res5_layout: str) -> RegionExtractor:
+                      precision: str, res5_layout: str, speed_paths: Collection[str]) -> RegionExtractor:
     find_precision(precision)
     if precision != "fp32":
         raise PrecisionError(f"--detector d2:{spec}: the detectron2 backend runs in fp32 only, not {precision}")
     if res5_layout != DEFAULT_RES5_LAYOUT:
         raise Res5LayoutError(f"--detector d2:{spec}: the detectron2 backend runs res5 as built "
                               f"({DEFAULT_RES5_LAYOUT}) only, not {res5_layout}")
+    if speed_paths:
+        raise SpeedPathError(f"--detector d2:{spec}: the detectron2 backend takes no speed paths, not "
+                             f"{', '.join(sorted(speed_paths))}")
     try:
         from extract.backends.detectron2 import Detectron2Extractor
     except ModuleNotFoundError as exc:
@@ -105,11 +110,13 @@ BACKENDS = (
 
 def build_extractor(detector: str, weights: str | Path | None = None, device: str = "cpu",
                     overrides: Mapping[str, Any] | None = None, precision: str = "fp32",
-                    res5_layout: str = DEFAULT_RES5_LAYOUT) -> RegionExtractor:
+                    res5_layout: str = DEFAULT_RES5_LAYOUT, speed_paths: Collection[str] = ()) -> RegionExtractor:
     """The model for a --detector value: `d2:CONFIG.yaml`, a preset name, or our YAML config, whose
     forwards run in `precision` (`vlbert.utils.precision.PRECISIONS`; refused, as PrecisionError,
     where the device or the backend cannot run it) with res5 run in `res5_layout`
     (`extract.modeling.res5_layouts.RES5_LAYOUTS`; refused, as Res5LayoutError, where the detector's res5
-    cannot run so)."""
+    cannot run so), taking `speed_paths` (`extract.modeling.speed_paths.SPEED_PATHS`; refused, as
+    SpeedPathError, where one does not apply or the backend has none)."""
     backend = next(b for b in BACKENDS if detector.startswith(b.prefix))
-    return backend.build(detector[len(backend.prefix):], weights, device, dict(overrides or {}), precision, res5_layout)
+    return backend.build(detector[len(backend.prefix):], weights, device, dict(overrides or {}), precision, res5_layout,
+                         speed_paths)

@@ -9,6 +9,7 @@ res2-res4 and the RoI head's res5 are built by it, with the config's groups (Res
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,69 +21,100 @@ from extract.modeling.parts import ShapeSpec
 
 
 class ConvNorm(nn.Conv2d):
-    """A bias-free conv followed by its frozen batch norm, held as the child `norm`."""
+    """A bias-free conv followed by its frozen batch norm, held as the child `norm`.
+
+    `norm_in_weight` (the folded-res5-norms speed path, which the RoI head sets on res5's convs): where
+    no gradient is needed, one conv whose weight is pre-multiplied by the norm's scale and whose bias is
+    the norm's, rather than a conv and two passes over its output; the same numbers up to float rounding.
+    """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
                  padding: int = 0, dilation: int = 1, groups: int = 1) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias=False)
         self.norm = FrozenBatchNorm2d(out_channels)
-        self._folded: FoldedNorm | None = None
+        self.norm_in_weight = False
+        self._folded: dict[Callable, Folded] = {}  # by the function that folds
 
     def forward(self, x: torch.Tensor, on_subgrids: bool = False) -> torch.Tensor:
         """`on_subgrids`: `x` holds the dilation x dilation sub-grids of this conv's input, as the
         polyphase res5 layout runs it (extract/modeling/res5_layouts.py): the conv runs undilated,
         with its padding divided by its dilation, which computes the same products."""
+        padding, dilation = (tuple(p // d for p, d in zip(self.padding, self.dilation)), (1, 1)) if on_subgrids \
+            else (None, None)
+        if self.norm_in_weight and not torch.is_grad_enabled():  # with gradients, the weight's are today's
+            weight, bias = self.folded(fold_conv)
+            return conv2d(self, x, padding, dilation, weight, bias)
         # The frozen norm's x * scale + bias, applied in place to the conv's fresh output: the same
         # two roundings as FrozenBatchNorm2d, without allocating two more activation-sized tensors
         # (a tenth of the CPU time of res5 over 300 RoIs).
         scale, bias = self.folded_norm()
-        padding, dilation = (tuple(p // d for p, d in zip(self.padding, self.dilation)), (1, 1)) if on_subgrids \
-            else (None, None)
         return conv2d(self, x, padding, dilation).mul_(scale).add_(bias)
 
     def folded_norm(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The norm's per-channel (scale, bias), each (1, C, 1, 1), computed once for each state of
         its buffers rather than in every forward (7 ops per conv: half of an end-to-end forward's)."""
-        if any(buffer.is_inference() for buffer in norm_buffers(self.norm)):
-            return fold_norm(self.norm)  # inference tensors keep no version: an in-place load would go unseen
-        if self._folded is None or not self._folded.matches(self.norm):
+        return self.folded(fold_norm)
+
+    def folded(self, fold: Callable[[ConvNorm], tuple[torch.Tensor, torch.Tensor]]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`fold(self)`: `fold_norm` or `fold_conv`, computed once for each state of the tensors it reads."""
+        sources = folded_sources(self, fold)
+        if any(source.is_inference() for source in sources):
+            return fold(self)  # inference tensors keep no version: an in-place load would go unseen
+        cached = self._folded.get(fold)
+        if cached is None or not cached.matches(self, sources):
             with torch.inference_mode(False), torch.no_grad():  # usable by later forwards with gradients
-                self._folded = FoldedNorm(self.norm)
-        return self._folded.scale, self._folded.bias
+                cached = self._folded[fold] = Folded(self, sources, fold(self))
+        return cached.values
 
 
 def norm_buffers(norm: FrozenBatchNorm2d) -> tuple[torch.Tensor, ...]:
     return norm.weight, norm.bias, norm.running_mean, norm.running_var
 
 
-def fold_norm(norm: FrozenBatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+def fold_norm(conv: ConvNorm) -> tuple[torch.Tensor, torch.Tensor]:
     """FrozenBatchNorm2d's own arithmetic: scale = weight / sqrt(var + eps), bias - mean * scale."""
+    norm = conv.norm
     scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
     bias = norm.bias - norm.running_mean * scale
     return scale.view(1, -1, 1, 1), bias.view(1, -1, 1, 1)
 
 
-class FoldedNorm:
-    """A frozen norm's folded (scale, bias) and the state of the norm they were computed from.
+def fold_conv(conv: ConvNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the conv's weight times the norm's scale, the norm's bias): one conv that is conv and norm."""
+    scale, bias = fold_norm(conv)
+    return conv.weight * scale.view(-1, 1, 1, 1), bias.view(-1)
 
-    That state is the buffers themselves (`.to()` and `load_state_dict(assign=True)` replace them;
-    held here, so a later identity check never meets a freed tensor's reused address) and
-    `norm_state`: their version counters (an ordinary `load_state_dict` copies into them in place),
-    `eps`, and whether autocast is on (it runs the rsqrt in float32 for half-precision buffers).
+
+def folded_sources(conv: ConvNorm, fold: Callable) -> tuple[torch.Tensor, ...]:
+    """The tensors that `fold` reads: the norm's buffers, and the conv's weight for `fold_conv`."""
+    return norm_buffers(conv.norm) + ((conv.weight,) if fold is fold_conv else ())
+
+
+class Folded:
+    """Tensors folded from a ConvNorm's (`sources`: its norm's buffers, maybe its weight) and the state
+    of the sources they were computed from.
+
+    That state is the sources themselves (`.to()` and `load_state_dict(assign=True)` replace buffers)
+    and their storages (`.to()` and `.double()` give a parameter new data and keep the tensor), both
+    held here, so that a later check never meets a freed tensor's reused address; and `state`: their
+    version counters (an ordinary `load_state_dict` copies into them in place) and data pointers, the
+    norm's `eps`, and whether autocast is on (it runs the rsqrt in float32 for half-precision buffers).
     """
 
-    def __init__(self, norm: FrozenBatchNorm2d) -> None:
-        self.buffers, self.state = norm_buffers(norm), norm_state(norm)
-        self.scale, self.bias = fold_norm(norm)
+    def __init__(self, conv: ConvNorm, sources: tuple[torch.Tensor, ...],
+                 values: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.sources, self.storages = sources, [source.untyped_storage() for source in sources]
+        self.state, self.values = folded_state(conv, sources), values
 
-    def matches(self, norm: FrozenBatchNorm2d) -> bool:
-        same_tensors = all(a is b for a, b in zip(norm_buffers(norm), self.buffers))
-        return same_tensors and norm_state(norm) == self.state
+    def matches(self, conv: ConvNorm, sources: tuple[torch.Tensor, ...]) -> bool:
+        same_tensors = all(a is b for a, b in zip(sources, self.sources))
+        return same_tensors and folded_state(conv, sources) == self.state
 
 
-def norm_state(norm: FrozenBatchNorm2d) -> tuple:
-    versions = tuple(buffer._version for buffer in norm_buffers(norm))
-    return versions, norm.eps, torch.is_autocast_enabled(norm.weight.device.type)
+def folded_state(conv: ConvNorm, sources: tuple[torch.Tensor, ...]) -> tuple:
+    tensors = tuple((source._version, source.data_ptr()) for source in sources)
+    return tensors, conv.norm.eps, torch.is_autocast_enabled(conv.norm.weight.device.type)
 
 
 class Bottleneck(nn.Module):

@@ -8,8 +8,10 @@ bottom-up-attention port (`cls_embedding`, `fc_attr`, `attr_score`).
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +21,8 @@ from torchvision.ops import roi_align, roi_pool
 from extract.modeling.boxes import BoxCoder
 from extract.modeling.parts import ShapeSpec
 from extract.modeling.res5_layouts import DEFAULT_RES5_LAYOUT, channels_last_on_cuda, res5_layout
-from extract.modeling.resnet import make_stage, stage_widths
+from extract.modeling.resnet import ConvNorm, make_stage, stage_widths
+from extract.modeling.speed_paths import BF16_ROI_POOLING, CUDNN_BENCHMARK, FOLDED_RES5_NORMS
 
 # RoIs per res5 pass. res5 over a whole batch's RoIs at once (300 proposals an image at BUTD size
 # are 480 MB per fp32 activation) costs memory and, on the CPU, time; each RoI's numbers do not
@@ -100,7 +103,9 @@ def res5_shape(cfg) -> ShapeSpec:
 class Res5ROIHeads(nn.Module):
     """res5 as the RoI head of a C4 detector, built by the trunk's block factory for the backbone's
     output: stride 2 (detectron2) or stride 1 with dilation 2 (BUTD). `res5_layout` is how res5
-    runs (extract/modeling/res5_layouts.py): a setting, not a weight."""
+    runs (extract/modeling/res5_layouts.py) and `speed_paths` the speed paths it takes
+    (extract/modeling/speed_paths.py: folded-res5-norms, cudnn-benchmark, bf16-roi-pooling): settings,
+    not weights."""
 
     def __init__(self, cfg, input_shape: ShapeSpec) -> None:
         super().__init__()
@@ -113,6 +118,7 @@ class Res5ROIHeads(nn.Module):
         self.box_predictor = BoxPredictor(cfg, res5_shape(cfg).channels)
         self.box_coder = BoxCoder(cfg.bbox_reg_weights)
         self.res5_layout = DEFAULT_RES5_LAYOUT
+        self.speed_paths = frozenset()
 
     @property
     def res5_layout(self) -> str:
@@ -122,6 +128,17 @@ class Res5ROIHeads(nn.Module):
     def res5_layout(self, name: str) -> None:
         """Res5LayoutError where the layout does not exist or this head's res5 cannot run in it."""
         self._res5_layout = res5_layout(name, self.cfg)
+
+    @property
+    def speed_paths(self) -> frozenset[str]:
+        return self._speed_paths
+
+    @speed_paths.setter
+    def speed_paths(self, names: frozenset[str]) -> None:
+        self._speed_paths = frozenset(names)
+        for module in self.res5.modules():
+            if isinstance(module, ConvNorm):
+                module.norm_in_weight = FOLDED_RES5_NORMS in self._speed_paths
 
     def pool(self, res4: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
         """rois: (N, 5) rows of (index into res4's batch, x1, y1, x2, y2) in input pixels.
@@ -144,8 +161,11 @@ class Res5ROIHeads(nn.Module):
         `boxes[i]` its (N_i, 4) boxes in input pixels. Each box: pool, res5, mean over res5's grid
         (accumulated in float32). res5 runs over the RoIs of all images together (`res5_features`).
         """
-        return self.res5_features(
-            torch.cat([self.pool(f, torch.cat((b.new_zeros(len(b), 1), b), dim=1)) for f, b in zip(res4, boxes)]))
+        pooled = [self.pool(f, torch.cat((b.new_zeros(len(b), 1), b), dim=1)) for f, b in zip(res4, boxes)]
+        if BF16_ROI_POOLING in self.speed_paths and pooled and under_bf16_autocast(pooled[0].device):
+            # What res5's first convs would cast them to under autocast: the same rounding, once, in half the bytes.
+            pooled = [rois.to(torch.bfloat16) for rois in pooled]
+        return self.res5_features(torch.cat(pooled))
 
     def res5_features(self, pooled: torch.Tensor) -> torch.Tensor:
         """(N, D) float32 means over the grid of res5 run on (N, C, r, r) pooled RoIs, in chunks, in
@@ -153,9 +173,41 @@ class Res5ROIHeads(nn.Module):
         pooled = channels_last_on_cuda(pooled)
         chunk = GPU_ROI_CHUNK if pooled.is_cuda else ROI_CHUNK
         mean, dilation = self._res5_layout.mean, self.cfg.res5_dilation
-        return torch.cat([mean(self.res5, rois, dilation) for rois in pooled.split(chunk)])
+        with CUDNN_BENCHMARKING.on() if CUDNN_BENCHMARK in self.speed_paths else nullcontext():
+            return torch.cat([mean(self.res5, rois, dilation) for rois in pooled.split(chunk)])
 
     def forward(self, res4: Sequence[torch.Tensor], boxes: Sequence[torch.Tensor]) -> list[BoxPredictions]:
         """Per image, the box head's predictions for its boxes (see `box_features` and
         `BoxPredictor.per_image`)."""
         return self.box_predictor.per_image(self.box_features(res4, boxes), [len(b) for b in boxes])
+
+
+def under_bf16_autocast(device: torch.device) -> bool:
+    return torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type) == torch.bfloat16
+
+
+class CudnnBenchmarking:
+    """`torch.backends.cudnn.benchmark` on while any caller is inside `on()`, and as it was once the
+    last has left, even on an exception: the flag is process-wide, and the job's compute lanes run
+    res5 in threads of their own (a lane that restored it on leaving would switch it off under
+    another's res5, or leave it on after both)."""
+
+    def __init__(self) -> None:
+        self._lock, self._inside, self._before = threading.Lock(), 0, False
+
+    @contextmanager
+    def on(self) -> Iterator[None]:
+        with self._lock:
+            if not self._inside:
+                self._before, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, True
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
+                if not self._inside:
+                    torch.backends.cudnn.benchmark = self._before
+
+
+CUDNN_BENCHMARKING = CudnnBenchmarking()

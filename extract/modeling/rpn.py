@@ -17,6 +17,7 @@ from torchvision.ops import nms
 from extract.modeling.boxes import BoxCoder, clip_boxes
 from extract.modeling.conv import conv2d
 from extract.modeling.parts import ShapeSpec
+from extract.modeling.speed_paths import BATCHED_RPN
 
 
 def cell_anchors(sizes: tuple[float, ...], ratios: tuple[float, ...]) -> torch.Tensor:
@@ -52,6 +53,7 @@ class RPN(nn.Module):
         self.post_nms_topk = cfg.rpn_post_nms_topk
         self.nms_thresh = cfg.rpn_nms_thresh
         self.box_coder = BoxCoder((1.0, 1.0, 1.0, 1.0))
+        self.speed_paths: frozenset[str] = frozenset()  # batched-rpn: `_select_all` (extract/modeling/speed_paths.py)
 
     def anchors(self, height: int, width: int) -> torch.Tensor:
         """(H*W*A, 4) anchors for a feature map, location-major as the head's outputs are flattened."""
@@ -74,6 +76,7 @@ class RPN(nn.Module):
         `features` is the (B, C, H, W) res4 map of B images of one input size; the head runs once over
         all of them. `input_hws` are their (height, width) after resizing and before any padding,
         which proposals are clipped to. Decoding and NMS run in float32 whatever the head's precision.
+        With the batched-rpn speed path, the same proposals from one selection over all images (`_select_all`).
         """
         logits, deltas = self.rpn_head(features)
         _, _, h, w = logits.shape
@@ -81,6 +84,8 @@ class RPN(nn.Module):
         count = len(features)
         logits = logits.float().permute(0, 2, 3, 1).reshape(count, -1)
         deltas = deltas.float().reshape(count, -1, 4, h, w).permute(0, 3, 4, 1, 2).reshape(count, -1, 4)
+        if BATCHED_RPN in self.speed_paths:
+            return self._select_all(logits, deltas, anchors, input_hws)
         return [self._select(l, d, anchors, size) for l, d, size in zip(logits, deltas, input_hws)]
 
     def _select(self, logits: torch.Tensor, deltas: torch.Tensor, anchors: torch.Tensor,
@@ -95,3 +100,32 @@ class RPN(nn.Module):
         boxes, logits = boxes[nonempty], logits[nonempty]
         keep = nms(boxes, logits, self.nms_thresh)[: self.post_nms_topk]
         return boxes[keep], logits[keep]
+
+    def _select_all(self, logits: torch.Tensor, deltas: torch.Tensor, anchors: torch.Tensor,
+                    input_hws: Sequence[tuple[int, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`_select` of each image, its (A,) logits and (A, 4) deltas a row of (B, A) and (B, A, 4): the
+        top-k, decoding, clipping and both tests over all rows in one call each, and the rows' counts of
+        boxes kept told to the host in one copy (each boolean selection of `_select` makes the host wait
+        for a CUDA device: four an image). Then one NMS per image: torchvision's `batched_nms` offsets
+        each image's coordinates, which rounds them and moves IoUs near the threshold. Each op computes
+        a row's elements as `_select` computes them, so the proposals are the same, in the same order.
+        """
+        count, k = len(logits), min(self.pre_nms_topk, logits.shape[1])
+        if not count:
+            return []
+        logits, order = logits.topk(k, dim=1)
+        rows = torch.arange(count, device=order.device)[:, None]
+        boxes = self.box_coder.decode(deltas[rows, order].reshape(-1, 4), anchors[order].reshape(-1, 4))
+        boxes = boxes.reshape(count, k, 4)
+        valid = torch.isfinite(boxes).all(dim=2) & torch.isfinite(logits)
+        # Clipped by plain numbers, as `_select` clips: bounds held in a tensor would first cost a copy to the device.
+        boxes = clip_boxes(boxes, *input_hws[0]) if len(set(input_hws)) == 1 else \
+            torch.stack([clip_boxes(b, *size) for b, size in zip(boxes, input_hws)])
+        kept = valid & (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
+        first = torch.sort(~kept, dim=1, stable=True).indices  # each row's kept boxes first, in their order
+        proposals = []
+        for b, l, f, n in zip(boxes, logits, first, kept.sum(dim=1).tolist()):
+            b, l = b[f[:n]], l[f[:n]]
+            keep = nms(b, l, self.nms_thresh)[: self.post_nms_topk]
+            proposals.append((b[keep], l[keep]))
+        return proposals

@@ -35,10 +35,11 @@ from vlbert.utils.paths import checked
 DEFAULT_MAP_SIZE = 1 << 30  # grows by doubling when full; LMDB only reserves address space
 # meta.json entries that stores written before the entry existed lack: (path, the value they had).
 # Entries newer code records that older stores lack, with the value the older code used by default:
-# resuming such a store with that value is no mismatch (the precision, res5 layout and JPEG decoding
-# options; ResNeXt groups in the detector config).
+# resuming such a store with that value is no mismatch (the precision, res5 layout, JPEG decoding and
+# speed path options; ResNeXt groups in the detector config).
 ENTRIES_ADDED_LATER = ((("detector", "precision"), "fp32"), (("detector", "res5_layout"), "dilated"),
-                       (("detector", "config", "num_groups"), 1), (("detector", "jpeg_decoding"), "workers"))
+                       (("detector", "config", "num_groups"), 1), (("detector", "jpeg_decoding"), "workers"),
+                       (("detector", "speed_paths"), []))
 
 
 def ensure_meta(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:

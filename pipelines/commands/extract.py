@@ -8,6 +8,7 @@ from extract.config import parse_override
 from extract.extraction_config import ExtractionConfig, default_of
 from extract.jpeg import JPEG_DECODING
 from extract.modeling.res5_layouts import RES5_LAYOUTS
+from extract.modeling.speed_paths import SPEED_PATHS
 from extract.presets import PRESETS
 from extract.store.schema import FEATURE_ENCODINGS, feature_dtype_help
 from pipelines.commands.values import FiniteFloatRange
@@ -65,6 +66,10 @@ def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Pat
               help="How the RoI head runs res5, recorded in the store's meta.json: dilated (as built: the reference "
                    "numbers) or polyphase (BUTD's dilated res5 as standard convs on each RoI's sub-grids: the same "
                    "features up to float rounding; refused where res5 is not stride 1 with dilation 2 or more).")
+@click.option("--speed-path", "speed_paths", type=click.Choice(list(SPEED_PATHS)), multiple=True,
+              help="A way of running the detector faster, recorded in the store's meta.json (repeatable; none: the "
+                   "reference numbers): folded-res5-norms, cudnn-benchmark, bf16-roi-pooling (with --precision bf16) "
+                   "or batched-rpn; what each changes in the numbers: docs/extraction.md.")
 @click.option("--feature-dtype", type=click.Choice(list(FEATURE_ENCODINGS)), default=default_of("feature_dtype"),
               show_default=True,
               help=feature_dtype_help())
@@ -103,8 +108,8 @@ def _images(ctx: click.Context, param: click.Parameter, value: str) -> str | Pat
 @click.option("--strict", is_flag=True, help="Exit with status 1 when any image failed (or a tar shard was damaged).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract_command(images, out, detector, weights, overrides, boxes, image_list, batch_size, device, precision,
-                    res5_layout, feature_dtype, top_k_classes, mask_variants, mask_prob, mask_seed, shard, workers,
-                    jpeg_decoding, threads, streams, max_pixels, strict, quiet) -> None:
+                    res5_layout, speed_paths, feature_dtype, top_k_classes, mask_variants, mask_prob, mask_seed, shard,
+                    workers, jpeg_decoding, threads, streams, max_pixels, strict, quiet) -> None:
     """Extract RoI features for every image under --images into the FeatureStore --out.
 
     Rerunning the same command resumes: stored images are skipped, failed ones retried.
@@ -114,7 +119,7 @@ def extract_command(images, out, detector, weights, overrides, boxes, image_list
     config = ExtractionConfig(
         images, detector, weights=weights, overrides=dict(parse_override(o) for o in overrides),
         boxes=boxes, image_list=image_list, batch_size=batch_size, device=device, precision=precision,
-        res5_layout=res5_layout, feature_dtype=feature_dtype,
+        res5_layout=res5_layout, speed_paths=speed_paths, feature_dtype=feature_dtype,
         top_k_classes=_top_k(top_k_classes), mask_variants=mask_variants, mask_prob=mask_prob,
         mask_seed=mask_seed, shard=parse_shard(shard) if shard else None, decode_workers=workers,
         progress=not quiet, max_pixels=max_pixels, threads=threads, streams=streams, jpeg_decoding=jpeg_decoding,

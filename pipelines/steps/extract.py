@@ -71,11 +71,12 @@ def _close_extract(params: dict[str, Any], folder: Path, log: Log) -> None:
 
 def _verify_extract(params: dict[str, Any], folder: Path, known: Foreknown) -> list[str]:
     """Paths, device and precision, and the detector: a preset or a YAML file of ours (whose feature
-    size the store will have, and whose res5 runs in the res5 layout), or another backend's config file
-    (`d2:CONFIG.yaml`)."""
+    size the store will have, whose res5 runs in the res5 layout, and whose precision the speed paths
+    apply to), or another backend's config file (`d2:CONFIG.yaml`)."""
     from extract.backends import BACKENDS
     from extract.config import ConfigError
     from extract.modeling.res5_layouts import Res5LayoutError, res5_layout
+    from extract.modeling.speed_paths import SpeedPathError, speed_paths
     from extract.presets import load_config
     from extract.shards import find_shards, names_shards
 
@@ -96,6 +97,10 @@ def _verify_extract(params: dict[str, Any], folder: Path, known: Foreknown) -> l
     prefix = next(backend.prefix for backend in BACKENDS if detector.startswith(backend.prefix))
     if prefix:
         return problems + missing_paths([("detector", detector[len(prefix):])], known)
+    try:
+        speed_paths(step.speed_paths, step.precision)
+    except SpeedPathError as exc:
+        problems.append(str(exc))
     if known.checkable(detector):
         try:
             cfg = load_config(detector, step.overrides)

@@ -211,7 +211,8 @@ def test_an_image_list_extracts_only_the_images_it_names_once_each(images, tmp_p
 
 
 @pytest.mark.parametrize("option, default, other", [("precision", "fp32", "bf16"),
-                                                     ("res5_layout", "dilated", "polyphase")])
+                                                     ("res5_layout", "dilated", "polyphase"),
+                                                     ("speed_paths", [], ["batched-rpn"])])
 def test_an_option_is_recorded_and_a_store_from_before_it_was_resumes_with_its_default(
         option, default, other, images, reference, tmp_path):
     out = tmp_path / "store"
@@ -222,7 +223,8 @@ def test_an_option_is_recorded_and_a_store_from_before_it_was_resumes_with_its_d
     (out / "meta.json").write_text(json.dumps(meta))
     assert run_extraction(ExtractionConfig(images, "tiny", progress=False, **MASKED), out).skipped == 10
     with pytest.raises(StoreMismatchError) as refused:
-        run_extraction(ExtractionConfig(images, "tiny", progress=False, **MASKED, **{option: other}), out)
+        run_extraction(ExtractionConfig(images, "tiny", progress=False, **MASKED,
+                                        **{option: tuple(other) if isinstance(other, list) else other}), out)
     mismatches = str(refused.value).splitlines()[1:]  # under a line that says the store was written otherwise
     assert mismatches == [f"  detector.{option}: store has {default!r}, this run has {other!r} (the store is older "
                           "than this entry: taken to have had it so)"]

@@ -36,6 +36,7 @@ def test_a_step_takes_the_record_s_fields_and_its_shards():
     ({"batch_size": 0}, "batch_size 0: expected at least 1"),
     ({"shard": (2, 2)}, "shard [2, 2]: expected [i, n] with 0 <= i < n"),
     ({"jpeg_decoding": "gpu"}, "jpeg_decoding 'gpu': expected one of"),
+    ({"speed_paths": ("batched-rpn", "fast")}, "speed_paths 'fast': expected one of folded-res5-norms, "),
 ])
 def test_a_setting_the_job_cannot_take_is_refused_as_the_record_is_built(settings, message):
     with pytest.raises(JobError, match=message.replace("[", r"\[").replace("]", r"\]")):

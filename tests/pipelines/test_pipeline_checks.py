@@ -169,6 +169,19 @@ def test_a_res5_layout_the_detector_cannot_run_is_refused_at_load(tmp_path):
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
+def test_a_speed_path_that_does_not_apply_is_refused_at_load(tmp_path):
+    path = write_pipeline(tmp_path, world_steps())
+    cache = f"{path}: step 'cache' (extract)"
+    assert error_lines(pipeline_run(path, "cache.speed_paths=[bf16-roi-pooling]")) == [
+        f"{cache}: speed path bf16-roi-pooling applies under precision bf16 only, not fp32"]
+    assert error_lines(pipeline_run(path, "cache.speed_paths=[fast]")) == [
+        f"{cache}: speed_paths 'fast': expected one of folded-res5-norms, cudnn-benchmark, bf16-roi-pooling, "
+        "batched-rpn"]
+    step = load_pipeline(path, {"cache.speed_paths": ["batched-rpn"]}).steps[1]
+    assert step.params["speed_paths"] == ["batched-rpn"]
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
 def test_a_loss_name_is_checked_at_load(tmp_path):
     path = write_pipeline(tmp_path, world_steps(model={**TINY_MODEL, "matching_loss": "tripplet"}))
     (line,) = error_lines(pipeline_run(path))

@@ -16,7 +16,7 @@ from train.engine.trainer import Trainer
 
 VQA = StageConfig("vqa", "vqa", steps=3, batch_size=2, base_lr=5e-4, num_workers=0, log_every=1)
 RECORDED = ["workers", "optimizer_kernel", "prefetch", "compile", "length_buckets", "log_every", "features_sent_as",
-            "skip_unread_pooler"]
+            "skip_unread_pooler", "fused_encoder_layers"]
 
 
 @pytest.fixture(scope="module")

@@ -241,6 +241,15 @@ def test_a_run_folder_from_before_precision_counts_as_the_arithmetic_it_ran_in(w
         'stages[0].precision: the run folder has "bf16", this config has "fp32"']
 
 
+def test_a_run_folder_from_before_fused_encoder_layers_ran_transformers_layers(world):
+    """A stage recorded before the field ran transformers' layers: resumed so, no mismatch; fused, refused."""
+    run = run_config(world, "older", [VQA])
+    older = run.to_dict()
+    del older["stages"][0]["fused_encoder_layers"]
+    assert run_differences(older, run) == []
+    assert run_differences(older, replace(run, stages=[replace(VQA, fused_encoder_layers=True)])) == [
+        "stages[0].fused_encoder_layers: the run folder has false, this config has true"]
+
 
 def test_a_run_folder_from_before_stage_options_compares_its_flat_settings_as_options(world):
     """Before `options:`, every stage recorded every task's settings flat; a stage's own are its

@@ -70,13 +70,19 @@ def test_the_optimised_step_trains_the_weights_of_the_plain_one(world):
     assert 0 <= result["steady_data_wait_share"] < 1 and result["steady_tokens_per_s"] > result["steady_samples_per_s"]
     assert RunFolder(world / "fast").speed()["vqa"] == {
         "workers": 0, "optimizer_kernel": "foreach", "prefetch": False, "compile": False, "length_buckets": False,
-        "log_every": 10, "features_sent_as": "float16", "skip_unread_pooler": False}
+        "log_every": 10, "features_sent_as": "float16", "skip_unread_pooler": False, "fused_encoder_layers": False}
 
 
-def test_skipping_the_unread_pooler_trains_the_weights_of_the_stage_that_computes_it(world):
+@pytest.fixture(scope="module")
+def plain_vqa(world):
+    """20 VQA steps on the plain path, each loss logged: the losses, final weights and evaluation."""
+    return trained(world, "pooled", replace(VQA, steps=20, log_every=1))
+
+
+def test_skipping_the_unread_pooler_trains_the_weights_of_the_stage_that_computes_it(world, plain_vqa):
     """VQA's heads never read the pooled [CLS]: with `skip_unread_pooler` its losses, final weights (the
     pooler's included, as they were) and evaluation are those of the stage that computes it, bit for bit."""
-    pooled_losses, pooled, pooled_result = trained(world, "pooled", replace(VQA, steps=20, log_every=1))
+    pooled_losses, pooled, pooled_result = plain_vqa
     skipped_losses, skipped, skipped_result = trained(
         world, "pooler-skipped", replace(VQA, steps=20, log_every=1, skip_unread_pooler=True))
     assert skipped_losses == pooled_losses and skipped.keys() == pooled.keys()
@@ -84,6 +90,19 @@ def test_skipping_the_unread_pooler_trains_the_weights_of_the_stage_that_compute
     assert all(torch.equal(skipped[name], pooled[name]) for name in pooled)
     assert skipped_result["metric"] == "vqa_accuracy" and skipped_result["value"] == pooled_result["value"]
     assert RunFolder(world / "pooler-skipped").speed()["vqa"]["skip_unread_pooler"] is True
+
+
+def test_fused_encoder_layers_train_the_weights_of_transformers_layers(world, plain_vqa):
+    """`fused_encoder_layers`: 20 steps' losses and final weights within float rounding of the plain stage's,
+    under the same names (its model folder is what transformers' layers save), recorded in run.json."""
+    plain_losses, plain, plain_result = plain_vqa
+    fused_losses, fused, fused_result = trained(
+        world, "fused-layers", replace(VQA, steps=20, log_every=1, fused_encoder_layers=True))
+    assert fused_losses == pytest.approx(plain_losses, rel=1e-5) and fused.keys() == plain.keys()
+    for name in plain:
+        assert torch.allclose(fused[name], plain[name], atol=1e-6, rtol=1e-5), name
+    assert fused_result["value"] == pytest.approx(plain_result["value"], abs=1e-6)
+    assert RunFolder(world / "fused-layers").speed()["vqa"]["fused_encoder_layers"] is True
 
 
 def test_default_workers_fit_in_the_cores_the_process_is_given(monkeypatch):

@@ -1,6 +1,9 @@
-"""On CUDA: the MLM head on the labelled positions only, the folded-norm trunk against the CPU, and
-the end-to-end stage's one detector call per batch (its CUDA default) against one per image.
-float32 with TF32 off throughout; skipped where torch sees no CUDA device (tests/conftest.py)."""
+"""On CUDA: the MLM head on the labelled positions only, the folded-norm trunk against the CPU, the
+end-to-end stage's one detector call per batch (its CUDA default) against one per image, and the fused
+encoder layers against transformers'. float32 with TF32 off throughout but for the fused layers' bf16
+case; skipped where torch sees no CUDA device (tests/conftest.py)."""
+
+import copy
 
 import pytest
 import torch
@@ -72,3 +75,23 @@ def test_end_to_end_one_call_per_batch_matches_one_per_image_on_cuda():
     with precision("fp32").applied(CUDA):
         assert_batched_matches_per_image(detector, batched_visual, on_cuda(end2end_batch(detector.cfg.feature_dim)),
                                          relative=1e-4)
+
+
+@pytest.mark.parametrize("arithmetic, relative", [("fp32", 1e-5), ("bf16", 2e-2)])
+def test_fused_encoder_layers_on_cuda_match_transformers_layers(arithmetic, relative):
+    """The fused query, key and value GEMM and SDPA on the device: the transformers layers' hidden states
+    and gradients (fp32: TF32 off; bf16: autocast, to bf16 rounding)."""
+    torch.manual_seed(0)
+    model = VLBertForPreTraining(tiny()).to(CUDA)
+    fused = copy.deepcopy(model)
+    fused.use_encoder_layers("fused")
+    batch = on_cuda(vlbert_batch(model.config))
+    hidden, gradients = [], []
+    for each in (model, fused):
+        with precision(arithmetic).applied(CUDA):
+            state = each.vlbert(**batch).last_hidden_state
+            state.float().square().mean().backward()
+        hidden.append(state.float())
+        gradients.append(each.vlbert.embeddings.word_embeddings.weight.grad)
+    assert_close_to_scale(hidden[1], hidden[0], relative=relative)
+    assert_close_to_scale(gradients[1], gradients[0], relative=relative)

@@ -19,6 +19,7 @@ from extract.checkpoint import detectron2_names
 from extract.presets import PRESETS
 from pipelines.cli import main
 from vlbert import VLBertForPreTraining, VLBertForQuestionAnswering, convert_official_checkpoint, load_pretrained
+from vlbert.modeling import ENCODER_LAYERS
 
 HIDDEN, LAYERS, HEADS, INTERMEDIATE, VOCAB, POSITIONS = 32, 2, 4, 64, 50, 64
 FEATURE, FREQUENCIES, CLASSES, ANSWERS = 24, 4, 11, 9
@@ -249,11 +250,13 @@ def converted_pretraining(tmp_path_factory):
     return state, directory / "out", result
 
 
-def test_converted_pretraining_checkpoint_matches_the_official_forward(converted_pretraining):
+@pytest.mark.parametrize("layers", ENCODER_LAYERS)
+def test_converted_pretraining_checkpoint_matches_the_official_forward(converted_pretraining, layers):
     state, out, result = converted_pretraining
     assert result.architecture == "VLBertForPreTraining"
     assert result.initialised == ["vlbert.embeddings.masked_appearance"]  # e2e models mask pixels instead
     model = load_pretrained(out).eval()
+    model.use_encoder_layers(layers)
     assert isinstance(model, VLBertForPreTraining)
     inputs = official_inputs()
     with torch.no_grad():
@@ -316,12 +319,14 @@ def test_detector_yaml_and_weights_load_into_the_extractor(converted_pretraining
                        weights["image_feature_extractor.roi_head_feature_extractor.1.conv3.weight"])
 
 
-def test_converted_vqa_checkpoint_matches_the_official_forward(tmp_path):
+@pytest.mark.parametrize("layers", ENCODER_LAYERS)
+def test_converted_vqa_checkpoint_matches_the_official_forward(tmp_path, layers):
     state = official_vqa_checkpoint()
     torch.save({"state_dict": state}, tmp_path / "vqa.model")
     result = convert_official_checkpoint(tmp_path / "vqa.model", tmp_path / "out", **TINY)
     assert result.architecture == "VLBertForQuestionAnswering" and not result.has_detector
     model = load_pretrained(tmp_path / "out").eval()
+    model.use_encoder_layers(layers)
     assert isinstance(model, VLBertForQuestionAnswering) and model.config.num_answers == ANSWERS
     inputs = official_inputs(seed=3)
     inputs["box_mask"][3, :2] = True  # VQA samples all have an image

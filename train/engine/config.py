@@ -102,6 +102,10 @@ class StageConfig:
     # the pooled [CLS] (a dense layer and a tanh) not computed where no head of the task reads it (VQA,
     # referring expressions, pre-training without the relationship head): the same losses bit for bit
     skip_unread_pooler: bool = False
+    # the encoder's layers as this library writes them, the query, key and value projections one GEMM
+    # instead of three (vlbert.modeling.FusedBertLayers): the same weights and checkpoints, the outputs
+    # to float rounding; false: transformers' BertEncoder
+    fused_encoder_layers: bool = False
     # fp32 (TF32 off on CUDA: the reference numbers), tf32 (CUDA), bf16, or fp16 (CUDA, loss scaled).
     # auto: bf16 where the device computes it natively (CUDA, Ampere or later), else fp32; run.json records
     # what it resolved to
@@ -358,13 +362,27 @@ def run_differences(recorded: Mapping[str, Any], run: RunConfig) -> list[str]:
     """Every way `run` differs from the run a run folder recorded (`RunFolder.config`), one line each,
     leaving out RESULT_NEUTRAL_FIELDS."""
     found = []
-    for path, old, new in _differences(_with_task_inputs(_with_options(_with_precision(recorded))), run.to_dict(), ""):
+    older = _with_task_inputs(_with_options(_with_precision(_with_later_stage_fields(recorded))))
+    for path, old, new in _differences(older, run.to_dict(), ""):
         field_name = re.sub(r"\[\d+\]", "[]", path)
         compared = COMPARED_AS.get(field_name, lambda value: value)
         neutral = any(under_key(field_name, key) for key in RESULT_NEUTRAL_FIELDS)
         if not neutral and compared(old) != compared(new):
             found.append(f"{path}: the run folder has {_shown(old)}, this config has {_shown(new)}")
     return found
+
+
+# Stage fields that change what a stage computes, added after run folders were recorded without them:
+# the value those runs had.
+STAGE_FIELDS_ADDED_LATER = {"fused_encoder_layers": False}
+
+
+def _with_later_stage_fields(recorded: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A recorded run config from before a stage field of STAGE_FIELDS_ADDED_LATER, with the value its stages had."""
+    stages = recorded.get("stages")
+    if not isinstance(stages, list):
+        return recorded
+    return {**recorded, "stages": [{**STAGE_FIELDS_ADDED_LATER, **s} if isinstance(s, dict) else s for s in stages]}
 
 
 def _with_precision(recorded: Mapping[str, Any]) -> Mapping[str, Any]:

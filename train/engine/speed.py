@@ -2,7 +2,8 @@
 trainer applies through its methods and run.json records under "speed" as it is: its DataLoader
 workers (from the cores when `num_workers` is not given), the optimiser's kernel, whether prefetching
 and length-aware batches are on, torch.compile's mode (false: eager), what the features travel to
-the device as, and whether a pooled [CLS] that no head reads is skipped. Each is a speed path, one
+the device as, whether a pooled [CLS] that no head reads is skipped, and whether the encoder's layers
+are this library's fused ones. Each is a speed path, one
 record of SPEED_PATHS: its name, its setting, how it applies."""
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ SPEED_PATHS: dict[str, SpeedPath] = {path.name: path for path in (
     SpeedPath("features_sent_as", lambda stage, device, world, feature_dtype: feature_transfer(stage, feature_dtype)),
     SpeedPath("skip_unread_pooler", lambda stage, *_: stage.skip_unread_pooler,
               model=lambda model: model.skip_unread_pooler()),
+    SpeedPath("fused_encoder_layers", lambda stage, *_: stage.fused_encoder_layers,
+              model=lambda model: model.use_encoder_layers("fused")),
 )}
 
 
@@ -129,7 +132,7 @@ class StageSpeed:
 
     def shape(self, model: VLBertPreTrainedModel) -> None:
         """A compiled stage's or length-aware batches' model pads its sequences to few shapes; the paths
-        that change the model change it."""
+        that change the model change it. Before the optimiser is built: a path may replace parameters."""
         multiple = math.lcm(1, *(path.sequence_multiple for path in self._on()))
         if multiple > 1:
             model.pad_sequences_to(multiple)

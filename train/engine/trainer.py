@@ -249,8 +249,9 @@ class Trainer:
         barrier(self.world)
 
     def _parts(self, stage: StageConfig, previous: Path | None) -> StageParts:
-        """The stage's model (and end-to-end detector) on the device, and its optimiser."""
+        """The stage's model (changed by its speed paths) and end-to-end detector on the device, and its optimiser."""
         model = stage_model(self.run, stage, self.data, previous).to(self.device).train()
+        self.speed[stage.name].shape(model)
         model.tokenizer_source = Path(self.run.vocabulary)  # its folders carry the tokenizer (vlbert.model_folder)
         visual = self._visual(stage, previous)
         if visual is not None:
@@ -412,9 +413,7 @@ class Trainer:
         return StageStreams.at(list(zip([main, *extra], orders)), batch, positions)
 
     def _objective(self, stage: StageConfig, parts: StageParts, batches: PeekedBatches) -> nn.Module:
-        speed = self.speed[stage.name]
-        speed.shape(parts.model)
-        objective = Objective(parts.model, parts.visual, stage, speed)
+        objective = Objective(parts.model, parts.visual, stage, self.speed[stage.name])
         if not self.world.distributed:
             return objective
         # DDP searches the graph for parameters without a gradient every step only where a stage
