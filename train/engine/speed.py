@@ -3,8 +3,8 @@ trainer applies through its methods and run.json records under "speed" as it is:
 workers (from the cores when `num_workers` is not given), the optimiser's kernel, whether prefetching
 and length-aware batches are on, torch.compile's mode (false: eager), what the features travel to
 the device as, whether a pooled [CLS] that no head reads is skipped, and whether the encoder's layers
-are this library's fused ones. Each is a speed path, one
-record of SPEED_PATHS: its name, its setting, how it applies."""
+are this library's fused ones. Each is a speed path, one record of SPEED_PATHS: its name, its setting,
+how it applies."""
 
 from __future__ import annotations
 
