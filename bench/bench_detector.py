@@ -41,7 +41,7 @@ from extract.config import parse_override  # noqa: E402
 from extract.fidelity import compare_to_fp32  # noqa: E402
 from extract.modeling.res5_layouts import RES5_LAYOUTS  # noqa: E402
 from extract.modeling.speed_paths import (BF16_ROI_POOLING, CUDNN_BENCHMARK, FOLDED_RES5_NORMS,  # noqa: E402
-                                          SpeedPathError, speed_paths)
+                                          SPEED_PATHS)
 from extract.selection import per_class_nms_selection  # noqa: E402
 from vlbert.utils.precision import precision as find_precision  # noqa: E402
 
@@ -203,7 +203,7 @@ def bench_res5_layouts(preset: str, device: str, rois: int, repeat: int, precisi
             return heads.res5_features(pooled.bfloat16() if BF16_ROI_POOLING in paths else pooled)
 
     for precision in precisions:
-        here = [way for way in ways if find_speed_paths(way[2], precision) is not None]
+        here = [way for way in ways if all(SPEED_PATHS[name].applies(precision) for name in way[2])]
         seconds = timed_side_by_side([lambda way=way: run(*way[1:], precision) for way in here], device, repeat)
         features = [run(*way[1:], precision) for way in here]
         for (label, _, _), s, f in zip(here, seconds, features):
@@ -211,14 +211,6 @@ def bench_res5_layouts(preset: str, device: str, rois: int, repeat: int, precisi
             print(f"  res5 {precision:5s} {label:17s} {1000 * s:9.2f} ms   /dilated {s / seconds[0]:5.2f}   "
                   f"features: relative L2 difference from dilated max {relative:.2e}")
     heads.res5_layout, heads.speed_paths = "dilated", frozenset()
-
-
-def find_speed_paths(names: tuple[str, ...], precision: str) -> tuple[str, ...] | None:
-    """`names` checked for `precision`; None where one does not apply to it (bf16-roi-pooling under fp32)."""
-    try:
-        return speed_paths(names, precision)
-    except SpeedPathError:
-        return None
 
 
 PARTS = ("images", "res5")

@@ -452,7 +452,7 @@ def main() -> None:
 
     def ways(precision: str) -> list[tuple[str, tuple[str, ...]]]:
         """(res5 layout, speed paths) of each job of a setting: every layout with every set of paths."""
-        applying = tuple(name for name, path in SPEED_PATHS.items() if path.precisions in (None, (precision,)))
+        applying = tuple(name for name, path in SPEED_PATHS.items() if path.applies(precision))
         sets = [() if text == "none" else applying if text == "all" else tuple(text.split("+"))
                 for text in args.speed_paths.split(",")]
         return [(layout, paths) for layout in layouts for paths in sets]

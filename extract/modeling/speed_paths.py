@@ -36,6 +36,9 @@ class DetectorSpeedPath:
     numbers: str  # what it changes in the numbers, against the detector without it
     precisions: tuple[str, ...] | None = None  # the detector precisions it applies to; None: every one
 
+    def applies(self, precision: str) -> bool:
+        return self.precisions is None or precision in self.precisions
+
 
 SPEED_PATHS: dict[str, DetectorSpeedPath] = {path.name: path for path in (
     DetectorSpeedPath(FOLDED_RES5_NORMS, "res5's convs with their frozen norms folded into weight and bias, where "
@@ -60,8 +63,8 @@ def speed_paths(names, precision: str) -> tuple[str, ...]:
     for name in names:
         if name not in SPEED_PATHS:
             raise SpeedPathError(f"speed path {name!r}: expected one of {', '.join(SPEED_PATHS)}")
-        applies = SPEED_PATHS[name].precisions
-        if applies is not None and precision not in applies:
-            raise SpeedPathError(f"speed path {name} applies under precision {', '.join(applies)} only, "
+        path = SPEED_PATHS[name]
+        if not path.applies(precision):
+            raise SpeedPathError(f"speed path {name} applies under precision {', '.join(path.precisions)} only, "
                                  f"not {precision}")
     return tuple(sorted(set(names)))
